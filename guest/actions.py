@@ -1,0 +1,300 @@
+"""Responses computer actions: validation and execution under one input lock.
+
+Action JSON uses the SDK's field names (``openai.types.responses.computer_action``):
+``click {x,y,button,keys?}``, ``double_click {x,y,keys?}``, ``drag {path:[{x,y}...],keys?}``,
+``keypress {keys}``, ``move {x,y,keys?}``, ``scroll {x,y,scroll_x,scroll_y,keys?}``,
+``type {text}``, ``wait {}``, ``screenshot {}``. Coordinates are screen pixels; (0, 0) and
+(W-1, H-1) are valid, anything outside is ``out_of_bounds``.
+
+A request is validated completely before the first event is sent (schema, key names, text,
+coordinates), so a bad action anywhere in it sends nothing. Then the actions run in order while the
+input lock is held; a failing action stops the rest. Whatever happens, every key and button is
+released (reverse press order, then anything the server still reports down) before the request
+returns.
+
+Timeouts: a request waits at most ``busy_timeout`` seconds (default :data:`BUSY_TIMEOUT_S`) for the
+input lock, then fails with 409 ``busy``. ``wait`` returns once the screen has not changed for
+:data:`WAIT_QUIET_S` (frames compared every :data:`WAIT_POLL_S`), or after :data:`WAIT_CAP_S`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from . import keys as keynames
+from . import pointer
+from .capture import Capture
+from .display import DisplayConnection, DisplayUnavailable
+from .held import Held
+from .keyboard import InvalidText, Keyboard, text_to_keysyms
+
+BUSY_TIMEOUT_S = 5.0
+WAIT_CAP_S = 5.0
+WAIT_QUIET_S = 0.3
+WAIT_POLL_S = 0.05
+MAX_TEXT_CHARS = 20_000
+MAX_ACTIONS = 500
+MAX_PATH_POINTS = 2_000
+
+
+class ActionError(Exception):
+    """A request failure with its HTTP status, error ``code``, message and action ``index``."""
+
+    def __init__(self, status: int, code: str, message: str, index: int | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.index, self.extra = status, code, message, index, extra
+
+    def body(self) -> dict[str, Any]:
+        """JSON body ``{"error": {"code", "message", "index"?, ...}}``."""
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.index is not None:
+            err["index"] = self.index
+        err.update(self.extra)
+        return {"error": err}
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+class Click(_Action):
+    type: Literal["click"]
+    x: int
+    y: int
+    button: Literal["left", "right", "wheel", "back", "forward"] = "left"
+    keys: list[str] | None = None
+
+
+class DoubleClick(_Action):
+    type: Literal["double_click"]
+    x: int
+    y: int
+    keys: list[str] | None = None
+
+
+class Drag(_Action):
+    type: Literal["drag"]
+    path: list[Point] = Field(min_length=2, max_length=MAX_PATH_POINTS)
+    keys: list[str] | None = None
+
+
+class Keypress(_Action):
+    type: Literal["keypress"]
+    keys: list[str] = Field(min_length=1, max_length=16)
+
+
+class Move(_Action):
+    type: Literal["move"]
+    x: int
+    y: int
+    keys: list[str] | None = None
+
+
+class Scroll(_Action):
+    type: Literal["scroll"]
+    x: int
+    y: int
+    scroll_x: int = 0
+    scroll_y: int = 0
+    keys: list[str] | None = None
+
+
+class Type(_Action):
+    type: Literal["type"]
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class Wait(_Action):
+    type: Literal["wait"]
+
+
+class Screenshot(_Action):
+    type: Literal["screenshot"]
+
+
+Action = Annotated[
+    Union[Click, DoubleClick, Drag, Keypress, Move, Scroll, Type, Wait, Screenshot],
+    Field(discriminator="type"),
+]
+_ACTION = TypeAdapter(Action)
+
+
+class Prepared:
+    """One validated action: the model plus resolved keysyms / text keysyms / points."""
+
+    def __init__(self, action: BaseModel, keysyms: list[int], text: list[int], points: list[tuple[int, int]]):
+        self.action, self.keysyms, self.text, self.points = action, keysyms, text, points
+
+
+def _points(action: BaseModel) -> list[tuple[int, int]]:
+    if isinstance(action, Drag):
+        return [(p.x, p.y) for p in action.path]
+    if hasattr(action, "x"):
+        return [(action.x, action.y)]  # type: ignore[attr-defined]
+    return []
+
+
+def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
+    """Validate a whole request against the ``screen`` size (W, H); send nothing.
+
+    Raises:
+        ActionError: 400 ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` with ``index``.
+    """
+    if not isinstance(raw_actions, list):
+        raise ActionError(400, "invalid_action", "'actions' must be a list")
+    if len(raw_actions) > MAX_ACTIONS:
+        raise ActionError(400, "invalid_action", f"at most {MAX_ACTIONS} actions per request")
+    out: list[Prepared] = []
+    width, height = screen
+    for index, raw in enumerate(raw_actions):
+        try:
+            action = _ACTION.validate_python(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise ActionError(400, "invalid_action", f"{where}: {first.get('msg')}".strip(": "), index) from None
+        keysyms: list[int] = []
+        names = getattr(action, "keys", None) or []
+        for name in names:
+            try:
+                keysyms.append(keynames.resolve(name))
+            except keynames.UnknownKey as exc:
+                raise ActionError(400, "unknown_key", str(exc), index, key=exc.name) from None
+        text: list[int] = []
+        if isinstance(action, Type):
+            try:
+                text = text_to_keysyms(action.text)
+            except InvalidText as exc:
+                raise ActionError(400, "invalid_action", str(exc), index) from None
+        points = _points(action)
+        for x, y in points:
+            if not (0 <= x < width and 0 <= y < height):
+                raise ActionError(
+                    400, "out_of_bounds",
+                    f"({x}, {y}) is outside the {width}x{height} screen (valid: 0..{width - 1}, 0..{height - 1})",
+                    index,
+                )
+        out.append(Prepared(action, keysyms, text, points))
+    return out
+
+
+class Executor:
+    """Runs validated actions on one display under the input lock (see module doc)."""
+
+    def __init__(self, conn: DisplayConnection, capture: Capture, *, busy_timeout: float = BUSY_TIMEOUT_S,
+                 wait_cap: float = WAIT_CAP_S, wait_quiet: float = WAIT_QUIET_S) -> None:
+        self.conn = conn
+        self.capture = capture
+        self.keyboard = Keyboard()
+        self.busy_timeout = busy_timeout
+        self.wait_cap = wait_cap
+        self.wait_quiet = wait_quiet
+        self._lock = threading.Lock()
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(timeout=self.busy_timeout):
+            raise ActionError(409, "busy", f"another request held the input for more than {self.busy_timeout:g} s")
+
+    def run(self, raw_actions: Any) -> int:
+        """Validate and execute a request; returns the number of actions executed.
+
+        Raises:
+            ActionError: 400 (validation), 409 ``busy``.
+            DisplayUnavailable: the X server went away (503).
+        """
+        self._acquire()
+        try:
+            info = self.conn.info()
+            prepared = prepare(raw_actions, (info.width, info.height))
+            held = Held()
+            try:
+                for index, item in enumerate(prepared):
+                    if isinstance(item.action, Wait):
+                        self.wait_stable()  # uses the capture connection; the X lock stays free
+                        continue
+                    with self.conn.session() as dpy:
+                        try:
+                            self._execute(dpy, held, item)
+                        except ValueError as exc:
+                            raise ActionError(400, "invalid_action", str(exc), index) from None
+            finally:
+                self._release_all(held)
+            return len(prepared)
+        finally:
+            self._lock.release()
+
+    def _release_all(self, held: Held) -> None:
+        try:
+            with self.conn.session() as dpy:
+                held.release_all(dpy)
+        except DisplayUnavailable:
+            pass  # the server is gone, and with it every pressed key
+
+    def release(self) -> None:
+        """Release every key and button the server reports down (``POST /v1/release``)."""
+        self._acquire()
+        try:
+            with self.conn.session() as dpy:
+                Held().release_all(dpy)
+        finally:
+            self._lock.release()
+
+    def _execute(self, dpy: Any, held: Held, item: Prepared) -> None:
+        action = item.action
+        kb = self.keyboard
+        if isinstance(action, Keypress):
+            kb.chord(dpy, held, item.keysyms)
+            return
+        if isinstance(action, Type):
+            kb.type_keysyms(dpy, held, item.text)
+            return
+        if isinstance(action, Screenshot):
+            return  # the caller fetches the image with GET /v1/screenshot
+        modifiers = kb.hold(dpy, held, item.keysyms) if item.keysyms else []
+        x, y = item.points[0]
+        if isinstance(action, Click):
+            pointer.click(dpy, held, x, y, pointer.BUTTONS[action.button])
+        elif isinstance(action, DoubleClick):
+            pointer.click(dpy, held, x, y, 1, count=2)
+        elif isinstance(action, Move):
+            pointer.move(dpy, x, y)
+            dpy.sync()
+        elif isinstance(action, Drag):
+            pointer.drag(dpy, held, item.points)
+        elif isinstance(action, Scroll):
+            pointer.scroll(dpy, held, x, y, action.scroll_x, action.scroll_y)
+        if modifiers:
+            kb.unhold(dpy, held, modifiers)
+            dpy.sync()
+
+    def wait_stable(self) -> bool:
+        """Block until the screen is unchanged for ``wait_quiet`` s, or ``wait_cap`` s passed.
+
+        Returns True when the screen settled, False at the cap. Raises DisplayUnavailable.
+        """
+        start = time.monotonic()
+        deadline = start + self.wait_cap
+        last, _, _ = self.capture.grab()
+        last_change = start
+        while True:
+            now = time.monotonic()
+            if now - last_change >= self.wait_quiet:
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(min(WAIT_POLL_S, max(0.0, deadline - now)))
+            frame, _, _ = self.capture.grab()
+            if frame != last:
+                last, last_change = frame, time.monotonic()
+
+
+__all__ = ["ActionError", "Executor", "prepare", "DisplayUnavailable"]

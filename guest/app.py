@@ -1,0 +1,206 @@
+"""The agent's HTTP API (v1), as a FastAPI app. Contract: ARCHITECTURE.md, "Contract 1".
+
+Every endpoint except ``GET /livez`` requires ``Authorization: Bearer <token>``; the token is
+compared with :func:`hmac.compare_digest`. Errors are JSON ``{"error": {"code", "message", ...}}``:
+400 ``invalid_request`` / ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` / ``bad_path`` /
+``unknown_app``, 401 ``unauthorized``, 403 ``forbidden``, 404 ``not_found``, 409 ``busy``,
+413 ``too_large``, 503 ``display_unavailable``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .actions import BUSY_TIMEOUT_S, WAIT_CAP_S, ActionError, Executor
+from .capture import BadCapture, Capture
+from .display import DisplayConnection, DisplayUnavailable
+from .files import DEFAULT_MAX_BYTES, FileError, FileReader
+from .launch import Launcher, LaunchError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs: X display name, bearer token, file roots and caps, app allowlist."""
+
+    display: str
+    token: str
+    files_roots: list[str] = field(default_factory=lambda: ["~"])
+    max_file_bytes: int = DEFAULT_MAX_BYTES
+    apps: dict[str, list[str]] = field(default_factory=dict)
+    busy_timeout: float = BUSY_TIMEOUT_S
+    wait_cap: float = WAIT_CAP_S
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
+
+
+def _parse_crop(value: str | None) -> tuple[int, int, int, int] | None:
+    if value is None or value == "":
+        return None
+    parts = value.split(",")
+    if len(parts) != 4:
+        raise BadCapture("crop must be x,y,w,h")
+    try:
+        x, y, w, h = (int(p) for p in parts)
+    except ValueError:
+        raise BadCapture("crop must be four integers x,y,w,h") from None
+    return x, y, w, h
+
+
+def _parse_int(name: str, value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadCapture(f"{name} must be an integer") from None
+
+
+def create_app(config: AgentConfig) -> FastAPI:
+    """Build the agent app for ``config``; the X connections open on first use."""
+    if not config.token:
+        raise ValueError("the bearer token must not be empty")
+    token = config.token.encode()
+    conn = DisplayConnection(config.display)
+    capture = Capture(config.display)
+    executor = Executor(conn, capture, busy_timeout=config.busy_timeout, wait_cap=config.wait_cap)
+    files = FileReader(config.files_roots, config.max_file_bytes)
+    launcher = Launcher(config.apps, config.display)
+
+    app = FastAPI(title="desktop-sandbox guest agent", version="1", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.executor = executor
+    app.state.capture = capture
+    app.state.launcher = launcher
+
+    class Unauthorized(Exception):
+        pass
+
+    def authorize(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+            raise Unauthorized()
+
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(_: Request, __: Exception) -> JSONResponse:
+        resp = _error(401, "unauthorized", "missing or wrong bearer token")
+        resp.headers["WWW-Authenticate"] = "Bearer"
+        return resp
+
+    @app.exception_handler(ActionError)
+    async def _action_error(_: Request, exc: ActionError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(DisplayUnavailable)
+    async def _display_unavailable(_: Request, exc: DisplayUnavailable) -> JSONResponse:
+        return _error(503, "display_unavailable", str(exc))
+
+    @app.exception_handler(BadCapture)
+    async def _bad_capture(_: Request, exc: BadCapture) -> JSONResponse:
+        return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(FileError)
+    async def _file_error(_: Request, exc: FileError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(LaunchError)
+    async def _launch_error(_: Request, exc: LaunchError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, "invalid_request", str(exc.errors()[:1]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
+
+    async def json_body(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise ActionError(400, "invalid_request", "the body must be JSON") from None
+
+    auth = [Depends(authorize)]
+
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        """Liveness: 200 ``{"status": "ok"}`` while the process serves (no token needed)."""
+        return {"status": "ok"}
+
+    @app.get("/v1/display", dependencies=auth)
+    def display() -> dict[str, int]:
+        """Screen geometry ``{"width", "height", "depth"}``; 503 when the X server is gone."""
+        try:
+            info = conn.info(timeout=config.busy_timeout)
+        except TimeoutError:
+            raise ActionError(409, "busy", "the X connection stayed busy") from None
+        return {"width": info.width, "height": info.height, "depth": info.depth}
+
+    @app.post("/v1/actions", dependencies=auth)
+    async def actions(request: Request) -> dict[str, int]:
+        """Run ``{"actions": [...]}`` in order under the input lock; 200 ``{"executed": n}``."""
+        body = await json_body(request)
+        if not isinstance(body, dict) or "actions" not in body:
+            raise ActionError(400, "invalid_action", "body must be an object with an 'actions' list")
+        executed = await run_in_threadpool(executor.run, body["actions"])
+        return {"executed": executed}
+
+    @app.get("/v1/screenshot", dependencies=auth)
+    def screenshot(request: Request) -> Response:
+        """Image bytes with ``X-Screen-Size``, ``X-Frame`` (screen px) and ``X-Image-Size``."""
+        q = request.query_params
+        fmt = (q.get("format") or "png").lower()
+        if fmt == "jpg":
+            fmt = "jpeg"
+        shot = capture.screenshot(
+            fmt=fmt,
+            quality=_parse_int("quality", q.get("quality")),
+            max_width=_parse_int("max_width", q.get("max_width")),
+            max_height=_parse_int("max_height", q.get("max_height")),
+            crop=_parse_crop(q.get("crop")),
+        )
+        return Response(shot.data, media_type=shot.mime, headers={
+            "X-Screen-Size": f"{shot.screen[0]}x{shot.screen[1]}",
+            "X-Frame": ",".join(str(v) for v in shot.frame),
+            "X-Image-Size": f"{shot.size[0]}x{shot.size[1]}",
+            "Cache-Control": "no-store",
+        })
+
+    @app.post("/v1/release", dependencies=auth)
+    def release() -> dict[str, bool]:
+        """Release every key and button still down; 200 ``{"released": true}``."""
+        executor.release()
+        return {"released": True}
+
+    @app.get("/v1/files", dependencies=auth)
+    def read_file(path: str = "") -> Response:
+        """Bytes of one file under the allowed roots (see :mod:`guest.files`)."""
+        return Response(files.read(path), media_type="application/octet-stream")
+
+    @app.post("/v1/launch", dependencies=auth)
+    async def launch(request: Request) -> dict[str, int]:
+        """Start an allowlisted app: ``{"app": name, "args": [...]}`` -> ``{"pid"}``."""
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("app"), str):
+            raise LaunchError(400, "invalid_request", "body must be {\"app\": name, \"args\": [strings]}")
+        args = body.get("args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise LaunchError(400, "invalid_request", "'args' must be a list of strings")
+        return {"pid": launcher.launch(body["app"], args)}
+
+    return app

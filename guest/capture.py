@@ -1,0 +1,156 @@
+"""Screenshots: grab (mss, one reused X connection), crop, downscale, encode.
+
+Units: ``crop`` and the returned ``frame`` are screen pixels ``(x, y, w, h)``; ``max_width`` /
+``max_height`` bound the *image* size. The image is the frame scaled by
+``min(1, max_width / w, max_height / h)`` (aspect ratio kept, never upscaled, at least 1 px).
+PNG is written by :mod:`guest.png` (no row filter, zlib level 1 run-length: fast and lossless, so
+colours are exact at depth 24); JPEG uses ``quality`` (default 80).
+
+One mss instance (one X connection, MIT-SHM when available) serves every screenshot and the frame
+comparison of ``wait``; a lock serialises it, so concurrent requests are safe. If the grab fails
+because the X server went away, the instance is closed, :class:`DisplayUnavailable` is raised, and
+the next grab opens a new one.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from dataclasses import dataclass
+
+import mss
+from PIL import Image
+
+from . import png
+from .display import DisplayUnavailable
+
+DEFAULT_JPEG_QUALITY = 80
+
+
+class BadCapture(ValueError):
+    """Invalid screenshot parameters (HTTP 400 ``invalid_request``)."""
+
+
+@dataclass(frozen=True)
+class Shot:
+    """An encoded screenshot.
+
+    ``data`` image bytes, ``mime`` their type, ``screen`` (W, H) screen px, ``frame`` (x, y, w, h)
+    the captured region in screen px, ``size`` (w, h) of the encoded image in image px.
+    """
+
+    data: bytes
+    mime: str
+    screen: tuple[int, int]
+    frame: tuple[int, int, int, int]
+    size: tuple[int, int]
+
+
+def scaled_size(w: int, h: int, max_width: int | None, max_height: int | None) -> tuple[int, int]:
+    """Image size for a ``w`` x ``h`` frame under the optional bounds (rule in the module doc)."""
+    scale = 1.0
+    if max_width is not None:
+        scale = min(scale, max_width / w)
+    if max_height is not None:
+        scale = min(scale, max_height / h)
+    if scale >= 1.0:
+        return w, h
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+class Capture:
+    """Grabs the screen of one display through a single reused mss instance."""
+
+    def __init__(self, display_name: str) -> None:
+        self.display_name = display_name
+        self._mss: mss.MSS | None = None
+        self._lock = threading.Lock()
+
+    def _instance(self) -> mss.MSS:
+        if self._mss is None:
+            try:
+                self._mss = mss.MSS(display=self.display_name)
+            except Exception as exc:  # noqa: BLE001 - mss raises several types on connect failure
+                raise DisplayUnavailable(f"cannot capture display {self.display_name}: {exc}") from exc
+        return self._mss
+
+    def _drop(self) -> None:
+        inst, self._mss = self._mss, None
+        if inst is not None:
+            try:
+                inst.close()
+            except Exception:  # noqa: BLE001 - the connection may already be dead
+                pass
+
+    def close(self) -> None:
+        """Close the X connection (a later grab reopens it)."""
+        with self._lock:
+            self._drop()
+
+    def screen_size(self) -> tuple[int, int]:
+        """(W, H) of the screen in screen px. Raises DisplayUnavailable."""
+        with self._lock:
+            try:
+                mon = self._instance().monitors[0]
+            except DisplayUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self._drop()
+                raise DisplayUnavailable(f"display {self.display_name} went away: {exc}") from exc
+            return mon["width"], mon["height"]
+
+    def grab(self, frame: tuple[int, int, int, int] | None = None) -> tuple[bytearray, tuple[int, int, int, int], tuple[int, int]]:
+        """Raw BGRX pixels of ``frame`` (whole screen when None).
+
+        Returns ``(pixels, frame, screen)``. Raises BadCapture for a frame outside the screen,
+        DisplayUnavailable when the X server cannot be reached.
+        """
+        with self._lock:
+            try:
+                inst = self._instance()
+                mon = inst.monitors[0]
+                screen = (mon["width"], mon["height"])
+                if frame is None:
+                    frame = (0, 0, screen[0], screen[1])
+                x, y, w, h = frame
+                if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > screen[0] or y + h > screen[1]:
+                    raise BadCapture(f"crop {x},{y},{w},{h} is not inside the {screen[0]}x{screen[1]} screen")
+                shot = inst.grab({"left": x, "top": y, "width": w, "height": h})
+                return shot.raw, frame, screen
+            except (BadCapture, DisplayUnavailable):
+                raise
+            except Exception as exc:  # noqa: BLE001 - any grab failure means the connection is gone
+                self._drop()
+                raise DisplayUnavailable(f"display {self.display_name} went away: {exc}") from exc
+
+    def screenshot(
+        self,
+        *,
+        fmt: str = "png",
+        quality: int | None = None,
+        max_width: int | None = None,
+        max_height: int | None = None,
+        crop: tuple[int, int, int, int] | None = None,
+    ) -> Shot:
+        """Grab, crop, downscale and encode (see module doc). Raises BadCapture, DisplayUnavailable."""
+        if fmt not in ("png", "jpeg"):
+            raise BadCapture(f"format must be png or jpeg, not {fmt!r}")
+        if quality is not None and not 1 <= quality <= 100:
+            raise BadCapture("quality must be between 1 and 100")
+        for name, bound in (("max_width", max_width), ("max_height", max_height)):
+            if bound is not None and bound < 1:
+                raise BadCapture(f"{name} must be at least 1")
+        raw, frame, screen = self.grab(crop)
+        w, h = frame[2], frame[3]
+        size = scaled_size(w, h, max_width, max_height)
+        if fmt == "png" and size == (w, h):
+            # Hot path: straight from the grabbed BGRX pixels, one packing pass (guest.png).
+            return Shot(png.encode_bgrx(raw, w, h), "image/png", screen, frame, size)
+        image = Image.frombuffer("RGB", (w, h), raw, "raw", "BGRX", 0, 1)
+        if size != (w, h):
+            image = image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
+        if fmt == "png":
+            return Shot(png.encode_image(image), "image/png", screen, frame, size)
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=quality or DEFAULT_JPEG_QUALITY)
+        return Shot(buf.getvalue(), "image/jpeg", screen, frame, size)

@@ -1,0 +1,134 @@
+"""One X connection to the guest display, reconnected after the X server goes away.
+
+The agent keeps a single python-xlib connection for input (XTEST) and state queries. Any
+failure of that connection (server restarted, socket closed, refused) is turned into
+:class:`DisplayUnavailable`, which the HTTP layer answers with 503 ``display_unavailable``;
+the next call tries to connect again. Nothing here ever exits the process: python-xlib
+reports connection loss as exceptions, and asynchronous protocol errors only reach the
+error handler installed below, which records them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import Xlib.display
+import Xlib.error
+
+log = logging.getLogger(__name__)
+
+#: Exceptions that mean the connection to the X server is gone or unusable.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    Xlib.error.ConnectionClosedError,
+    Xlib.error.DisplayError,
+    OSError,
+    EOFError,
+    AssertionError,  # python-xlib asserts on a truncated reply from a dying server
+)
+
+
+class DisplayUnavailable(RuntimeError):
+    """The X display cannot be reached right now (HTTP 503 ``display_unavailable``)."""
+
+
+@dataclass(frozen=True)
+class ScreenInfo:
+    """Geometry of screen 0 in screen pixels; ``depth`` in bits per pixel."""
+
+    width: int
+    height: int
+    depth: int
+
+
+class DisplayConnection:
+    """A lazily opened, reconnecting python-xlib connection to one X display.
+
+    Use :meth:`session` for every piece of work: it holds the connection's lock (python-xlib
+    connections are not thread-safe), yields a connected ``Xlib.display.Display`` and converts
+    connection failures into :class:`DisplayUnavailable` after dropping the broken connection,
+    so the next session reconnects. ``timeout`` (seconds) bounds the wait for the lock.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._dpy: Xlib.display.Display | None = None
+        self._info: ScreenInfo | None = None
+        self._lock = threading.RLock()
+        self.protocol_errors = 0
+
+    def _on_protocol_error(self, err: Xlib.error.XError, request: object) -> None:
+        # Asynchronous X errors (e.g. a BadValue from a request without reply) must never
+        # propagate or terminate the agent; they are counted and logged.
+        self.protocol_errors += 1
+        log.warning("X protocol error: %s", err)
+
+    def _connect(self) -> Xlib.display.Display:
+        try:
+            dpy = Xlib.display.Display(self.name)
+        except CONNECTION_ERRORS as exc:
+            raise DisplayUnavailable(f"cannot connect to X display {self.name}: {exc}") from exc
+        dpy.set_error_handler(self._on_protocol_error)
+        if not dpy.query_extension("XTEST").present:
+            dpy.close()
+            raise DisplayUnavailable(f"X display {self.name} has no XTEST extension")
+        screen = dpy.screen()
+        self._info = ScreenInfo(screen.width_in_pixels, screen.height_in_pixels, screen.root_depth)
+        return dpy
+
+    def drop(self) -> None:
+        """Forget the current connection (closing it quietly); the next use reconnects."""
+        with self._lock:
+            dpy, self._dpy = self._dpy, None
+            self._info = None
+        if dpy is not None:
+            try:
+                dpy.close()
+            except Exception:  # noqa: BLE001 - the socket may already be dead
+                pass
+
+    def get(self) -> Xlib.display.Display:
+        """Return the live connection, connecting first if needed.
+
+        Raises:
+            DisplayUnavailable: the server cannot be reached.
+        """
+        with self._lock:
+            if self._dpy is None:
+                self._dpy = self._connect()
+            return self._dpy
+
+    @contextmanager
+    def session(self, timeout: float = -1) -> Iterator[Xlib.display.Display]:
+        """Yield the connection under its lock; on connection loss drop it and raise
+        DisplayUnavailable. Raises TimeoutError when the lock is not free within ``timeout``."""
+        if not self._lock.acquire(timeout=timeout):
+            raise TimeoutError("the X connection is busy")
+        try:
+            dpy = self.get()
+            try:
+                yield dpy
+            except DisplayUnavailable:
+                self.drop()
+                raise
+            except CONNECTION_ERRORS as exc:
+                self.drop()
+                raise DisplayUnavailable(f"X display {self.name} went away: {exc}") from exc
+        finally:
+            self._lock.release()
+
+    def info(self, timeout: float = -1) -> ScreenInfo:
+        """Screen geometry, verified with a round trip so a dead server is noticed.
+
+        Raises:
+            DisplayUnavailable: the server cannot be reached.
+            TimeoutError: the connection stayed busy for ``timeout`` seconds.
+        """
+        with self.session(timeout) as dpy:
+            dpy.get_input_focus()  # round trip: fails fast if the server is gone
+            info = self._info
+            assert info is not None
+            return info

@@ -1,0 +1,270 @@
+"""Keyboard input through XTEST: chords (``keypress``) and exact text (``type``).
+
+Keycodes always come from the server's live keymap, read at the start of every keyboard action.
+A keysym found at level 0 of a keycode is pressed alone; at level 1 with ``Shift_L`` around it.
+A keysym not on the keymap (``é``, ``日``, emoji ...) is bound to a *spare* keycode (one with no
+keysyms at all; two keysyms per keycode, levels 0 and 1) with ``ChangeKeyboardMapping``; the key is pressed only after a
+round trip (``GetKeyboardMapping``) shows the server holds the new mapping, so every client gets its
+``MappingNotify`` before the key event. Bindings are kept and reused across requests.
+
+Text rules (``type``): ``\\r\\n``, ``\\r`` and ``\\n`` are one ``Return`` each; ``\\t`` is ``Tab``;
+other control characters are refused; every other character is typed as its own keysym
+(:func:`guest.keys.char_to_keysym`). Each key is released right after it is pressed, so nothing is
+held long enough to auto-repeat. When one text needs more distinct unmapped characters than there
+are spare keycodes can hold, it is typed in chunks. A spare keycode pressed less than
+``REBIND_SETTLE_S`` ago is rebound only after that time, so clients have read the key events of its
+previous binding (X clients translate keycodes with the keymap current when they read the event; this
+is the only pause in the keyboard path, and only when bindings run out).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from Xlib import XK
+from Xlib.display import Display
+
+from .held import Held
+from .keys import MODIFIER_KEYSYMS, char_to_keysym, keysym_name
+
+SHIFT_L = XK.string_to_keysym("Shift_L")
+RETURN = XK.string_to_keysym("Return")
+TAB = XK.string_to_keysym("Tab")
+#: Pause before rebinding a spare keycode used earlier in the same text (seconds).
+REBIND_SETTLE_S = 0.25
+#: Lowest keycode the agent will use as a spare (keycode 8 is ignored by some toolkits).
+MIN_SPARE_KEYCODE = 9
+
+
+class InvalidText(ValueError):
+    """Text holding a control character that has no key (HTTP 400 ``invalid_action``)."""
+
+
+def text_to_keysyms(text: str) -> list[int]:
+    """Split ``text`` into the keysyms to type, applying the newline/tab rules above.
+
+    Raises:
+        InvalidText: a control character other than ``\\n``, ``\\r``, ``\\t``.
+    """
+    out: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\r":
+            out.append(RETURN)
+            if i + 1 < n and text[i + 1] == "\n":
+                i += 1
+        elif ch == "\n":
+            out.append(RETURN)
+        elif ch == "\t":
+            out.append(TAB)
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
+            raise InvalidText(f"character U+{ord(ch):04X} at offset {i} cannot be typed")
+        else:
+            out.append(char_to_keysym(ch))
+        i += 1
+    return out
+
+
+class Keymap:
+    """Snapshot of the server's core keymap: keysym -> (keycode, needs Shift), rows, spare keycodes."""
+
+    def __init__(self, dpy: Display) -> None:
+        self.min_keycode = dpy.display.info.min_keycode
+        self.max_keycode = dpy.display.info.max_keycode
+        rows = dpy.get_keyboard_mapping(self.min_keycode, self.max_keycode - self.min_keycode + 1)
+        self.rows: dict[int, tuple[int, ...]] = {}
+        self.lookup: dict[int, tuple[int, bool]] = {}
+        self.empty: list[int] = []
+        for offset, row in enumerate(rows):
+            self.rows[self.min_keycode + offset] = tuple(row)
+        for level in (0, 1):
+            for keycode, row in self.rows.items():
+                if level < len(row) and row[level]:
+                    self.lookup.setdefault(row[level], (keycode, level == 1))
+        for keycode, row in self.rows.items():
+            if not any(row) and keycode >= MIN_SPARE_KEYCODE:
+                self.empty.append(keycode)
+
+
+class Keyboard:
+    """Presses keys on one display connection; remembers the spare keycodes it has bound.
+
+    A spare keycode carries two bound keysyms: level 0 (pressed alone) and level 1 (pressed with
+    Shift), so N spare keycodes hold 2N characters.
+    """
+
+    def __init__(self) -> None:
+        # keycode -> (level-0 keysym, level-1 keysym) bound by us, least recently used first.
+        self._bound: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # keycode -> monotonic time of its last press (for the rebinding rule).
+        self._pressed_at: dict[int, float] = {}
+
+    def forget_bindings(self) -> None:
+        """Drop remembered spare bindings (after a reconnect the server's keymap is fresh)."""
+        self._bound.clear()
+
+    # -- mapping -----------------------------------------------------------------------------
+    def _spares(self, keymap: Keymap) -> list[int]:
+        """Keycodes we may bind: empty ones, and ours whose row the server still holds."""
+        spares = set(keymap.empty)
+        for keycode, pair in list(self._bound.items()):
+            if keymap.rows.get(keycode, ())[:2] == pair:
+                spares.add(keycode)
+            else:
+                del self._bound[keycode]
+        return sorted(spares)
+
+    def capacity(self, keymap: Keymap) -> int:
+        """How many unmapped keysyms fit on the spare keycodes at once."""
+        return 2 * len(self._spares(keymap))
+
+    def bind(self, dpy: Display, keymap: Keymap, keysyms: list[int], protect: set[int],
+             paired: bool = True) -> None:
+        """Bind ``keysyms`` (none on the keymap) to spare keycodes, then sync.
+
+        ``paired``: two keysyms per keycode (level 0 and level 1); otherwise one, on both levels.
+        Keycodes holding a keysym in ``protect`` keep their binding. A keycode pressed less than
+        ``REBIND_SETTLE_S`` ago is rebound only after that time has passed. Raises ValueError when
+        there are not enough spare keycodes.
+        """
+        spares = self._spares(keymap)
+        candidates = [k for k in spares if k not in self._bound]
+        candidates += [k for k, pair in self._bound.items() if not (set(pair) & protect)]  # LRU order
+        step = 2 if paired else 1
+        pairs = [keysyms[i:i + step] for i in range(0, len(keysyms), step)]
+        if len(pairs) > len(candidates):
+            raise ValueError("not enough spare keycodes for the unmapped characters")
+        last_press = max((self._pressed_at.get(k, 0.0) for k in candidates[:len(pairs)] if k in self._bound),
+                         default=0.0)
+        pause = last_press + REBIND_SETTLE_S - time.monotonic()
+        if pause > 0:
+            dpy.sync()
+            time.sleep(pause)
+        changed: list[int] = []
+        for pair, keycode in zip(pairs, candidates):
+            for old in self._bound.pop(keycode, ()):
+                if keymap.lookup.get(old, (None,))[0] == keycode:
+                    del keymap.lookup[old]
+            row = (pair[0], pair[1] if len(pair) > 1 else pair[0])
+            dpy.change_keyboard_mapping(keycode, [row])
+            self._bound[keycode] = row
+            keymap.rows[keycode] = row
+            keymap.lookup[row[0]] = (keycode, False)
+            if len(pair) > 1:
+                keymap.lookup[row[1]] = (keycode, True)
+            changed.append(keycode)
+        if changed:
+            # Round trip: the server has applied every ChangeKeyboardMapping once this returns,
+            # and the MappingNotify events precede any key event sent afterwards.
+            first = min(changed)
+            rows = dpy.get_keyboard_mapping(first, max(changed) - first + 1)
+            for keycode in changed:
+                if tuple(rows[keycode - first][:2]) != self._bound[keycode]:
+                    raise RuntimeError(f"the X server did not accept the binding of keycode {keycode}")
+
+    def touch(self, keycode: int) -> None:
+        """Note a press of ``keycode`` (LRU order and the rebinding rule)."""
+        if keycode in self._bound:
+            self._bound.move_to_end(keycode)
+            self._pressed_at[keycode] = time.monotonic()
+
+    # -- pressing ----------------------------------------------------------------------------
+    def _stroke(self, dpy: Display, held: Held, keymap: Keymap, keysym: int) -> None:
+        keycode, shifted = keymap.lookup[keysym]
+        self.touch(keycode)
+        shift_kc = keymap.lookup[SHIFT_L][0] if shifted else None
+        if shift_kc is not None:
+            held.key_down(dpy, shift_kc)
+        held.key_down(dpy, keycode)
+        held.key_up(dpy, keycode)
+        if shift_kc is not None:
+            held.key_up(dpy, shift_kc)
+
+    def type_keysyms(self, dpy: Display, held: Held, keysyms: list[int]) -> None:
+        """Type each keysym (press + release), binding unmapped ones to spare keycodes first."""
+        keymap = Keymap(dpy)
+        start = 0
+        while start < len(keysyms):
+            capacity = self.capacity(keymap)
+            if capacity == 0 and any(k not in keymap.lookup for k in keysyms[start:]):
+                raise ValueError("the keymap has no spare keycode for unmapped characters")
+            # Grow the chunk while its new (unmapped) keysyms fit the spare keycodes.
+            needed: list[int] = []
+            needed_set: set[int] = set()
+            end = start
+            while end < len(keysyms):
+                k = keysyms[end]
+                if k not in keymap.lookup and k not in needed_set:
+                    if len(needed) == capacity:
+                        break
+                    needed.append(k)
+                    needed_set.add(k)
+                end += 1
+            chunk = keysyms[start:end]
+            if needed:
+                protect = {k for k in chunk if k in keymap.lookup}
+                self.bind(dpy, keymap, needed, protect)
+            if SHIFT_L not in keymap.lookup:
+                raise ValueError("the keymap has no Shift_L")
+            for k in chunk:
+                self._stroke(dpy, held, keymap, k)
+            dpy.flush()
+            start = end
+        dpy.sync()
+
+    def chord_keycodes(self, dpy: Display, keysyms: list[int]) -> list[int]:
+        """Keycodes to press, in order, for a chord of keysyms (binding unmapped ones).
+
+        A keysym reachable only with Shift gets ``Shift_L`` inserted before it, unless the chord
+        already holds a Shift. In a chord with a modifier, an upper-case ASCII letter means its
+        key cap (``["CTRL", "A"]`` is Ctrl+a, not Ctrl+Shift+a).
+        """
+        keymap = Keymap(dpy)
+        has_modifier = any(k in MODIFIER_KEYSYMS for k in keysyms)
+        resolved: list[int] = []
+        for k in keysyms:
+            if has_modifier and 0x41 <= k <= 0x5A:
+                k += 0x20
+            resolved.append(k)
+        missing = list(dict.fromkeys(k for k in resolved if k not in keymap.lookup))
+        if missing:
+            self.bind(dpy, keymap, missing, protect=set(resolved), paired=False)
+        shift_names = {XK.string_to_keysym("Shift_L"), XK.string_to_keysym("Shift_R")}
+        has_shift = any(k in shift_names for k in resolved)
+        out: list[int] = []
+        for k in resolved:
+            keycode, shifted = keymap.lookup[k]
+            if shifted and not has_shift:
+                out.append(keymap.lookup[SHIFT_L][0])
+                has_shift = True
+            self.touch(keycode)
+            out.append(keycode)
+        return list(dict.fromkeys(out))
+
+    def chord(self, dpy: Display, held: Held, keysyms: list[int]) -> None:
+        """``keypress``: press every key in order, then release in reverse order; one chord."""
+        keycodes = self.chord_keycodes(dpy, keysyms)
+        for kc in keycodes:
+            held.key_down(dpy, kc)
+        for kc in reversed(keycodes):
+            held.key_up(dpy, kc)
+        dpy.sync()
+
+    def hold(self, dpy: Display, held: Held, keysyms: list[int]) -> list[int]:
+        """Press (and leave down) the keys of ``keysyms``; returns keycodes to release later."""
+        keycodes = self.chord_keycodes(dpy, keysyms)
+        for kc in keycodes:
+            held.key_down(dpy, kc)
+        dpy.flush()
+        return keycodes
+
+    def unhold(self, dpy: Display, held: Held, keycodes: list[int]) -> None:
+        """Release keys pressed by :meth:`hold`, in reverse order."""
+        for kc in reversed(keycodes):
+            held.key_up(dpy, kc)
+        dpy.flush()
+
+
+__all__ = ["Keyboard", "Keymap", "InvalidText", "text_to_keysyms", "keysym_name"]

@@ -1,0 +1,348 @@
+"""Network probes run inside the guest for the egress audit (standard library only).
+
+Usage (in the guest, as the desktop user)::
+
+    python3 -m guest.netprobe '<JSON list of probes>'      # or: python3 netprobe.py '<JSON>'
+
+Each probe is an object with ``name`` and ``kind`` plus kind-specific fields; the output (stdout) is one
+JSON object ``{"results": [{"name", "kind", "observed", "detail"}...]}`` in probe order. ``observed`` is
+a short outcome word; judging it against what the policy expects is the controller's job
+(``controller.audit``), which also checks the targets' own records of hits.
+
+Kinds and their outcomes:
+
+* ``tcp`` {host, port}: ``connected`` | ``refused`` | ``timeout`` | ``unreachable`` | ``error``
+* ``udp`` {host, port}: sends one datagram; ``reply`` | ``no-reply`` | ``unreachable`` | ``error``
+* ``resolve`` {host}: getaddrinfo in the guest; ``resolved`` (detail: addresses) | ``failed``
+* ``dns`` {server, port, name, transport udp|tcp}: a raw A query; ``answer`` (detail: addresses) |
+  ``no-answer`` (a reply without addresses, e.g. SERVFAIL) | ``no-reply`` | ``unreachable`` | ``refused``
+* ``http`` {proxy_host, proxy_port, url, follow}: absolute-form GET through the proxy; ``status:<code>``
+  (detail: body head, Location); with ``follow`` one redirect is followed and reported as ``hops``
+* ``connect`` {proxy_host, proxy_port, authority, tls, sni}: CONNECT through the proxy;
+  ``status:<code>``; when 200 and ``tls``: ``tls-established`` | ``tls-failed``
+* ``scan`` {host, ports: [[first, last], ...]}: TCP connect scan; ``open:<ports>`` | ``none-open``
+* ``ipv6`` {}: the guest's IPv6 addresses and routes; ``ipv6-off`` | ``ipv6-on``
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import os
+import random
+import selectors
+import socket
+import ssl
+import struct
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+TIMEOUT = 2.0
+"""Seconds per connection attempt / reply wait."""
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _error_word(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout):
+        return "timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, OSError) and exc.errno in (
+        errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EPERM,
+        errno.EACCES,
+    ):
+        return "unreachable"
+    return "error"
+
+
+def probe_tcp(p: dict) -> tuple[str, Any]:
+    host, port = p["host"], int(p["port"])
+    try:
+        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    except OSError as exc:
+        return "unreachable", str(exc)
+    sock.settimeout(p.get("timeout", TIMEOUT))
+    try:
+        sock.connect((host, port))
+        return "connected", None
+    except OSError as exc:
+        return _error_word(exc), str(exc)
+    finally:
+        sock.close()
+
+
+def probe_udp(p: dict) -> tuple[str, Any]:
+    host, port = p["host"], int(p["port"])
+    payload = p.get("payload", "netprobe").encode()
+    try:
+        sock = socket.socket(_family(host), socket.SOCK_DGRAM)
+    except OSError as exc:
+        return "unreachable", str(exc)
+    sock.settimeout(p.get("timeout", TIMEOUT))
+    try:
+        sock.sendto(payload, (host, port))
+        data, _ = sock.recvfrom(4096)
+        return "reply", data[:64].decode("latin-1")
+    except socket.timeout:
+        return "no-reply", None
+    except OSError as exc:
+        word = _error_word(exc)
+        return ("no-reply" if word == "refused" else word), str(exc)
+    finally:
+        sock.close()
+
+
+def probe_resolve(p: dict) -> tuple[str, Any]:
+    try:
+        infos = socket.getaddrinfo(p["host"], None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        return "failed", str(exc)
+    return "resolved", sorted({info[4][0] for info in infos})
+
+
+def _dns_query(name: str) -> tuple[int, bytes]:
+    ident = random.randrange(1 << 16)
+    header = struct.pack(">HHHHHH", ident, 0x0100, 1, 0, 0, 0)  # recursion desired, one question
+    qname = b"".join(bytes([len(label)]) + label.encode("ascii") for label in name.rstrip(".").split("."))
+    return ident, header + qname + b"\x00" + struct.pack(">HH", 1, 1)  # A, IN
+
+
+def _dns_answers(reply: bytes) -> tuple[int, list[str]]:
+    """(rcode, IPv4 addresses in the answer section) of a DNS reply."""
+    if len(reply) < 12:
+        return -1, []
+    _, flags, qd, an, _, _ = struct.unpack(">HHHHHH", reply[:12])
+    offset = 12
+
+    def skip_name(off: int) -> int:
+        while off < len(reply):
+            length = reply[off]
+            if length == 0:
+                return off + 1
+            if length & 0xC0 == 0xC0:
+                return off + 2
+            off += 1 + length
+        return off
+
+    for _ in range(qd):
+        offset = skip_name(offset) + 4
+    addresses = []
+    for _ in range(an):
+        offset = skip_name(offset)
+        if offset + 10 > len(reply):
+            break
+        rtype, _, _, rdlength = struct.unpack(">HHIH", reply[offset:offset + 10])
+        offset += 10
+        if rtype == 1 and rdlength == 4:
+            addresses.append(socket.inet_ntoa(reply[offset:offset + 4]))
+        offset += rdlength
+    return flags & 0x000F, addresses
+
+
+def probe_dns(p: dict) -> tuple[str, Any]:
+    server, port, name = p["server"], int(p.get("port", 53)), p["name"]
+    _, query = _dns_query(name)
+    transport = p.get("transport", "udp")
+    try:
+        sock = socket.socket(_family(server), socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM)
+    except OSError as exc:
+        return "unreachable", str(exc)
+    sock.settimeout(p.get("timeout", TIMEOUT))
+    try:
+        if transport == "udp":
+            sock.sendto(query, (server, port))
+            reply, _ = sock.recvfrom(4096)
+        else:
+            sock.connect((server, port))
+            sock.sendall(struct.pack(">H", len(query)) + query)
+            head = sock.recv(2)
+            if len(head) < 2:
+                return "no-reply", "closed"
+            reply = sock.recv(struct.unpack(">H", head)[0])
+    except socket.timeout:
+        return "no-reply", None
+    except OSError as exc:
+        word = _error_word(exc)
+        return ("no-reply" if word == "refused" and transport == "udp" else word), str(exc)
+    finally:
+        sock.close()
+    rcode, addresses = _dns_answers(reply)
+    return ("answer", addresses) if addresses else ("no-answer", {"rcode": rcode})
+
+
+def _proxy_get(proxy_host: str, proxy_port: int, url: str) -> dict:
+    sock = socket.create_connection((proxy_host, proxy_port), timeout=TIMEOUT * 3)
+    try:
+        netloc = urlsplit(url).netloc
+        sock.sendall(f"GET {url} HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\n\r\n".encode("latin-1"))
+        response = http.client.HTTPResponse(sock, method="GET")
+        response.begin()
+        body = response.read(512)
+        return {"status": response.status, "location": response.getheader("Location"),
+                "body": body[:200].decode("utf-8", "replace")}
+    finally:
+        sock.close()
+
+
+def probe_http(p: dict) -> tuple[str, Any]:
+    proxy_host, proxy_port = p["proxy_host"], int(p["proxy_port"])
+    hops = []
+    url = p["url"]
+    try:
+        for _ in range(2 if p.get("follow") else 1):
+            hop = _proxy_get(proxy_host, proxy_port, url)
+            hop["url"] = url
+            hops.append(hop)
+            if not (300 <= hop["status"] < 400 and hop["location"]):
+                break
+            url = hop["location"]
+    except (OSError, http.client.HTTPException) as exc:
+        return _error_word(exc), {"hops": hops, "error": str(exc)}
+    return f"status:{hops[-1]['status']}", {"hops": hops}
+
+
+def probe_connect(p: dict) -> tuple[str, Any]:
+    authority = p["authority"]
+    try:
+        sock = socket.create_connection((p["proxy_host"], int(p["proxy_port"])), timeout=TIMEOUT * 3)
+    except OSError as exc:
+        return _error_word(exc), str(exc)
+    try:
+        sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("latin-1"))
+        response = http.client.HTTPResponse(sock, method="CONNECT")
+        response.begin()
+        if response.status != 200 or not p.get("tls"):
+            return f"status:{response.status}", response.read(200).decode("utf-8", "replace")
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with context.wrap_socket(sock, server_hostname=p.get("sni") or None) as tls:
+                return "tls-established", tls.version()
+        except (OSError, ssl.SSLError) as exc:
+            return "tls-failed", str(exc)
+    except (OSError, http.client.HTTPException) as exc:
+        return _error_word(exc), str(exc)
+    finally:
+        sock.close()
+
+
+def probe_scan(p: dict) -> tuple[str, Any]:
+    host = p["host"]
+    ports = [port for first, last in p["ports"] for port in range(int(first), int(last) + 1)]
+    timeout = p.get("timeout", 1.0)
+    open_ports: list[int] = []
+    unanswered = 0
+    batch = int(p.get("batch", 256))
+    for start in range(0, len(ports), batch):
+        selector = selectors.DefaultSelector()
+        pending = {}
+        for port in ports[start:start + batch]:
+            sock = socket.socket(_family(host), socket.SOCK_STREAM)
+            sock.setblocking(False)
+            code = sock.connect_ex((host, port))
+            if code == 0:
+                open_ports.append(port)
+                sock.close()
+            elif code in (errno.EINPROGRESS, errno.EAGAIN):
+                selector.register(sock, selectors.EVENT_WRITE, port)
+                pending[sock] = port
+            else:
+                sock.close()
+        while pending:
+            events = selector.select(timeout)
+            if not events:
+                break
+            for key, _ in events:
+                sock = key.fileobj
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    open_ports.append(key.data)
+                selector.unregister(sock)
+                sock.close()
+                del pending[sock]
+        unanswered += len(pending)
+        for sock in pending:
+            sock.close()
+        selector.close()
+    detail = {"scanned": len(ports), "unanswered": unanswered}
+    if open_ports:
+        return "open:" + ",".join(str(x) for x in sorted(open_ports)), detail
+    return "none-open", detail
+
+
+def probe_ipv6(_p: dict) -> tuple[str, Any]:
+    addresses, routes = [], 0
+    try:
+        with open("/proc/net/if_inet6") as fh:
+            addresses = [line.split()[0] for line in fh if line.strip()]
+    except OSError:
+        pass
+    try:
+        with open("/proc/net/ipv6_route") as fh:
+            routes = sum(1 for line in fh if line.strip() and not line.split()[-1] == "lo")
+    except OSError:
+        pass
+    disabled = None
+    try:
+        with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as fh:
+            disabled = fh.read().strip() == "1"
+    except OSError:
+        pass
+    detail = {"addresses": addresses, "routes": routes, "disable_ipv6": disabled}
+    return ("ipv6-off" if not addresses and not routes else "ipv6-on"), detail
+
+
+PROBES = {
+    "tcp": probe_tcp,
+    "udp": probe_udp,
+    "resolve": probe_resolve,
+    "dns": probe_dns,
+    "http": probe_http,
+    "connect": probe_connect,
+    "scan": probe_scan,
+    "ipv6": probe_ipv6,
+}
+
+
+def run_one(p: dict) -> dict:
+    """Run one probe; a probe's own failure is reported as ``observed: error``, never raised."""
+    kind = p.get("kind")
+    try:
+        observed, detail = PROBES[kind](p)
+    except Exception as exc:  # noqa: BLE001 - a broken probe is an observation, not a crash
+        observed, detail = "error", f"{type(exc).__name__}: {exc}"
+    return {"name": p.get("name"), "kind": kind, "observed": observed, "detail": detail}
+
+
+def run(probes: list[dict], workers: int = 16) -> list[dict]:
+    """Run the probes concurrently (they are independent; most wait on timeouts); results in probe
+    order. Port scans run after the rest, one at a time, so they do not crowd the others' sockets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    results: list = [None] * len(probes)
+    quick = [i for i, p in enumerate(probes) if p.get("kind") != "scan"]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for i, result in zip(quick, pool.map(lambda i: run_one(probes[i]), quick)):
+            results[i] = result
+    for i, p in enumerate(probes):
+        if results[i] is None:
+            results[i] = run_one(p)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: netprobe '<JSON list of probes>'", file=sys.stderr)
+        return 2
+    json.dump({"results": run(json.loads(argv[0])), "uid": os.getuid()}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,148 @@
+"""Event-logging probe window, for conformance tests of any driver that reaches this display.
+
+``python -m guest probe --log FILE [--display :99]`` opens an override-redirect window covering the
+whole screen, gives it the input focus and appends one JSON object per line to FILE, flushed per
+event, so a test can read the log while the probe runs (locally, or through ``GET /v1/files``
+when the probe was started with ``POST /v1/launch``). Lines:
+
+- ``{"type": "ready", "width", "height", "window"}`` once the window is mapped and focused;
+- ``KeyPress`` / ``KeyRelease``: ``keycode``, ``keysym`` (the probe's own lookup at the level the
+  Shift state selects), ``keysym_name``, ``state`` (modifier mask), ``synthetic`` (SendEvent flag),
+  ``time`` (server ms);
+- ``ButtonPress`` / ``ButtonRelease``: ``button``, ``x``, ``y``, ``state``, ``synthetic``, ``time``;
+- ``MotionNotify``: ``x``, ``y``, ``state``, ``synthetic``, ``time``;
+- ``MappingNotify``: ``first_keycode``, ``count`` (the probe refreshes its keymap on each);
+- ``{"type": "animation_done"}`` when ``--animate S`` ends.
+
+``--pattern`` paints :data:`PATTERN` (solid rectangles of known colours, screen px) so screenshots
+can be checked pixel by pixel. ``--animate S`` repaints the window in alternating colours every
+``ANIMATE_PERIOD_S`` for S seconds after ``ready`` (to test waiting for a stable screen).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+
+from Xlib import X, display
+
+from .keys import keysym_name
+
+_EVENT_NAMES = {X.KeyPress: "KeyPress", X.KeyRelease: "KeyRelease", X.ButtonPress: "ButtonPress",
+                X.ButtonRelease: "ButtonRelease", X.MotionNotify: "MotionNotify"}
+
+
+#: (x, y, w, h, 0xRRGGBB) rectangles painted by ``--pattern``, in screen px.
+PATTERN: list[tuple[int, int, int, int, int]] = [
+    (0, 0, 64, 48, 0x123456),
+    (64, 0, 64, 48, 0xFEDCBA),
+    (128, 0, 64, 48, 0x010203),
+    (192, 0, 64, 48, 0xFF00FF),
+    (300, 200, 200, 100, 0x00FF00),
+    (500, 200, 3, 3, 0xABCDEF),
+]
+ANIMATE_PERIOD_S = 0.04
+
+
+def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animate: float = 0.0) -> int:
+    """Run the probe until killed (SIGTERM/SIGINT) or the X connection closes; returns 0."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    dpy = display.Display(display_name)
+    screen = dpy.screen()
+    width, height = screen.width_in_pixels, screen.height_in_pixels
+    win = screen.root.create_window(
+        0, 0, width, height, 0, screen.root_depth, X.InputOutput, X.CopyFromParent,
+        background_pixel=screen.white_pixel, override_redirect=True,
+        event_mask=(X.KeyPressMask | X.KeyReleaseMask | X.ButtonPressMask | X.ButtonReleaseMask
+                    | X.PointerMotionMask | X.StructureNotifyMask | X.ExposureMask | X.FocusChangeMask),
+    )
+    win.set_wm_name("desktop-sandbox probe")
+    win.map()
+    log = open(log_path, "a", encoding="utf-8", buffering=1)
+
+    def emit(record: dict) -> None:
+        log.write(json.dumps(record, separators=(",", ":")) + "\n")
+        log.flush()
+
+    colormap = screen.default_colormap
+    gcs: dict[int, object] = {}
+
+    def fill(rgb: int, x: int, y: int, w: int, h: int) -> None:
+        gc = gcs.get(rgb)
+        if gc is None:
+            pixel = colormap.alloc_color(((rgb >> 16) & 0xFF) * 257, ((rgb >> 8) & 0xFF) * 257,
+                                         (rgb & 0xFF) * 257).pixel
+            gc = gcs[rgb] = win.create_gc(foreground=pixel)
+        win.fill_rectangle(gc, x, y, w, h)
+
+    def paint() -> None:
+        if pattern:
+            for x, y, w, h, rgb in PATTERN:
+                fill(rgb, x, y, w, h)
+        dpy.flush()
+
+    ready = False
+    animate_until = 0.0
+    frame = 0
+    try:
+        while True:
+            if animate_until:
+                now = time.monotonic()
+                if now >= animate_until:
+                    animate_until = 0.0
+                    fill(0xFFFFFF, 0, 0, width, height)
+                    paint()
+                    dpy.sync()
+                    emit({"type": "animation_done"})
+                elif not dpy.pending_events():
+                    select.select([dpy.fileno()], [], [], ANIMATE_PERIOD_S)
+                    if not dpy.pending_events():
+                        frame += 1
+                        fill(0xFF0000 if frame % 2 else 0x0000FF, 0, 0, width, height)
+                        dpy.flush()
+                        continue
+            ev = dpy.next_event()
+            etype = ev.type
+            if etype == X.MapNotify and not ready:
+                win.raise_window()
+                dpy.set_input_focus(win, X.RevertToParent, X.CurrentTime)
+                dpy.sync()
+                paint()
+                dpy.sync()
+                ready = True
+                emit({"type": "ready", "width": width, "height": height, "window": win.id})
+                if animate > 0:
+                    animate_until = time.monotonic() + animate
+            elif etype == X.Expose and ev.count == 0:
+                paint()
+            elif etype == X.MappingNotify:
+                dpy.refresh_keyboard_mapping(ev)
+                emit({"type": "MappingNotify", "first_keycode": ev.first_keycode, "count": ev.count})
+            elif etype in (X.KeyPress, X.KeyRelease):
+                shifted = bool(ev.state & X.ShiftMask)
+                keysym = dpy.keycode_to_keysym(ev.detail, 1 if shifted else 0)
+                if shifted and keysym == X.NoSymbol:
+                    keysym = dpy.keycode_to_keysym(ev.detail, 0)
+                emit({"type": _EVENT_NAMES[etype], "keycode": ev.detail, "keysym": keysym,
+                      "keysym_name": keysym_name(keysym) if keysym else None, "state": ev.state,
+                      "synthetic": bool(ev.send_event), "time": ev.time})
+            elif etype in (X.ButtonPress, X.ButtonRelease):
+                emit({"type": _EVENT_NAMES[etype], "button": ev.detail, "x": ev.event_x, "y": ev.event_y,
+                      "state": ev.state, "synthetic": bool(ev.send_event), "time": ev.time})
+            elif etype == X.MotionNotify:
+                emit({"type": "MotionNotify", "x": ev.event_x, "y": ev.event_y, "state": ev.state,
+                      "synthetic": bool(ev.send_event), "time": ev.time})
+    except (SystemExit, KeyboardInterrupt):
+        return 0
+    except Exception:  # noqa: BLE001 - the X server went away: the probe simply ends
+        return 0
+    finally:
+        log.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_probe(os.environ.get("DISPLAY", ":99"), sys.argv[1]))

@@ -1,0 +1,290 @@
+"""Conformance harness: the thing under test (a *target*) and the desktop that observes it.
+
+A **target** is anything that performs Responses computer actions on an X desktop in screen pixels:
+the guest agent over HTTP (:class:`AgentTarget`), a controller-side ComputerDriver, another backend.
+It needs only::
+
+    screen_size: tuple[int, int]                       # (W, H) screen px
+    run(actions: list[dict]) -> None                   # raise TargetError(code, index) on refusal
+    screenshot(format="png", quality=None, max_width=None, max_height=None, crop=None) -> Shot
+    release() -> None                                  # nothing left pressed afterwards
+
+The **desktop** observes what real X clients received. :class:`AgentDesktop` starts clients through
+the agent's ``/v1/launch`` (allowlisted ``probe`` = ``python -m guest probe`` and ``terminal`` =
+``xterm``) and reads their output through ``/v1/files``, so it works wherever an agent runs;
+``pressed()`` reads the server's key map and pointer buttons over a direct X connection when the
+display is reachable from the test (``None`` otherwise).
+
+To run the suite on your own driver, write a factory ``make_target(desktop) -> target`` and pass
+``--conformance-target=package.module:make_target`` to pytest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from PIL import Image
+
+from controller.agent_client import AgentClient, AgentError
+
+
+class TargetError(Exception):
+    """A refused action: ``code`` (contract 1 error code) and ``index`` of the failing action."""
+
+    def __init__(self, code: str, message: str = "", index: int | None = None, status: int | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.index, self.status = code, message, index, status
+
+
+@dataclass
+class Shot:
+    """A screenshot: decoded ``image``, ``mime``, ``screen_size`` (W, H) and ``frame`` (x, y, w, h)."""
+
+    image: Image.Image
+    mime: str
+    screen_size: tuple[int, int]
+    frame: tuple[int, int, int, int]
+    data: bytes
+
+
+class Target(Protocol):
+    """What the conformance suite drives (see module doc)."""
+
+    screen_size: tuple[int, int]
+
+    def run(self, actions: list[dict[str, Any]]) -> None: ...
+
+    def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
+                   max_height: int | None = None, crop: tuple[int, int, int, int] | None = None) -> Shot: ...
+
+    def release(self) -> None: ...
+
+
+class AgentTarget:
+    """The guest agent over HTTP as a conformance target."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self.client = client
+        info = client.display()
+        self.screen_size = (info["width"], info["height"])
+
+    def run(self, actions: list[dict[str, Any]]) -> None:
+        try:
+            self.client.actions(actions)
+        except AgentError as exc:
+            raise TargetError(exc.code, exc.message, exc.index, exc.status) from exc
+
+    def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
+                   max_height: int | None = None, crop: tuple[int, int, int, int] | None = None) -> Shot:
+        try:
+            s = self.client.screenshot(format, quality, max_width, max_height, crop)
+        except AgentError as exc:
+            raise TargetError(exc.code, exc.message, exc.index, exc.status) from exc
+        image = Image.open(io.BytesIO(s.data))
+        image.load()
+        assert image.size == s.image_size, (image.size, s.image_size)
+        return Shot(image, s.mime, s.screen_size, s.frame, s.data)
+
+    def release(self) -> None:
+        self.client.release()
+
+
+def poll(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Call ``predicate`` until it returns something truthy; return it, or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Probe:
+    """A running ``python -m guest probe`` and its JSONL event log."""
+
+    def __init__(self, desktop: "AgentDesktop", pid: int, log_path: str) -> None:
+        self.desktop, self.pid, self.log_path = desktop, pid, log_path
+        self._flip = False
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every complete line logged so far."""
+        try:
+            data = self.desktop.read_file(self.log_path)
+        except AgentError as exc:
+            if exc.code == "not_found":
+                return []
+            raise
+        text = data.decode()
+        if not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def mark(self) -> int:
+        """Number of events so far (pass to :meth:`since`)."""
+        return len(self.events())
+
+    def since(self, mark: int) -> list[dict[str, Any]]:
+        return self.events()[mark:]
+
+    def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], mark: int = 0,
+                 timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Events after ``mark`` once ``predicate(events)`` holds."""
+        return poll(lambda: (lambda ev: ev if predicate(ev) else None)(self.since(mark)), timeout,
+                    what="probe events")
+
+    def input_events(self, mark: int) -> list[dict[str, Any]]:
+        """Key, button and motion events after ``mark``."""
+        kinds = {"KeyPress", "KeyRelease", "ButtonPress", "ButtonRelease", "MotionNotify"}
+        return [e for e in self.since(mark) if e["type"] in kinds]
+
+    def run_and_collect(self, target: Target, actions: list[dict[str, Any]],
+                        sentinel: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+        """Run ``actions``, then a ``move`` to ``sentinel``; return the input events in between.
+
+        The sentinel motion is the last event the probe logs for this call, so every event the
+        actions caused has been logged when it appears.
+        """
+        w, h = target.screen_size
+        # Alternate between two sentinel points so the sentinel move always produces motion.
+        self._flip = not self._flip
+        sx, sy = sentinel or ((w - 7, h - 5) if self._flip else (w - 9, h - 5))
+        mark = self.mark()
+        target.run(actions)
+        target.run([{"type": "move", "x": sx, "y": sy}])
+        events = self.wait_for(lambda ev: any(e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy)
+                                              for e in ev), mark)
+        out = [e for e in events if e["type"] in
+               {"KeyPress", "KeyRelease", "ButtonPress", "ButtonRelease", "MotionNotify"}]
+        last = max(i for i, e in enumerate(out) if e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy))
+        return out[:last]
+
+    def stop(self) -> None:
+        self.desktop.kill(self.pid)
+
+
+class TextSink:
+    """An ``xterm`` running ``cat > FILE``: what arrives in FILE is exactly what was typed."""
+
+    def __init__(self, desktop: "AgentDesktop", pid: int, path: str, geometry: tuple[int, int, int, int]) -> None:
+        self.desktop, self.pid, self.path, self.geometry = desktop, pid, path, geometry
+
+    def content(self) -> str:
+        try:
+            return self.desktop.read_file(self.path).decode("utf-8")
+        except AgentError as exc:
+            if exc.code == "not_found":
+                return ""
+            raise
+
+    def focus(self, target: Target) -> None:
+        """Click inside the terminal so it has the keyboard."""
+        x, y, w, h = self.geometry
+        target.run([{"type": "click", "x": x + w // 2, "y": y + h // 2, "button": "left"}])
+
+    def type_and_read(self, target: Target, text: str, expected: str, timeout: float = 20.0) -> str:
+        """Type ``text`` + Enter; return what reached the file (compare with ``expected`` + ``\\n``)."""
+        before = len(self.content())
+        self.focus(target)
+        target.run([{"type": "type", "text": text + "\n"}])
+        want = len(expected) + 1
+        try:
+            return poll(lambda: (lambda c: c[before:] if len(c) - before >= want else None)(self.content()),
+                        timeout, what="typed text in the terminal")
+        except AssertionError:
+            return self.content()[before:]
+
+    def stop(self) -> None:
+        self.desktop.kill(self.pid)
+
+
+class AgentDesktop:
+    """Observation side of the suite for an agent: launch probe/xterm, read files, read key state.
+
+    ``workdir`` must be under the agent's ``--files-root``; ``display`` (optional) is the X display
+    name reachable from the test process, used by :meth:`pressed` and :meth:`kill` (local pids).
+    """
+
+    def __init__(self, client: AgentClient, workdir: str, display: str | None = None) -> None:
+        self.client, self.workdir, self.display = client, workdir, display
+        self._count = 0
+        self._x = None
+
+    def _path(self, stem: str) -> str:
+        self._count += 1
+        return os.path.join(self.workdir, f"{stem}-{os.getpid()}-{self._count}")
+
+    def read_file(self, path: str) -> bytes:
+        return self.client.read_file(path)
+
+    def kill(self, pid: int, timeout: float = 10.0) -> None:
+        """Stop a client started through the agent (same machine: a signal to its pid) and wait
+        until the agent has reaped it."""
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        poll(gone, timeout, what=f"process {pid} to exit")
+
+    def start_probe(self, *, pattern: bool = False, animate: float = 0.0, timeout: float = 15.0) -> Probe:
+        """Launch the probe window and wait for its ``ready`` line."""
+        log = self._path("probe") + ".jsonl"
+        args = ["--log", log]
+        if pattern:
+            args.append("--pattern")
+        if animate:
+            args += ["--animate", str(animate)]
+        pid = self.client.launch("probe", args)
+        probe = Probe(self, pid, log)
+        probe.wait_for(lambda ev: any(e["type"] == "ready" for e in ev), timeout=timeout)
+        return probe
+
+    def start_text_sink(self, timeout: float = 15.0) -> TextSink:
+        """Launch ``xterm -e sh -c 'cat > FILE'`` at a fixed place and wait until it runs."""
+        path = self._path("typed") + ".txt"
+        geometry = (0, 0, 6 * 120 + 4, 13 * 24 + 4)
+        pid = self.client.launch("terminal", [
+            "-geometry", "120x24+0+0", "-fa", "", "-fn", "fixed", "-u8",
+            "-e", "sh", "-c", 'stty -echo; exec cat > "$1"', "sink", path,
+        ])
+        poll(lambda: self._exists(path), timeout, what="the terminal to start")
+        return TextSink(self, pid, path, geometry)
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.read_file(path)
+            return True
+        except AgentError:
+            return False
+
+    def pressed(self) -> tuple[list[int], int] | None:
+        """(keycodes down, pointer button mask) from the X server, or None if unreachable."""
+        if not self.display:
+            return None
+        from Xlib import display as xdisplay
+
+        from guest.held import pressed_state
+
+        if self._x is None:
+            self._x = xdisplay.Display(self.display)
+        return pressed_state(self._x)
+
+    def close(self) -> None:
+        if self._x is not None:
+            self._x.close()
+            self._x = None

@@ -1,0 +1,46 @@
+"""Shared fixtures: a private Xvfb (free display via -displayfd) and agent processes on it."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from guest.localrun import AgentProcess, Xvfb  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--conformance-target", action="append", default=[],
+        help="module:factory building a conformance target from the desktop (repeatable); "
+             "default: the guest agent over HTTP",
+    )
+
+
+@pytest.fixture(scope="session")
+def xvfb() -> Iterator[Xvfb]:
+    """A 1280x800x24 Xvfb shared by the session."""
+    server = Xvfb(1280, 800, 24).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_agent() -> Iterator:
+    """Factory ``make_agent(display, **kwargs) -> AgentProcess`` (started); stopped after the test."""
+    started: list[AgentProcess] = []
+
+    def make(display: str, **kwargs) -> AgentProcess:
+        agent = AgentProcess(display, **kwargs).start()
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in started:
+        agent.stop()

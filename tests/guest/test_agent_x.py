@@ -1,0 +1,226 @@
+"""Agent behaviour on a real Xvfb that is specific to this implementation: validation before any
+event, busy timeout, wait cap, the scroll rule, X server restarts, no X connection growth."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from Xlib import display as xdisplay
+
+from controller.agent_client import AgentClient, AgentError
+from guest import pointer
+from guest.localrun import Xvfb
+from tests.conformance.harness import AgentDesktop, poll
+
+WAIT_CAP = 3.0
+BUSY_TIMEOUT = 0.5
+
+
+@pytest.fixture(scope="module")
+def setup(xvfb, tmp_path_factory):
+    from guest.localrun import AgentProcess
+
+    work = tmp_path_factory.mktemp("agent-x")
+    agent = AgentProcess(xvfb.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
+                         files_roots=[str(work)],
+                         extra_args=["--wait-cap", str(WAIT_CAP), "--busy-timeout", str(BUSY_TIMEOUT)]).start()
+    client = AgentClient(agent.base_url, agent.token, timeout=30)
+    desktop = AgentDesktop(client, str(work), display=xvfb.display)
+    yield agent, client, desktop
+    desktop.close()
+    client.close()
+    agent.stop()
+
+
+def test_whole_request_is_validated_before_any_event(setup):
+    agent, client, desktop = setup
+    probe = desktop.start_probe()
+    try:
+        mark = probe.mark()
+        with pytest.raises(AgentError) as err:
+            client.actions([{"type": "keypress", "keys": ["a"]}, {"type": "click", "x": 5, "y": 5, "button": "left"},
+                            {"type": "keypress", "keys": ["ctrl", "Bogus_Key"]}])
+        assert (err.value.status, err.value.code, err.value.index) == (400, "unknown_key", 2)
+        assert err.value.body["error"]["key"] == "Bogus_Key"
+        client.actions([{"type": "move", "x": 77, "y": 77}])
+        probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 77 for e in ev), mark)
+        assert [e for e in probe.since(mark) if e["type"] not in ("MotionNotify",)] == []
+    finally:
+        probe.stop()
+
+
+@pytest.mark.parametrize("delta,clicks", [(1, 1), (99, 1), (114, 1), (170, 1), (172, 2), (342, 3), (-342, -3),
+                                          (-1, -1), (10**6, pointer.MAX_SCROLL_CLICKS)])
+def test_scroll_rule(delta, clicks):
+    assert pointer.scroll_clicks(delta) == clicks
+    assert pointer.scroll_clicks(0) == 0
+
+
+def test_scroll_rule_on_the_wire(setup):
+    agent, client, desktop = setup
+    probe = desktop.start_probe()
+    try:
+        mark = probe.mark()
+        client.actions([{"type": "scroll", "x": 50, "y": 50, "scroll_x": -200, "scroll_y": 300},
+                        {"type": "move", "x": 99, "y": 99}])
+        events = probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 99 for e in ev), mark)
+        presses = [e["button"] for e in events if e["type"] == "ButtonPress"]
+        assert presses == [5, 5, 5, 6, 6]
+    finally:
+        probe.stop()
+
+
+def test_busy_after_the_documented_timeout_and_screenshots_still_work(setup):
+    agent, client, desktop = setup
+    probe = desktop.start_probe(animate=30)
+    try:
+        result: dict[str, float] = {}
+
+        def long_wait() -> None:
+            start = time.monotonic()
+            client.actions([{"type": "wait"}])
+            result["wait"] = time.monotonic() - start
+
+        t = threading.Thread(target=long_wait)
+        t.start()
+        # Until the wait holds the input lock, moves succeed; the first refused one is the check.
+        deadline = time.monotonic() + WAIT_CAP
+        while True:
+            start = time.monotonic()
+            try:
+                client.actions([{"type": "move", "x": 5, "y": 5}])
+            except AgentError as exc:
+                err, waited = exc, time.monotonic() - start
+                break
+            assert time.monotonic() < deadline, "the wait never held the input lock"
+            time.sleep(0.02)
+        assert (err.status, err.code) == (409, "busy")
+        assert BUSY_TIMEOUT * 0.9 <= waited < BUSY_TIMEOUT + 1.0
+        with pytest.raises(AgentError) as err:
+            client.release()
+        assert err.value.code == "busy"
+        shot = client.screenshot("jpeg", max_width=320)
+        assert shot.image_size == (320, 200)
+        assert client.display()["width"] == 1280
+        t.join()
+        assert WAIT_CAP * 0.9 <= result["wait"] < WAIT_CAP + 1.5, result
+    finally:
+        probe.stop()
+
+
+def test_concurrent_screenshots_are_safe(setup):
+    agent, client, desktop = setup
+
+    def shot(i: int) -> tuple[int, int]:
+        fmt = "png" if i % 2 else "jpeg"
+        s = client.screenshot(fmt, max_width=640 if i % 3 else None)
+        img = Image.open(io.BytesIO(s.data))
+        img.load()
+        return img.size
+
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(shot, range(64)))
+    assert set(sizes) <= {(1280, 800), (640, 400)} and len(sizes) == 64
+
+
+def _x_clients(display: str) -> int:
+    d = xdisplay.Display(display)
+    try:
+        return len(d.res_query_clients().clients)
+    finally:
+        d.close()
+
+
+def test_no_x_connection_growth_over_1000_screenshots(setup, xvfb):
+    agent, client, desktop = setup
+    client.screenshot(crop=(0, 0, 16, 16))
+    client.actions([{"type": "move", "x": 1, "y": 1}])
+    fds = len(os.listdir(f"/proc/{agent.proc.pid}/fd"))
+    clients = _x_clients(xvfb.display)
+    for i in range(1000):
+        client.screenshot("png" if i % 2 else "jpeg", crop=(i % 100, 0, 16, 16))
+    for i in range(100):
+        client.actions([{"type": "move", "x": i, "y": i}])
+    assert _x_clients(xvfb.display) == clients
+    assert len(os.listdir(f"/proc/{agent.proc.pid}/fd")) <= fds
+
+
+def test_x_server_restart_gives_503_then_reconnects(make_agent):
+    server = Xvfb(640, 480, 24).start()
+    try:
+        agent = make_agent(server.display)
+        with AgentClient(agent.base_url, agent.token, timeout=20) as client:
+            assert client.display() == {"width": 640, "height": 480, "depth": 24}
+            client.actions([{"type": "type", "text": "é日"}, {"type": "click", "x": 3, "y": 3, "button": "left"}])
+            client.screenshot()
+            server.stop()
+            for call in (client.display, client.screenshot, client.release,
+                         lambda: client.actions([{"type": "move", "x": 1, "y": 1}]),
+                         lambda: client.actions([{"type": "type", "text": "é"}])):
+                with pytest.raises(AgentError) as err:
+                    call()
+                assert (err.value.status, err.value.code) == (503, "display_unavailable")
+            assert client.livez() and agent.proc.poll() is None
+            server.start(server.display)
+            poll(lambda: _ok(client.display), 10, what="the agent to reconnect")
+            assert client.screenshot().image_size == (640, 480)
+            assert client.actions([{"type": "type", "text": "é日"}, {"type": "click", "x": 3, "y": 3,
+                                                                      "button": "left"}]) == 2
+            assert agent.proc.poll() is None
+    finally:
+        server.stop()
+
+
+def _ok(call) -> bool:
+    try:
+        call()
+        return True
+    except AgentError:
+        return False
+
+
+def test_unused_path_is_not_a_file_root(setup):
+    agent, client, desktop = setup
+    with pytest.raises(AgentError) as err:
+        client.read_file(str(Path(__file__)))
+    assert err.value.status == 403
+
+
+
+def test_keycodes_come_from_the_live_keymap(make_agent, tmp_path):
+    server = Xvfb(640, 480, 24).start()
+    other = xdisplay.Display(server.display)
+    try:
+        agent = make_agent(server.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
+                           files_roots=[str(tmp_path)])
+        with AgentClient(agent.base_url, agent.token, timeout=30) as client:
+            desktop = AgentDesktop(client, str(tmp_path), display=server.display)
+            probe = desktop.start_probe()
+            try:
+                client.actions([{"type": "type", "text": "ab"}, {"type": "move", "x": 8, "y": 8}])
+                probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 8 for e in ev))
+                code_a, code_b = other.keysym_to_keycode(ord("a")), other.keysym_to_keycode(ord("b"))
+                # Swap the keys a and b on the server.
+                other.change_keyboard_mapping(code_a, [(ord("b"), ord("B"))])
+                other.change_keyboard_mapping(code_b, [(ord("a"), ord("A"))])
+                other.sync()
+                mark = probe.mark()
+                client.actions([{"type": "type", "text": "ab"}, {"type": "move", "x": 9, "y": 9}])
+                events = probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 9 for e in ev),
+                                        mark)
+                got = [(e["keycode"], e["keysym_name"]) for e in events if e["type"] == "KeyPress"]
+                assert got == [(code_b, "a"), (code_a, "b")]
+            finally:
+                probe.stop()
+                desktop.close()
+    finally:
+        other.close()
+        server.stop()

@@ -1,0 +1,158 @@
+"""The agent's HTTP surface without a working display: token, files, launch, 503, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controller.agent_client import AgentClient, AgentError
+from guest.localrun import AgentProcess
+
+NO_DISPLAY = ":9871"  # nothing listens there: the agent must still serve, answering 503
+
+
+@pytest.fixture(scope="module")
+def files_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("root")
+    (root / "hello.txt").write_text("hello\n")
+    (root / "big.bin").write_bytes(b"x" * 5000)
+    (root / "sub").mkdir()
+    (root / "sub" / "inner.txt").write_text("inner")
+    (root / "escape").symlink_to("/etc/passwd")
+    (root / "inside-link").symlink_to(root / "sub" / "inner.txt")
+    return root
+
+
+@pytest.fixture(scope="module")
+def agent(files_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("launch")
+    writer = "import sys, json; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))"
+    apps = {"writer": [sys.executable, "-c", writer], "sleeper": [sys.executable, "-c", "import time; time.sleep(0.2)"]}
+    proc = AgentProcess(NO_DISPLAY, apps=apps, files_roots=[str(files_root)],
+                        extra_args=["--max-file-bytes", "4096"]).start()
+    proc.out = out
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(agent):
+    with AgentClient(agent.base_url, agent.token, timeout=20) as c:
+        yield c
+
+
+ENDPOINTS = [("GET", "/v1/display"), ("POST", "/v1/actions"), ("GET", "/v1/screenshot"),
+             ("POST", "/v1/release"), ("GET", "/v1/files?path=/tmp"), ("POST", "/v1/launch")]
+
+
+@pytest.mark.parametrize("method,path", ENDPOINTS)
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic abc", "Bearer", "bearer  x"])
+def test_every_endpoint_but_livez_needs_the_token(agent, method, path, header):
+    headers = {"Authorization": header} if header else {}
+    resp = httpx.request(method, agent.base_url + path, headers=headers, json={"actions": []})
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "unauthorized"
+
+
+def test_livez_needs_no_token(agent):
+    resp = httpx.get(agent.base_url + "/livez")
+    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("call", ["display", "screenshot", "actions", "release"])
+def test_display_unavailable_is_503_and_the_agent_keeps_serving(agent, client, call):
+    with pytest.raises(AgentError) as err:
+        {"display": client.display, "screenshot": client.screenshot, "release": client.release,
+         "actions": lambda: client.actions([{"type": "move", "x": 1, "y": 1}])}[call]()
+    assert err.value.status == 503 and err.value.code == "display_unavailable"
+    assert client.livez() and agent.proc.poll() is None
+
+
+def test_read_file(client, files_root):
+    assert client.read_file(str(files_root / "hello.txt")) == b"hello\n"
+    assert client.read_file(str(files_root / "sub" / ".." / "hello.txt")) == b"hello\n"
+    assert client.read_file(str(files_root / "inside-link")) == b"inner"
+
+
+@pytest.mark.parametrize("path,status,code", [
+    ("", 400, "bad_path"),
+    ("relative/hello.txt", 400, "bad_path"),
+    ("/etc/passwd", 403, "forbidden"),
+    ("{root}/../../../etc/passwd", 403, "forbidden"),
+    ("{root}/escape", 403, "forbidden"),
+    ("/etc/does-not-exist", 403, "forbidden"),
+    ("{root}/missing.txt", 404, "not_found"),
+    ("{root}/big.bin", 413, "too_large"),
+    ("{root}/sub", 400, "bad_path"),
+])
+def test_read_file_refusals(client, files_root, path, status, code):
+    with pytest.raises(AgentError) as err:
+        client.read_file(path.format(root=files_root))
+    assert (err.value.status, err.value.code) == (status, code)
+
+
+def test_launch_appends_args_as_argv_without_a_shell(client, agent, tmp_path):
+    out = tmp_path / "argv.json"
+    args = [str(out), "$(touch pwned)", "; touch pwned2", "a b", "-n", "--flag", "`id`", "*"]
+    pid = client.launch("writer", args)
+    assert pid > 0
+    from tests.conformance.harness import poll
+
+    poll(lambda: out.exists() and out.read_text(), 10, what="the launched app to write")
+    assert json.loads(out.read_text()) == args[1:]
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_launch_unknown_app_is_400(client):
+    with pytest.raises(AgentError) as err:
+        client.launch("bash", ["-c", "id"])
+    assert (err.value.status, err.value.code) == (400, "unknown_app")
+
+
+@pytest.mark.parametrize("body", [{"app": "writer", "args": "x"}, {"app": "writer", "args": [1]}, {"args": []}, []])
+def test_launch_bad_body_is_400(agent, body):
+    resp = httpx.post(agent.base_url + "/v1/launch", json=body, headers={"Authorization": f"Bearer {agent.token}"})
+    assert resp.status_code == 400
+
+
+def test_launched_children_are_reaped(client):
+    pid = client.launch("sleeper")
+
+    def state() -> str | None:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("State:"):
+                    return line.split()[1]
+        except FileNotFoundError:
+            return None
+        return None
+
+    deadline = time.monotonic() + 10
+    while state() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert state() is None, f"child {pid} left as state {state()} (zombie if Z)"
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"nope": 1}', b'{"actions": 5}'])
+def test_actions_body_must_be_valid(agent, body):
+    resp = httpx.post(agent.base_url + "/v1/actions", content=body,
+                      headers={"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json"})
+    assert resp.status_code in (400, 503)
+    if resp.status_code == 400:
+        assert resp.json()["error"]["code"] in ("invalid_request", "invalid_action")
+
+
+def test_serve_refuses_an_empty_token_file(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("\n")
+    proc = subprocess.run([sys.executable, "-m", "guest", "serve", "--display", NO_DISPLAY, "--bind",
+                           "127.0.0.1:1", "--token-file", str(token)], capture_output=True, text=True,
+                          timeout=30, cwd=Path(__file__).resolve().parents[2], env=dict(os.environ))
+    assert proc.returncode == 2 and "empty" in proc.stderr
