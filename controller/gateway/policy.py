@@ -1,0 +1,528 @@
+"""Egress policy: origins, address classification and the allow/deny decision.
+
+Pure module (no proxy import) so the controller can validate a task's ``[network]`` table and the gateway
+can enforce the very same rules.
+
+Rules (from the isolation model in ARCHITECTURE.md):
+
+* Default deny. ``mode = "allowlist"`` admits exactly the listed origins.
+* An origin is the tuple (scheme, host, effective port). The host is IDNA-encoded (UTS #46), lower-case,
+  without a trailing dot; IP literals are canonicalised to their standard text form. Matching is tuple
+  equality, never a string prefix: ``https://example.com`` does not admit ``https://example.com.evil.test``,
+  ``https://example.com@evil.test``, ``https://example.computer.com``, ``http://example.com`` or
+  ``https://example.com:8443``.
+* The gateway resolves names itself and refuses the connection if ANY resolved address is special
+  (loopback, private, link-local, CGNAT, cloud metadata, multicast, unspecified, reserved, IPv4-mapped or
+  other IPv4-embedding IPv6, anything not globally routable), unless an ``allow_addresses`` rule names it.
+  IP literals are recognised in every form a resolver accepts (``2130706433``, ``0x7f000001``,
+  ``0177.0.0.1``, ``127.1``, ``0x7f.1``, ``[::ffff:127.0.0.1]``) and classified the same way.
+* The connection goes to the address that was checked (the decision carries it), so a second lookup
+  cannot rebind the name.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ipaddress
+import re
+import socket
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Literal, Optional, Union
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+
+DEFAULT_PORTS: dict[str, int] = {"http": 80, "https": 443}
+"""Effective port per scheme when an origin names none (RFC 9110 sections 4.2.1 and 4.2.2)."""
+
+METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, Oracle instance metadata
+        "169.254.169.253",  # AWS VPC DNS
+        "169.254.169.123",  # AWS time sync
+        "169.254.170.2",  # AWS ECS task metadata
+        "169.254.170.23",  # AWS EKS pod identity
+        "100.100.100.200",  # Alibaba Cloud metadata
+        "192.0.0.192",  # Oracle Cloud legacy metadata
+        "fd00:ec2::254",  # AWS IMDS over IPv6
+        "fd00:ec2::253",  # AWS VPC DNS over IPv6
+        "fd00:ec2::123",  # AWS time sync over IPv6
+        "fd00:ec2::23",  # AWS EKS pod identity over IPv6
+    )
+)
+"""Cloud instance-metadata endpoints. A network rule never admits these; only a rule naming the exact
+address does."""
+
+
+_LABEL_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+_NUMERIC_PART_RE = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
+
+
+class PolicyError(ValueError):
+    """A policy file, origin or address rule is malformed. The message says which entry and why."""
+
+
+# --------------------------------------------------------------------------------------------------
+# IP literals
+
+
+def parse_ipv4_literal(host: str) -> Optional[ipaddress.IPv4Address]:
+    """Parse ``host`` the way ``inet_aton`` / the WHATWG URL host parser read IPv4 literals.
+
+    Accepts one to four dot-separated parts, each decimal, hexadecimal (``0x``) or octal (leading ``0``);
+    the last part fills the remaining bytes (``127.1`` -> 127.0.0.1, ``2130706433`` -> 127.0.0.1,
+    ``0x7f.1`` -> 127.0.0.1). One trailing dot is allowed. Returns None when ``host`` is not an IPv4 literal
+    in any of these forms. Raises PolicyError when it looks numeric but overflows (``256.1.1.1``,
+    ``4294967296``): resolvers reject it, and so do we rather than treat it as a name.
+    """
+    text = host[:-1] if host.endswith(".") else host
+    if not text:
+        return None
+    parts = text.split(".")
+    if len(parts) > 4 or not all(_NUMERIC_PART_RE.match(p) for p in parts):
+        return None
+    values: list[int] = []
+    for part in parts:
+        if part[:2] in ("0x", "0X"):
+            values.append(int(part[2:] or "0", 16))
+        elif len(part) > 1 and part.startswith("0"):
+            if not set(part) <= set("01234567"):
+                raise PolicyError(f"invalid octal part {part!r} in IPv4 literal {host!r}")
+            values.append(int(part, 8))
+        else:
+            values.append(int(part, 10))
+    head, last = values[:-1], values[-1]
+    if any(v > 255 for v in head) or last >= 256 ** (5 - len(values)):
+        raise PolicyError(f"IPv4 literal out of range: {host!r}")
+    number = last
+    for index, value in enumerate(head):
+        number += value << (8 * (3 - index))
+    return ipaddress.IPv4Address(number)
+
+
+def parse_ip_literal(host: str) -> Optional[IPAddress]:
+    """Return the address if ``host`` is an IP literal in any accepted form, else None.
+
+    IPv6 may be bracketed (``[::1]``) or bare (``::1``); zone identifiers (``fe80::1%eth0``) are rejected
+    with PolicyError, since a zone only makes sense for link-local addresses, which are refused anyway.
+    """
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    elif text.startswith("[") or text.endswith("]"):
+        raise PolicyError(f"unbalanced brackets in host {host!r}")
+    if ":" in text:
+        if "%" in text:
+            raise PolicyError(f"IPv6 zone identifiers are not accepted: {host!r}")
+        try:
+            return ipaddress.IPv6Address(text)
+        except ValueError as exc:
+            raise PolicyError(f"invalid IPv6 literal {host!r}") from exc
+    return parse_ipv4_literal(text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Address classification
+
+
+def _nets(*texts: str) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(t) for t in texts)
+
+
+# Ordered (category, blocks) table from the IANA IPv4/IPv6 special-purpose address registries, spelled
+# out here so the verdict does not depend on the Python version's ``ipaddress`` tables.
+_SPECIAL_BLOCKS: tuple[tuple[str, tuple[IPNetwork, ...]], ...] = (
+    ("unspecified", _nets("0.0.0.0/32", "::/128")),
+    ("loopback", _nets("127.0.0.0/8", "::1/128")),
+    ("ipv4-mapped", _nets("::ffff:0:0/96")),
+    # NAT64 (RFC 6052, 8215), 6to4 (RFC 3056), Teredo (RFC 4380), IPv4-compatible (RFC 4291 2.5.5.1)
+    ("embedded-ipv4", _nets("64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32", "::/96")),
+    ("link-local", _nets("169.254.0.0/16", "fe80::/10")),
+    ("cgnat", _nets("100.64.0.0/10")),  # RFC 6598 shared address space
+    ("multicast", _nets("224.0.0.0/4", "ff00::/8")),
+    ("private", _nets("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")),
+    (
+        "reserved",
+        _nets(
+            "0.0.0.0/8",  # "this network"
+            "192.0.0.0/24",  # IETF protocol assignments
+            "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # documentation
+            "192.88.99.0/24",  # deprecated 6to4 relay anycast
+            "198.18.0.0/15",  # benchmarking
+            "240.0.0.0/4",  # reserved, incl. limited broadcast
+            "100::/64",  # discard-only
+            "2001::/23",  # IETF protocol assignments (ORCHID, benchmarking, ...)
+            "2001:db8::/32", "3fff::/20",  # documentation
+            "5f00::/16",  # SRv6 SIDs
+            "fec0::/10",  # deprecated site-local
+        ),
+    ),
+)
+_GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+
+
+def classify_address(address: IPAddress) -> Optional[str]:
+    """Return why ``address`` is special (a short category), or None when it is an ordinary public address.
+
+    Categories, checked in this order: ``metadata``, ``unspecified``, ``loopback``, ``ipv4-mapped``,
+    ``embedded-ipv4`` (NAT64, 6to4, Teredo, IPv4-compatible), ``link-local``, ``cgnat``, ``multicast``,
+    ``private``, ``reserved`` (documentation, benchmarking, IETF assignments, 240/4, IPv6 outside
+    2000::/3), ``not-global`` (anything else the running Python's ``ipaddress`` marks not global).
+    """
+    if address in METADATA_ADDRESSES:
+        return "metadata"
+    for category, blocks in _SPECIAL_BLOCKS:
+        if any(address.version == block.version and address in block for block in blocks):
+            return category
+    if isinstance(address, ipaddress.IPv6Address) and address not in _GLOBAL_UNICAST_V6:
+        return "reserved"
+    if not address.is_global:
+        return "not-global"
+    return None
+
+
+def _unmapped(address: IPAddress) -> IPAddress:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+# --------------------------------------------------------------------------------------------------
+# Origins
+
+
+def canonical_host(host: str) -> str:
+    """Canonical host text: IP literals in standard form (IPv6 without brackets), names IDNA-encoded
+    (UTS #46), lower-case, trailing dot stripped.
+
+    Raises PolicyError for empty hosts, whitespace, ``%``, ``@``, ``/``, ``\\`` or any other character a
+    host name cannot contain, and for labels IDNA rejects.
+    """
+    if not host or any(c.isspace() for c in host):
+        raise PolicyError(f"invalid host {host!r}")
+    literal = parse_ip_literal(host)
+    if literal is not None:
+        return str(literal)
+    name = host[:-1] if host.endswith(".") else host
+    if not name or name.endswith("."):
+        raise PolicyError(f"invalid host {host!r}")
+    if name.isascii():
+        name = name.lower()
+        labels = name.split(".")
+        if len(name) > 253 or not all(_LABEL_RE.match(label) for label in labels):
+            raise PolicyError(f"invalid host name {host!r}")
+        encoded = name
+    else:
+        import idna  # local import: only needed for non-ASCII names
+
+        try:
+            encoded = idna.encode(name, uts46=True).decode("ascii")
+        except idna.IDNAError as exc:
+            raise PolicyError(f"invalid internationalised host name {host!r}: {exc}") from exc
+    # A name that ends in a number is read as an IPv4 literal by resolvers and URL parsers alike.
+    if parse_ipv4_literal(encoded.rsplit(".", 1)[-1]) is not None and parse_ipv4_literal(encoded) is None:
+        raise PolicyError(f"host {host!r} ends in a number but is not a valid IPv4 literal")
+    return encoded
+
+
+@dataclass(frozen=True, order=True)
+class Origin:
+    """An origin: (scheme, host, port), canonical. ``host`` is IDNA ASCII or a canonical IP text form.
+
+    Build with :meth:`parse` (policy entries) or :meth:`from_parts` (what a proxy saw); equality is the
+    only way origins are compared.
+    """
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def is_ip_literal(self) -> bool:
+        """True when the host is an IP address rather than a name."""
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return False
+        return True
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if DEFAULT_PORTS.get(self.scheme) == self.port:
+            return f"{self.scheme}://{host}"
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @classmethod
+    def from_parts(cls, scheme: str, host: str, port: Optional[int] = None) -> "Origin":
+        """Canonical origin from separately known parts. ``port`` None means the scheme's default.
+
+        Raises PolicyError for unsupported schemes (only http and https), bad hosts and ports outside
+        1..65535.
+        """
+        scheme = scheme.lower()
+        if scheme not in DEFAULT_PORTS:
+            raise PolicyError(f"unsupported scheme {scheme!r} (http and https only)")
+        if port is None:
+            port = DEFAULT_PORTS[scheme]
+        if not isinstance(port, int) or not 1 <= port <= 65535:
+            raise PolicyError(f"port out of range: {port!r}")
+        return cls(scheme, canonical_host(host), port)
+
+    @classmethod
+    def parse(cls, text: str) -> "Origin":
+        """Parse a policy entry ``scheme://host[:port]`` (an optional single trailing ``/`` is allowed).
+
+        Raises PolicyError for user info, paths, queries, fragments, wildcards, empty or malformed ports.
+        """
+        if not isinstance(text, str) or any(c.isspace() for c in text):
+            raise PolicyError(f"invalid origin {text!r}")
+        match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)/?", text)
+        if not match:
+            raise PolicyError(f"invalid origin {text!r}: expected scheme://host[:port]")
+        scheme, authority = match.groups()
+        if "@" in authority or "*" in authority or "\\" in authority:
+            raise PolicyError(f"invalid origin {text!r}: user info and wildcards are not accepted")
+        host, port = _split_authority(authority, text)
+        return cls.from_parts(scheme, host, port)
+
+    @classmethod
+    def from_url(cls, url: str) -> "Origin":
+        """Origin of a full URL (user info ignored, as browsers do). Raises PolicyError when malformed."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise PolicyError(f"invalid URL {url!r}: {exc}") from exc
+        if parts.hostname is None:
+            raise PolicyError(f"URL has no host: {url!r}")
+        return cls.from_parts(parts.scheme, parts.hostname, port)
+
+
+def _split_authority(authority: str, text: str) -> tuple[str, Optional[int]]:
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise PolicyError(f"invalid origin {text!r}: unbalanced brackets")
+        host, rest = authority[: end + 1], authority[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise PolicyError(f"invalid origin {text!r}")
+        port_text = rest[1:] if rest else None
+    elif authority.count(":") > 1:
+        raise PolicyError(f"invalid origin {text!r}: IPv6 literals must be bracketed")
+    elif ":" in authority:
+        host, port_text = authority.split(":", 1)
+    else:
+        host, port_text = authority, None
+    if port_text is None:
+        return host, None
+    if not port_text.isdigit() or not port_text.isascii():
+        raise PolicyError(f"invalid origin {text!r}: bad port {port_text!r}")
+    return host, int(port_text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Policy and decisions
+
+
+class Decision(BaseModel):
+    """One gateway decision, as written (one JSON object a line) to the decision log.
+
+    ``ts``: ISO-8601 UTC; ``origin``: canonical origin text (or the raw target when it could not be
+    parsed); ``decision``: allow | deny; ``reason``: short machine-readable reason; ``client``: the
+    client's ``ip:port`` as the gateway saw it; ``address``: the checked address the gateway connects to
+    (allow only); ``via``: which proxy step decided (``connect``, ``request``, ``tls``, ``server``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ts: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"))
+    origin: str
+    decision: Literal["allow", "deny"]
+    reason: str
+    client: Optional[str] = None
+    address: Optional[str] = None
+    via: Optional[str] = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for an allow decision."""
+        return self.decision == "allow"
+
+
+Resolver = Callable[[str, int], Iterable[str]]
+"""Resolve (host, port) to address texts. Raises OSError when the name does not resolve."""
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """Resolve with ``socket.getaddrinfo`` in this process (the gateway), TCP only, de-duplicated, in
+    resolver order. Raises OSError (``socket.gaierror``) when the name does not resolve."""
+    seen: list[str] = []
+    for _family, _type, _proto, _canon, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        text = sockaddr[0]
+        if text not in seen:
+            seen.append(text)
+    return seen
+
+
+class NetworkPolicy(BaseModel):
+    """The task's ``[network]`` table.
+
+    ``mode``: ``deny-all`` (default; ``allow`` must be empty) or ``allowlist``.
+    ``allow``: origins ``scheme://host[:port]`` (http/https), canonicalised on load.
+    ``allow_addresses``: addresses or networks (``10.0.0.5``, ``172.30.0.0/24``, ``::1``) that allowed
+    origins may resolve to even though they are special (private, loopback, ...). Cloud metadata
+    addresses are admitted only by a rule naming the exact address. These rules never admit an origin
+    by themselves: the origin must still be in ``allow``.
+
+    Raises pydantic.ValidationError (a ValueError) with the offending entry when malformed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["deny-all", "allowlist"] = "deny-all"
+    allow: tuple[str, ...] = ()
+    allow_addresses: tuple[str, ...] = ()
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _canonical_origins(cls, value: object) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ValueError("allow must be a list of origins")
+        out: list[str] = []
+        for entry in value:
+            try:
+                origin = str(Origin.parse(entry))
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from exc
+            if origin not in out:
+                out.append(origin)
+        return tuple(out)
+
+    @field_validator("allow_addresses", mode="before")
+    @classmethod
+    def _canonical_networks(cls, value: object) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ValueError("allow_addresses must be a list of addresses or networks")
+        out: list[str] = []
+        for entry in value:
+            try:
+                network = ipaddress.ip_network(str(entry).strip("[]"), strict=True)
+            except ValueError as exc:
+                raise ValueError(f"invalid address rule {entry!r}: {exc}") from exc
+            out.append(str(network))
+        return tuple(out)
+
+    @model_validator(mode="after")
+    def _deny_all_is_empty(self) -> "NetworkPolicy":
+        if self.mode == "deny-all" and self.allow:
+            raise ValueError("mode 'deny-all' takes no allow entries; use mode 'allowlist'")
+        return self
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_toml(cls, path: Union[str, Path]) -> "NetworkPolicy":
+        """Load from a policy file or a task file: the ``[network]`` table if present, else the top level
+        (``mode``, ``allow``, ``allow_addresses``). A task without ``[network]`` is deny-all.
+
+        Raises OSError when unreadable, ValueError (tomllib.TOMLDecodeError or ValidationError) when
+        malformed.
+        """
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        if "network" in data:
+            return cls.model_validate(data["network"])
+        keys = {"mode", "allow", "allow_addresses"}
+        return cls.model_validate({k: v for k, v in data.items() if k in keys})
+
+    # -- matching ---------------------------------------------------------------------------------
+
+    @property
+    def origins(self) -> frozenset[Origin]:
+        """The allowlisted origins, parsed."""
+        return frozenset(Origin.parse(text) for text in self.allow)
+
+    @property
+    def address_rules(self) -> tuple[IPNetwork, ...]:
+        """The ``allow_addresses`` rules, parsed."""
+        return tuple(ipaddress.ip_network(text) for text in self.allow_addresses)
+
+    def admits_origin(self, origin: Origin) -> bool:
+        """Exact tuple equality against the allowlist (never prefixes)."""
+        return self.mode == "allowlist" and origin in self.origins
+
+    def address_refusal(self, address: IPAddress) -> Optional[str]:
+        """Why ``address`` is refused (category), or None when it may be connected to.
+
+        Special addresses are admitted only when an ``allow_addresses`` rule covers them (metadata:
+        only an exact rule). IPv4-mapped IPv6 is judged by a rule on either form.
+        """
+        category = classify_address(address)
+        if category is None:
+            return None
+        candidates = {address, _unmapped(address)}
+        for network in self.address_rules:
+            for candidate in candidates:
+                if candidate.version != network.version or candidate not in network:
+                    continue
+                if candidate in METADATA_ADDRESSES and network.num_addresses != 1:
+                    continue
+                return None
+        return category
+
+    def decide(
+        self,
+        scheme: str,
+        host: str,
+        port: Optional[int],
+        *,
+        client: Optional[str] = None,
+        via: Optional[str] = None,
+        resolver: Resolver = system_resolver,
+    ) -> Decision:
+        """Decide one connection to (scheme, host, port).
+
+        Order: parse -> mode -> allowlist (exact origin) -> address checks. Names are resolved with
+        ``resolver`` only once the origin is allowlisted (a denied name is never looked up); the
+        decision is deny if ANY resolved address is refused. On allow, ``Decision.address`` is the
+        checked address the caller must connect to. Never raises; malformed input is a deny.
+        """
+        raw = f"{scheme}://{host}:{port}" if port is not None else f"{scheme}://{host}"
+        try:
+            origin = Origin.from_parts(scheme, host, port)
+        except PolicyError as exc:
+            return Decision(origin=raw, decision="deny", reason=f"invalid-origin: {exc}", client=client, via=via)
+        text = str(origin)
+
+        def deny(reason: str) -> Decision:
+            return Decision(origin=text, decision="deny", reason=reason, client=client, via=via)
+
+        if self.mode == "deny-all":
+            return deny("deny-all")
+        if not self.admits_origin(origin):
+            return deny("not-allowlisted")
+        if origin.is_ip_literal:
+            addresses = [ipaddress.ip_address(origin.host)]
+        else:
+            try:
+                addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in resolver(origin.host, origin.port)]
+            except (OSError, UnicodeError, ValueError) as exc:
+                return deny(f"resolve-failed: {exc}")
+            if not addresses:
+                return deny("resolve-failed: no addresses")
+        for address in addresses:
+            refusal = self.address_refusal(address)
+            if refusal is not None:
+                return deny(f"address-refused: {address} ({refusal})")
+        return Decision(
+            origin=text, decision="allow", reason="allowlisted", client=client, address=str(addresses[0]), via=via
+        )
