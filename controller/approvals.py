@@ -1,0 +1,182 @@
+"""Approvals: pending safety checks and the before_action policy.
+
+Rules (from the SDK's computer-use contract):
+- a computer_call with pending safety checks runs only after an explicit yes; the SDK treats only
+  exactly ``True`` as approval, and a denial means none of that call's actions run and nothing is
+  acknowledged;
+- without a terminal and without an approver, the answer is no, with a clear message -- never an
+  automatic yes;
+- ``--approve-safety-check CODE`` is the explicit opt-in for unattended runs: a call is approved
+  without asking only when every one of its checks has an opted-in code, and that is logged;
+- before_action is off by default; ``--confirm-actions type,keypress`` asks before those action
+  types, step mode asks before every action.
+
+Every decision is reported through ``on_decision`` (the run record's ``approval`` entries).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from rich.console import Console
+
+from controller.record import redact_action
+
+# An approver answers a question with the raw text the person typed (or None: cannot ask).
+Asker = Callable[[str], "str | None"]
+
+YES = {"y", "yes"}
+
+
+def terminal_asker(console: Console | None = None) -> Asker | None:
+    """An asker reading from the controlling terminal, or None when stdin is not a terminal."""
+    if not sys.stdin.isatty():
+        return None
+    out = console or Console(stderr=True)
+
+    def ask(question: str) -> str | None:
+        try:
+            return out.input(f"{question} [y/N] ", markup=False)
+        except EOFError:
+            return None
+
+    return ask
+
+
+def describe_action(action: Any, *, redact: bool = False) -> str:
+    """One line describing an action (model px for coordinates); ``redact`` hides typed text."""
+    data = action if isinstance(action, dict) else action.to_dict(mode="python", exclude_none=True)
+    if redact:
+        data = redact_action(data)
+    kind = data.get("type")
+    rest = {k: v for k, v in data.items() if k != "type" and v is not None}
+    return f"{kind} {rest}" if rest else str(kind)
+
+
+def _actions_of(call: Any) -> list[Any]:
+    if getattr(call, "actions", None):
+        return list(call.actions)
+    if getattr(call, "action", None) is not None:
+        return [call.action]
+    return []
+
+
+@dataclass
+class Decision:
+    """One approval decision: ``what`` (safety_check | action), ``decision`` (approved | denied),
+    ``by`` (terminal | opt-in | approver | no-approver | policy), plus details for the record."""
+
+    what: str
+    decision: str
+    by: str
+    call_id: str | None = None
+    codes: list[str] = field(default_factory=list)
+    check_ids: list[str] = field(default_factory=list)
+    action: str | None = None
+    message: str | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+
+
+class SafetyCheckApprover:
+    """``approve_safety_checks`` callback for ``ComputerToolset.run``.
+
+    ``asker``: asks a person (None: nobody to ask); ``auto_codes``: safety-check codes opted in for
+    unattended approval; ``console``: where checks are shown; ``on_decision``: gets each
+    :class:`Decision`. Returns exactly True only on an explicit yes or a full opt-in match.
+    """
+
+    def __init__(
+        self,
+        *,
+        asker: Asker | None,
+        auto_codes: Iterable[str] = (),
+        console: Console | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.asker = asker
+        self.auto_codes = set(auto_codes)
+        self.console = console or Console(stderr=True)
+        self.on_decision = on_decision
+
+    def _emit(self, decision: Decision) -> None:
+        if self.on_decision is not None:
+            self.on_decision(decision)
+
+    def __call__(self, call: Any) -> bool:
+        checks = list(call.pending_safety_checks or [])
+        codes = [c.code or "" for c in checks]
+        ids = [c.id for c in checks]
+        self.console.print(f"[bold yellow]Safety check[/] on computer_call {call.call_id}:")
+        for check in checks:
+            self.console.print(f"  - code={check.code!s} id={check.id}: {check.message or '(no message)'}")
+        self.console.print("  actions of this call:")
+        for action in _actions_of(call):
+            self.console.print(f"    {describe_action(action)}")
+        base = dict(what="safety_check", call_id=call.call_id, codes=codes, check_ids=ids)
+        if checks and all(code in self.auto_codes for code in codes):
+            self.console.print(f"  approved by opt-in (--approve-safety-check {','.join(sorted(set(codes)))})")
+            self._emit(Decision(decision="approved", by="opt-in", **base))
+            return True
+        if self.asker is None:
+            msg = ("denied: no terminal to ask and no approver; pass --approve-safety-check CODE "
+                   "to approve these codes for an unattended run")
+            self.console.print(f"  [red]{msg}[/]")
+            self._emit(Decision(decision="denied", by="no-approver", message=msg, **base))
+            return False
+        answer = self.asker("Approve these safety checks and run the call's actions?")
+        approved = answer is not None and answer.strip().lower() in YES
+        self._emit(Decision(decision="approved" if approved else "denied", by="terminal",
+                            message=None if answer is None else f"answer {answer.strip()!r}", **base))
+        return True if approved else False
+
+
+class ActionGate:
+    """``before_action`` callback: asks before action types in ``confirm`` (or all, in step mode).
+
+    Actions not covered are allowed without asking (and not logged, to keep the record small).
+    With nobody to ask, a covered action is denied with a clear message.
+    """
+
+    def __init__(
+        self,
+        *,
+        confirm: Iterable[str] = (),
+        step: bool = False,
+        asker: Asker | None,
+        console: Console | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
+    ) -> None:
+        self.confirm = set(confirm)
+        self.step = step
+        self.asker = asker
+        self.console = console or Console(stderr=True)
+        self.on_decision = on_decision
+
+    @property
+    def active(self) -> bool:
+        """Whether the gate asks about anything at all (otherwise the runner passes no callback)."""
+        return self.step or bool(self.confirm)
+
+    def __call__(self, action: Any) -> bool:
+        kind = action.get("type") if isinstance(action, dict) else action.type
+        if not (self.step or kind in self.confirm):
+            return True
+        text = describe_action(action)
+        logged = describe_action(action, redact=True)
+        if self.asker is None:
+            msg = "denied: confirmation required but there is no terminal to ask"
+            self.console.print(f"[red]{logged}: {msg}[/]")
+            if self.on_decision:
+                self.on_decision(Decision(what="action", decision="denied", by="no-approver", action=logged,
+                                          message=msg))
+            return False
+        answer = self.asker(f"Run {text}?")
+        approved = answer is not None and answer.strip().lower() in YES
+        if self.on_decision:
+            self.on_decision(Decision(what="action", decision="approved" if approved else "denied", by="terminal",
+                                      action=logged))
+        return True if approved else False

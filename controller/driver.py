@@ -1,0 +1,349 @@
+"""SandboxDriver: an ``openai.ComputerDriver`` that forwards actions to the guest agent.
+
+Coordinates arrive in model space (pixels of the image last sent to the model) and are mapped to
+screen px by :class:`controller.mapping.ModelSpace` (scale by the actual image size, round to
+nearest, add the crop offset). Every point of an action is bounds-checked in model space before
+anything is sent. Scroll deltas are forwarded unchanged (sign kept, no offset).
+
+Screenshots come back as exactly one ``data:<mime>;base64,`` URL whose mime matches the bytes.
+Above ``ScreenshotPolicy.max_bytes`` the image is re-encoded as JPEG, then down-scaled, and the
+mapping follows the image actually sent.
+
+Unsupported input (unknown action fields, unknown types, empty drag paths) raises; nothing is
+silently ignored. Errors raised: :class:`DriverError` (and its subclass
+:class:`ModelSpaceUnknown`), :class:`controller.mapping.OutOfModelBounds`, and the agent client's
+``AgentError`` for refusals from the guest.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol
+
+from PIL import Image
+
+from controller.mapping import Frame, ModelSpace, fit_size
+
+try:  # the SDK's protocol; the driver is structurally compatible either way
+    from openai import ComputerDriver as _ComputerDriverBase
+except ImportError:  # pragma: no cover - the controller extra always has it
+    _ComputerDriverBase = object  # type: ignore[misc,assignment]
+
+
+class DriverError(RuntimeError):
+    """The driver cannot carry out an action as asked (unsupported input, no model space yet)."""
+
+
+class ModelSpaceUnknown(DriverError):
+    """A pointer action arrived before any screenshot was sent, so model px have no meaning yet."""
+
+
+@dataclass(frozen=True)
+class ScreenshotPolicy:
+    """What the model is sent.
+
+    ``format``: "png" or "jpeg"; ``quality``: JPEG quality 1-100; ``max_width``/``max_height``: the
+    model image's bounding box (model px, aspect kept, never up-scaled); ``crop``: screen region
+    (x, y, w, h in screen px) or None for the whole screen; ``max_bytes``: cap on the encoded image
+    size in bytes (before base64); above it the image is re-encoded as JPEG, then down-scaled.
+    """
+
+    format: Literal["png", "jpeg"] = "png"
+    quality: int = 85
+    max_width: int | None = 1280
+    max_height: int | None = 800
+    crop: tuple[int, int, int, int] | None = None
+    max_bytes: int = 4 * 1024 * 1024
+    settle: bool = True
+
+
+@dataclass(frozen=True)
+class SentScreenshot:
+    """One screenshot as sent to the model.
+
+    ``data``: the encoded bytes; ``mime``: "image/png" or "image/jpeg"; ``image_size``: (w, h) in
+    model px; ``frame``: the screen region it shows (screen px); ``screen_size``: (w, h) screen px;
+    ``reencoded``: True when the size cap forced a re-encode or down-scale.
+    """
+
+    data: bytes
+    mime: str
+    image_size: tuple[int, int]
+    frame: Frame
+    screen_size: tuple[int, int]
+    reencoded: bool = False
+
+    @property
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+class AgentLike(Protocol):
+    """The part of ``controller.agent_client.AgentClient`` the driver uses."""
+
+    def actions(self, actions: list[dict[str, Any]]) -> Any: ...
+    def screenshot(self, **kwargs: Any) -> Any: ...
+    def release(self) -> Any: ...
+
+
+_MIME_BY_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"))
+
+
+def sniff_mime(data: bytes) -> str:
+    """The mime type the bytes really are (PNG or JPEG); raises DriverError for anything else."""
+    for magic, mime in _MIME_BY_MAGIC:
+        if data.startswith(magic):
+            return mime
+    raise DriverError("screenshot bytes are neither PNG nor JPEG")
+
+
+# Fields each action type may carry; anything else is unsupported input.
+_ALLOWED_FIELDS: dict[str, set[str]] = {
+    "click": {"type", "x", "y", "button", "keys"},
+    "double_click": {"type", "x", "y", "keys"},
+    "drag": {"type", "path", "keys"},
+    "keypress": {"type", "keys"},
+    "move": {"type", "x", "y", "keys"},
+    "scroll": {"type", "x", "y", "scroll_x", "scroll_y", "keys"},
+    "type": {"type", "text"},
+    "wait": {"type"},
+}
+
+
+def _as_dict(action: Any) -> dict[str, Any]:
+    if isinstance(action, dict):
+        data = dict(action)
+    elif hasattr(action, "to_dict"):
+        data = action.to_dict(mode="python", exclude_none=True)
+    else:
+        raise DriverError(f"unsupported action object {type(action).__name__}")
+    return {k: v for k, v in data.items() if v is not None}
+
+
+class SandboxDriver(_ComputerDriverBase):
+    """Drives the guest desktop through the agent API (``controller.agent_client.AgentClient``).
+
+    ``agent``: the agent client; ``policy``: what screenshots look like (:class:`ScreenshotPolicy`);
+    ``on_screenshot``: called with each :class:`SentScreenshot` (the run record saves it);
+    ``on_forward``: called with each agent request's action list, in screen px (for logs/tests).
+    """
+
+    def __init__(
+        self,
+        agent: AgentLike,
+        policy: ScreenshotPolicy | None = None,
+        *,
+        on_screenshot: Callable[[SentScreenshot], None] | None = None,
+        on_forward: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.policy = policy or ScreenshotPolicy()
+        self.on_screenshot = on_screenshot
+        self.on_forward = on_forward
+        self.model_space: ModelSpace | None = None
+        self.last_error: str | None = None
+        self.screenshots_sent = 0
+        self._input_since_capture = False
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _space(self) -> ModelSpace:
+        if self.model_space is None:
+            raise ModelSpaceUnknown("no screenshot has been sent yet, so model coordinates cannot be mapped")
+        return self.model_space
+
+    def _validate(self, data: dict[str, Any]) -> str:
+        kind = data.get("type")
+        allowed = _ALLOWED_FIELDS.get(kind)  # type: ignore[arg-type]
+        if allowed is None:
+            raise DriverError(f"unsupported action type {kind!r}")
+        extra = set(data) - allowed
+        if extra:
+            raise DriverError(f"unsupported fields for {kind}: {sorted(extra)}")
+        keys = data.get("keys")
+        if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
+            raise DriverError("keys must be a list of strings")
+        return kind  # type: ignore[return-value]
+
+    def _send(self, actions: list[dict[str, Any]]) -> None:
+        if self.on_forward is not None:
+            self.on_forward(actions)
+        self._input_since_capture = True
+        try:
+            self.agent.actions(actions)
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+
+    # -- mapping: validate an action and turn it into the agent's screen-px JSON, sending nothing --
+    def to_screen_action(self, action: Any) -> dict[str, Any]:
+        """Validate one action (model px) and return it in screen px, ready for the agent.
+
+        Every point is bounds-checked in model space first. Raises :class:`DriverError`,
+        :class:`ModelSpaceUnknown` or :class:`controller.mapping.OutOfModelBounds`; sends nothing.
+        """
+        data = _as_dict(action)
+        kind = self._validate(data)
+        if kind in ("click", "double_click", "move"):
+            x, y = self._space().to_screen(data["x"], data["y"])
+            return {**data, "x": x, "y": y}
+        if kind == "scroll":
+            for name in ("scroll_x", "scroll_y"):
+                value = data.get(name)
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise DriverError(f"{name} must be an integer, got {value!r}")
+            x, y = self._space().to_screen(data["x"], data["y"])
+            return {**data, "x": x, "y": y}  # deltas unchanged: sign kept, no offset
+        if kind == "drag":
+            path = data.get("path")
+            if not isinstance(path, list) or len(path) < 2:
+                raise DriverError("drag needs a path of at least two points")
+            space = self._space()
+            mapped = []
+            for point in path:
+                if not isinstance(point, dict) or set(point) != {"x", "y"}:
+                    raise DriverError(f"drag path points must be {{x, y}}, got {point!r}")
+                mapped.append(dict(zip(("x", "y"), space.to_screen(point["x"], point["y"]))))
+            return {**data, "path": mapped}
+        if kind == "keypress":
+            if not data.get("keys"):
+                raise DriverError("keypress needs at least one key")
+            return data
+        if kind == "type":
+            if not isinstance(data.get("text"), str):
+                raise DriverError("type needs text")
+            return data
+        return data  # wait
+
+    # -- ComputerDriver ----------------------------------------------------------------------
+    def click(self, action: Any) -> None:
+        """Click at a model-space point; button and held keys forwarded as given."""
+        self._send([self.to_screen_action(action)])
+
+    def double_click(self, action: Any) -> None:
+        """Double-click at a model-space point."""
+        self._send([self.to_screen_action(action)])
+
+    def move(self, action: Any) -> None:
+        """Move the pointer to a model-space point."""
+        self._send([self.to_screen_action(action)])
+
+    def scroll(self, action: Any) -> None:
+        """Scroll at a model-space point. scroll_x/scroll_y are forwarded unchanged (sign kept, no offset)."""
+        self._send([self.to_screen_action(action)])
+
+    def drag(self, action: Any) -> None:
+        """Drag along a model-space path; every point is checked before anything is sent."""
+        self._send([self.to_screen_action(action)])
+
+    def keypress(self, action: Any) -> None:
+        """Press a key combination (key names as the model sends them; the agent maps them to keysyms)."""
+        self._send([self.to_screen_action(action)])
+
+    def type(self, action: Any) -> None:
+        """Type text into the focused control."""
+        self._send([self.to_screen_action(action)])
+
+    def wait(self, action: Any) -> None:
+        """Let the environment settle (the agent's ``wait`` action)."""
+        self._send([self.to_screen_action(action)])
+
+    def screenshot(self) -> dict[str, str]:
+        """Capture the screen and return ``{"type": "computer_screenshot", "image_url": "data:..."}``.
+
+        The model space is updated to the image actually sent.
+        """
+        shot = self.capture()
+        return {"type": "computer_screenshot", "image_url": shot.data_url}
+
+    # -- capture -------------------------------------------------------------------------------
+    def capture(self) -> SentScreenshot:
+        """Take one screenshot under the policy, apply the size cap, and make it the model space."""
+        p = self.policy
+        try:
+            if p.settle and self._input_since_capture:
+                self.agent.actions([{"type": "wait"}])
+            self._input_since_capture = False
+            raw = self.agent.screenshot(
+                format=p.format,
+                quality=p.quality,
+                max_width=p.max_width,
+                max_height=p.max_height,
+                crop=p.crop,
+            )
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+        data: bytes = raw.data
+        mime = sniff_mime(data)
+        declared = getattr(raw, "mime", None)
+        if declared and declared.split(";")[0].strip() != mime:
+            raise DriverError(f"agent said {declared} but the bytes are {mime}")
+        frame = raw.frame if isinstance(raw.frame, Frame) else Frame(*raw.frame)
+        with Image.open(io.BytesIO(data)) as img:
+            size = img.size
+        if tuple(raw.image_size) != size:
+            raise DriverError(f"agent said image size {raw.image_size} but the bytes are {size}")
+        shot = SentScreenshot(data, mime, size, frame, tuple(raw.screen_size))
+        shot = self._cap(shot)
+        self.model_space = ModelSpace(shot.image_size[0], shot.image_size[1], shot.frame)
+        self.screenshots_sent += 1
+        if self.on_screenshot is not None:
+            self.on_screenshot(shot)
+        return shot
+
+    def _cap(self, shot: SentScreenshot) -> SentScreenshot:
+        """Re-encode (JPEG) and then down-scale until the bytes fit ``policy.max_bytes``."""
+        limit = self.policy.max_bytes
+        if len(shot.data) <= limit:
+            return shot
+        with Image.open(io.BytesIO(shot.data)) as img:
+            img = img.convert("RGB")
+            width, height = img.size
+            quality = min(self.policy.quality, 85)
+            while True:
+                current = img if (width, height) == img.size else img.resize((width, height), Image.LANCZOS)
+                buf = io.BytesIO()
+                current.save(buf, format="JPEG", quality=quality)
+                data = buf.getvalue()
+                if len(data) <= limit:
+                    return SentScreenshot(data, "image/jpeg", (width, height), shot.frame, shot.screen_size, True)
+                if width <= 64 or height <= 64:
+                    raise DriverError(f"screenshot cannot be brought under {limit} bytes")
+                width, height = fit_size(width, height, int(width * 0.75), int(height * 0.75))
+
+    def release(self) -> None:
+        """Release every key and button held in the guest."""
+        self.agent.release()
+
+
+def wait_for_stable_screen(agent: AgentLike, *, timeout_s: float = 20.0, min_interval_s: float = 0.2) -> bool:
+    """Poll small screenshots until two consecutive ones are identical; True when stable.
+
+    Used before a run starts so the first screenshot shows a settled desktop. Bounded by timeout_s.
+    """
+    deadline = time.monotonic() + timeout_s
+    previous: bytes | None = None
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        shot = agent.screenshot(format="png", quality=None, max_width=320, max_height=200, crop=None)
+        if previous is not None and shot.data == previous:
+            return True
+        previous = shot.data
+        remaining = min_interval_s - (time.monotonic() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+    return False
+
+
+__all__ = [
+    "DriverError",
+    "ModelSpaceUnknown",
+    "ScreenshotPolicy",
+    "SentScreenshot",
+    "SandboxDriver",
+    "sniff_mime",
+    "wait_for_stable_screen",
+]

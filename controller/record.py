@@ -1,0 +1,212 @@
+"""The run record (contract): ``runs/<run-id>/record.jsonl`` plus screenshots beside it.
+
+One JSON object a line, each with ``ts`` (UTC ISO-8601) and ``type`` among ``run_started``,
+``model_response``, ``computer_call``, ``approval``, ``action``, ``screenshot``, ``network``,
+``check``, ``run_finished``. Typed text never enters the record: ``type`` actions are stored with
+``text_length`` only, and nothing here ever sees the API key.
+
+:func:`summarize` reads a record back into the numbers of the summary table.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import secrets
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+RECORD_TYPES = {
+    "run_started", "model_response", "computer_call", "approval", "action", "screenshot", "network",
+    "check", "run_finished",
+}
+RUN_STATUSES = {"passed", "failed", "cancelled", "error"}
+
+
+def redact_action(action: dict[str, Any]) -> dict[str, Any]:
+    """The action with typed text replaced by its length (``{"type":"type","text_length":N}``)."""
+    if action.get("type") == "type":
+        text = action.get("text")
+        return {"type": "type", "text_length": len(text) if isinstance(text, str) else None}
+    return dict(action)
+
+
+def new_run_id(task_name: str) -> str:
+    """``YYYYmmdd-HHMMSS-<task>-<4 hex>`` (UTC)."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in task_name)[:40]
+    return f"{stamp}-{safe}-{secrets.token_hex(2)}"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class RunRecord:
+    """Appends entries to ``<runs_dir>/<run_id>/record.jsonl`` (line-buffered, thread-safe).
+
+    ``write(type, **fields)`` adds one entry; ``save_screenshot`` stores the image beside the record
+    and adds a ``screenshot`` entry; ``finish`` adds ``run_finished`` once.
+    """
+
+    def __init__(self, runs_dir: str | Path, run_id: str) -> None:
+        self.run_id = run_id
+        self.dir = Path(runs_dir) / run_id
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.path = self.dir / "record.jsonl"
+        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+        self._shots = 0
+        self.started = False
+        self.finished: dict[str, Any] | None = None
+
+    def write(self, type: str, **fields: Any) -> dict[str, Any]:
+        """Append one entry; raises ValueError for a type outside the contract."""
+        if type not in RECORD_TYPES:
+            raise ValueError(f"unknown record type {type!r}")
+        entry = {"ts": _now(), "type": type, **fields}
+        line = json.dumps(entry, ensure_ascii=False, default=str)
+        with self._lock:
+            if self._file.closed:
+                raise ValueError("record is closed")
+            self._file.write(line + "\n")
+        return entry
+
+    def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
+                        screen_size: tuple[int, int] | None = None, reencoded: bool = False,
+                        call_id: str | None = None) -> dict[str, Any]:
+        """Store the image as ``shot-NNNN.png|jpg`` and add a ``screenshot`` entry (sha256, sizes, frame)."""
+        with self._lock:
+            self._shots += 1
+            number = self._shots
+        ext = "png" if mime == "image/png" else "jpg"
+        name = f"shot-{number:04d}.{ext}"
+        (self.dir / name).write_bytes(data)
+        frame_list = [frame.x, frame.y, frame.w, frame.h] if hasattr(frame, "x") else list(frame)
+        return self.write(
+            "screenshot", file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime,
+            image_size=list(image_size), frame=frame_list,
+            screen_size=list(screen_size) if screen_size else None, reencoded=reencoded, call_id=call_id,
+        )
+
+    def finish(self, status: str, reason: str = "", **fields: Any) -> dict[str, Any]:
+        """Add the single ``run_finished`` entry (status: passed | failed | cancelled | error)."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"unknown run status {status!r}")
+        if self.finished is not None:
+            return self.finished
+        self.finished = self.write("run_finished", status=status, reason=reason, **fields)
+        return self.finished
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> "RunRecord":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_record(path: str | Path) -> list[dict[str, Any]]:
+    """All entries of a record file (``record.jsonl`` or its run directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "record.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _parse_ts(ts: str) -> _dt.datetime:
+    return _dt.datetime.fromisoformat(ts)
+
+
+def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Numbers for the summary table: steps (model responses), actions (ok / failed), approvals
+    (approved / denied), network decisions (allowed / denied), checks (passed / total), usage,
+    verdict and wall time in seconds (the whole run, sandbox start and teardown included, when
+    ``run_finished`` carries ``wall_s``)."""
+    entries = list(entries)
+    by = lambda t: [e for e in entries if e.get("type") == t]  # noqa: E731
+    actions = by("action")
+    approvals = by("approval")
+    network = by("network")
+    checks = by("check")
+    finished = by("run_finished")
+    started = by("run_started")
+    responses = [r for r in by("model_response") if (r.get("http_status") or 200) < 400]
+    usage_missing = sum(1 for r in responses if not r.get("usage"))
+    totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    for r in responses:
+        for k in totals:
+            totals[k] += int((r.get("usage") or {}).get(k) or 0)
+    wall = finished[-1].get("wall_s") if finished else None
+    if wall is None and started and finished:
+        wall = (_parse_ts(finished[-1]["ts"]) - _parse_ts(started[0]["ts"])).total_seconds()
+    return {
+        "task": started[0].get("task", {}).get("name") if started else None,
+        "mode": started[0].get("mode") if started else None,
+        "steps": len(responses),
+        "computer_calls": len(by("computer_call")),
+        "actions": len([a for a in actions if a.get("action") != "screenshot"]),
+        "actions_failed": len([a for a in actions if a.get("error")]),
+        "screenshots": len(by("screenshot")),
+        "approvals_approved": len([a for a in approvals if a.get("decision") == "approved"]),
+        "approvals_denied": len([a for a in approvals if a.get("decision") == "denied"]),
+        "network_allowed": len([n for n in network if n.get("decision") == "allow"]),
+        "network_denied": len([n for n in network if n.get("decision") != "allow"]),
+        "checks_passed": len([c for c in checks if c.get("passed")]),
+        "checks_total": len(checks),
+        "usage": {**totals, "complete": usage_missing == 0, "missing": usage_missing},
+        "status": finished[-1].get("status") if finished else "unfinished",
+        "reason": finished[-1].get("reason") if finished else "",
+        "wall_s": wall,
+        "timings": finished[-1].get("timings") if finished else None,
+    }
+
+
+def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | None = None) -> Table:
+    """The summary table printed at the end of a run (and by ``desktop-sandbox report``)."""
+    entries = list(entries)
+    s = summarize(entries)
+    table = Table(title=f"run {s['task'] or ''} ({s['mode'] or '?'})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("steps (model responses)", str(s["steps"]))
+    table.add_row("actions", f"{s['actions']} ({s['actions_failed']} failed), {s['screenshots']} screenshots")
+    table.add_row("approvals", f"{s['approvals_approved']} approved, {s['approvals_denied']} denied")
+    table.add_row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
+    u = s["usage"]
+    usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
+    if not u["complete"]:
+        usage += f" - incomplete: {u['missing']} response(s) without usage"
+    table.add_row("usage", usage)
+    for c in [e for e in entries if e.get("type") == "check"]:
+        mark = "[green]pass[/]" if c.get("passed") else "[red]FAIL[/]"
+        detail = f"{c.get('rule')}"
+        if not c.get("passed"):
+            detail += f": expected {c.get('expected')!r}, observed {c.get('observed')!r}"
+        table.add_row(f"check {c.get('kind')} {c.get('target')}", f"{mark} {detail}")
+    table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
+    verdict = s["status"]
+    color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
+    table.add_row("verdict", f"[{color}]{verdict}[/] {s['reason'] or ''}")
+    if s["wall_s"] is not None:
+        t = f"{s['wall_s']:.1f} s"
+        if s["timings"]:
+            t += " (" + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()) + ")"
+        table.add_row("time", t)
+    if record_path:
+        table.add_row("record", str(record_path))
+    return table
+
+
+def print_summary(entries: Iterable[dict[str, Any]], record_path: str | Path | None = None,
+                  console: Console | None = None) -> None:
+    (console or Console()).print(summary_table(entries, record_path))

@@ -1,0 +1,435 @@
+"""run-task: one task on a sandbox, through the SDK's computer loop, then verification and the record.
+
+Order: start the sandbox -> launch the task's apps -> wait for readiness (task ``[[ready]]`` files,
+then a stable screen) -> first screenshot -> ``openai.ComputerToolset(driver).run(...)`` (the SDK
+owns the loop) against the live API or the offline scripted server -> release inputs -> verify from
+the guest's files -> collect network decisions -> tear down -> ``run_finished``.
+
+Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
+the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
+(a check failed, or a safety check / action was denied), ``passed`` (loop completed and every check
+passed). Exit code 0 only for ``passed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+from openai import ComputerToolset
+from openai.lib.computer import ComputerUseError
+from rich.console import Console
+
+from controller.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
+from controller.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
+from controller.model_client import RequestUsage, UsageMeter, live_client, offline_client
+from controller.record import RunRecord, new_run_id, read_record, redact_action, print_summary
+from controller.scripted_server import ScriptedModel, ScriptedServer, load_script
+from controller.tasks import Task
+from controller.verify import GuestFileMissing, guest_path, run_checks
+
+DEFAULT_MODEL = "gpt-6-astra"
+GUEST_HOME = "/home/sandbox"
+
+_UNSET: Any = object()
+
+
+@dataclass
+class RunOptions:
+    """How to run a task.
+
+    ``live``: None -> live when ``OPENAI_API_KEY`` is set, else the offline exercise. ``model``: the
+    live model (default ``$OPENAI_MODEL`` or :data:`DEFAULT_MODEL`). ``script``: override the task's
+    offline script. ``approve_codes``: safety-check codes approved unattended (opt-in, logged).
+    ``confirm_actions``: action types to confirm; ``step``: confirm every action. ``asker``: who
+    answers questions (default: the terminal when there is one, else nobody -> deny).
+    """
+
+    runs_dir: Path = Path("runs")
+    live: bool | None = None
+    model: str | None = None
+    max_steps: int | None = None
+    script: Path | None = None
+    legacy: bool | None = None
+    approve_codes: list[str] = field(default_factory=list)
+    confirm_actions: list[str] = field(default_factory=list)
+    step: bool = False
+    asker: Any = _UNSET
+    home: str | None = None
+    ready_timeout_s: float = 90.0
+
+
+@dataclass
+class RunOutcome:
+    """What a run ended with: status, reason, record directory, check results, exit code."""
+
+    status: str
+    reason: str
+    record_dir: Path
+    checks: list[dict[str, Any]]
+    final_message: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    scripted_requests: list[dict[str, Any]] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status == "passed" else 1
+
+
+class _Cancel:
+    """Cooperative cancellation: first Ctrl-C (or SIGTERM) sets the flag the SDK polls; a second
+    Ctrl-C raises KeyboardInterrupt. Signal handlers are installed only in the main thread."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: str | None = None
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+    def set(self, why: str) -> None:
+        self.signal = self.signal or why
+        self.event.set()
+
+    @contextlib.contextmanager
+    def installed(self, console: Console) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, _frame: object) -> None:
+            if self.event.is_set() and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.set(signal.Signals(signum).name)
+            console.print(f"[yellow]{signal.Signals(signum).name}: cancelling after the current step "
+                          "(Ctrl-C again to stop now)[/]")
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def _task_digest(task: Task) -> str | None:
+    if task.source and task.source.is_file():
+        return hashlib.sha256(task.source.read_bytes()).hexdigest()
+    return None
+
+
+def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str, Any]:
+    """Wait for each ``[[ready]]`` file, then for a stable screen. Returns what was observed."""
+    observed: dict[str, Any] = {}
+    for ready in task.ready:
+        path = guest_path(ready.file, home)
+        deadline = time.monotonic() + min(ready.timeout_s, timeout_s)
+        started = time.monotonic()
+        while True:
+            try:
+                agent.read_file(path)
+                observed[path] = round(time.monotonic() - started, 3)
+                break
+            except GuestFileMissing:
+                pass
+            except Exception as exc:  # 404 from the agent client
+                if getattr(exc, "status", None) != 404:
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ready file {path} did not appear within {ready.timeout_s}s")
+            time.sleep(0.1)
+    started = time.monotonic()
+    observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0)
+    observed["screen_stable_s"] = round(time.monotonic() - started, 3)
+    return observed
+
+
+def build_params(task: Task, model: str, first: SentScreenshot, legacy: bool) -> dict[str, Any]:
+    """The Responses request the loop starts from: instructions plus the first screenshot (model px)."""
+    if legacy:
+        tool: dict[str, Any] = {"type": "computer_use_preview", "display_width": first.image_size[0],
+                                "display_height": first.image_size[1], "environment": "linux"}
+    else:
+        tool = {"type": "computer"}
+    text = (f"{task.instructions}\n\nThe screenshot is {first.image_size[0]}x{first.image_size[1]} pixels; "
+            "give coordinates in its pixels.")
+    return {
+        "model": model,
+        "tools": [tool],
+        "input": [{
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": text},
+                {"type": "input_image", "image_url": first.data_url, "detail": "high"},
+            ],
+        }],
+        "truncation": "auto",
+    }
+
+
+class _RecordingHooks:
+    """Bridges SDK/driver events to the run record (model responses, calls, actions, screenshots)."""
+
+    def __init__(self, record: RunRecord, driver: SandboxDriver) -> None:
+        self.record = record
+        self.driver = driver
+        self.current_call: str | None = None
+        self.action_count = 0
+
+    def on_request(self, usage: RequestUsage, body: Any) -> None:
+        if usage.status >= 400:
+            err = body.get("error") if isinstance(body, dict) else None
+            self.record.write("model_response", response_id=None, http_status=usage.status, error=err, usage=None)
+            return
+        tokens = None
+        if usage.total_tokens is not None:
+            tokens = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                      "total_tokens": usage.total_tokens}
+        self.record.write("model_response", response_id=usage.response_id, http_status=usage.status, usage=tokens)
+        for item in (body.get("output") or []) if isinstance(body, dict) else []:
+            if not isinstance(item, dict) or item.get("type") != "computer_call":
+                continue
+            actions = item.get("actions") if item.get("actions") is not None else [item.get("action")]
+            self.current_call = item.get("call_id")
+            self.record.write(
+                "computer_call", call_id=item.get("call_id"), form="actions" if "actions" in item and
+                item.get("actions") is not None else "action",
+                actions=[redact_action(a) if isinstance(a, dict) else a for a in actions],
+                pending_checks=item.get("pending_safety_checks") or [],
+            )
+
+    def on_diagnostic(self, event: dict[str, Any]) -> None:
+        if event.get("stage") != "action":
+            return
+        reason = event.get("reason")
+        error = None
+        if reason == "driver_failed":
+            error = self.driver.last_error or "driver failed"
+        elif reason == "cancelled":
+            error = "cancelled"
+        if event.get("member") != "screenshot":
+            self.action_count += 1
+        self.record.write("action", call_id=event.get("call_id"), action=event.get("member"),
+                          duration_ms=round(float(event.get("duration_ms") or 0.0), 2), error=error)
+
+    def on_screenshot(self, shot: SentScreenshot) -> None:
+        self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
+                                    screen_size=shot.screen_size, reencoded=shot.reencoded,
+                                    call_id=self.current_call)
+
+    def on_decision(self, decision: Decision) -> None:
+        self.record.write("approval", **decision.as_record())
+
+
+class _BodyMeter(UsageMeter):
+    """UsageMeter that also hands the parsed body to the recorder."""
+
+    def __init__(self, sink: Callable[[RequestUsage, Any], None]) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def hook(self, response: httpx.Response) -> None:  # noqa: D102
+        before = len(self.requests)
+        super().hook(response)
+        if len(self.requests) > before:
+            try:
+                body = json.loads(response.content)
+            except ValueError:
+                body = None
+            self._sink(self.requests[-1], body)
+
+
+def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptions | None = None,
+             console: Console | None = None) -> RunOutcome:
+    """Run ``task`` on the sandbox ``open_sandbox(task)`` returns (a ``controller.sandbox.Sandbox``,
+    already started) and return the outcome. Writes ``runs/<id>/record.jsonl`` and prints a summary.
+
+    Never raises for a run that went wrong (the status says so); KeyboardInterrupt from a second
+    Ctrl-C still ends the run as ``cancelled`` after teardown.
+    """
+    run_t0 = time.monotonic()
+    options = options or RunOptions()
+    console = console or Console(stderr=True)
+    live = options.live if options.live is not None else bool(os.environ.get("OPENAI_API_KEY"))
+    model = options.model or os.environ.get("OPENAI_MODEL") or DEFAULT_MODEL
+    if options.legacy is not None:
+        legacy = options.legacy
+    elif live:  # the preview model speaks only the legacy computer_use_preview tool
+        legacy = model.startswith("computer-use-preview")
+    else:
+        legacy = bool(task.offline and task.offline.legacy)
+    asker: Asker | None = terminal_asker(console) if options.asker is _UNSET else options.asker
+    max_steps = options.max_steps or task.max_steps
+    record = RunRecord(options.runs_dir, new_run_id(task.name))
+    timings: dict[str, float] = {}
+    checks: list[dict[str, Any]] = []
+    status, reason, final_message = "error", "", None
+    cancel = _Cancel()
+    sandbox = None
+    server: ScriptedServer | None = None
+    client = None
+    driver: SandboxDriver | None = None
+    scripted: ScriptedModel | None = None
+    mode = "live" if live else "offline"
+    console.print(f"[bold]run-task[/] {task.name} ({mode}) -> {record.dir}")
+
+    def phase(name: str, started: float) -> None:
+        timings[name] = round(time.monotonic() - started, 3)
+
+    def write_started(sb: Any) -> None:
+        if record.started:
+            return
+        record.started = True
+        script = options.script or (task.offline_script_path() if not live and task.offline else None)
+        record.write(
+            "run_started", task={"name": task.name, "source": str(task.source) if task.source else None,
+                                 "sha256": _task_digest(task)},
+            mode=mode, model=model if live else "scripted", legacy=legacy,
+            image=getattr(sb, "image_id", None), sandbox=getattr(sb, "id", None),
+            policy=task.network.model_dump(mode="json"), max_steps=max_steps,
+            screen=task.screen.model_dump(), model_view=task.model.model_dump(mode="json"),
+            script=str(script) if script else None,
+        )
+
+    try:
+        with cancel.installed(console):
+            t = time.monotonic()
+            try:
+                if not live:
+                    script_path = options.script or task.offline_script_path()
+                    scripted = ScriptedModel(load_script(script_path))
+                    server = ScriptedServer(scripted).start()
+                sandbox = open_sandbox(task)
+            finally:
+                phase("sandbox_start", t)
+            if cancel():
+                raise _Cancelled()
+            write_started(sandbox)
+            agent = sandbox.agent
+            home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
+            t = time.monotonic()
+            for launch in task.launch:
+                pid = agent.launch(launch.app, launch.args)
+                console.print(f"launched {launch.app} (pid {pid})")
+            ready = _wait_ready(agent, task, home, options.ready_timeout_s)
+            phase("launch_ready", t)
+            console.print(f"ready: {ready}")
+            if cancel():
+                raise _Cancelled()
+            policy = ScreenshotPolicy(format=task.model.format, quality=task.model.quality,
+                                      max_width=task.model.max_width, max_height=task.model.max_height,
+                                      crop=task.model.crop, max_bytes=task.model.max_bytes)
+            driver = SandboxDriver(agent, policy)
+            hooks = _RecordingHooks(record, driver)
+            driver.on_screenshot = hooks.on_screenshot
+            meter = _BodyMeter(hooks.on_request)
+            client = offline_client(server.base_url, meter) if server else live_client(meter)
+            approver = SafetyCheckApprover(asker=asker, auto_codes=options.approve_codes, console=console,
+                                           on_decision=hooks.on_decision)
+            for code in options.approve_codes:
+                record.write("approval", what="opt-in", decision="approved", by="command line",
+                             codes=[code], message=f"--approve-safety-check {code}")
+            gate = ActionGate(confirm=options.confirm_actions, step=options.step, asker=asker, console=console,
+                              on_decision=hooks.on_decision)
+            t = time.monotonic()
+            try:
+                first = driver.capture()
+                params = build_params(task, model, first, legacy)
+                response = ComputerToolset(driver).run(
+                    client, params, max_steps=max_steps, approve_safety_checks=approver,
+                    before_action=gate if gate.active else None, cancelled=cancel,
+                    on_diagnostic=hooks.on_diagnostic,
+                )
+                final_message = response.output_text
+                status, reason = "passed", "loop completed"
+            except ComputerUseError as exc:
+                if cancel():
+                    raise _Cancelled() from None
+                text = str(exc)
+                status = "failed" if ("approv" in text) else "error"
+                reason = f"loop stopped: {text}"
+            except _Cancelled:
+                raise
+            except Exception as exc:  # API errors, driver errors, agent errors
+                if cancel():
+                    raise _Cancelled() from None
+                status, reason = "error", f"loop stopped: {type(exc).__name__}: {exc}"
+            finally:
+                phase("loop", t)
+                with contextlib.suppress(Exception):
+                    driver.release()
+            console.print(f"loop: {reason}" + (f" - model said: {final_message!r}" if final_message else ""))
+            if cancel():
+                raise _Cancelled()
+            t = time.monotonic()
+            checks = run_checks(task.checks, agent, home=home,
+                                on_result=lambda r: record.write("check", **r))
+            phase("verify", t)
+            if status == "passed" and not all(c["passed"] for c in checks):
+                status = "failed"
+                reason = f"{sum(not c['passed'] for c in checks)} of {len(checks)} checks failed"
+            elif status == "passed":
+                reason = f"all {len(checks)} checks passed"
+    except (_Cancelled, KeyboardInterrupt) as exc:
+        status, reason = "cancelled", f"cancelled by {cancel.signal or 'SIGINT'}"
+        if isinstance(exc, KeyboardInterrupt):
+            cancel.set("SIGINT")
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                driver.release()
+    except BaseException as exc:  # noqa: BLE001 - record whatever stopped the run, then re-raise below
+        name = type(exc).__name__
+        if name == "SandboxInterrupted":
+            status, reason = "cancelled", str(exc)
+        else:
+            status, reason = "error", f"{name}: {exc}"
+            if not isinstance(exc, Exception):
+                write_started(sandbox)
+                _finish(record, sandbox, server, client, status, reason, timings, final_message, console, run_t0)
+                raise
+    write_started(sandbox)
+    outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
+                             run_t0)
+    return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
+                      final_message=final_message, timings=timings,
+                      scripted_requests=scripted.requests if scripted else None)
+
+
+class _Cancelled(Exception):
+    """Internal: the run was cancelled (the flag was set)."""
+
+
+def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, client: Any, status: str,
+            reason: str, timings: dict[str, float], final_message: str | None, console: Console,
+            run_t0: float) -> str:
+    """Network decisions, teardown, ``run_finished``, summary. Returns the final reason."""
+    if sandbox is not None:
+        try:
+            for d in sandbox.decision_log():
+                record.write("network", origin=d.get("origin"), decision=d.get("decision"), reason=d.get("reason"),
+                             via=d.get("via"), at=d.get("ts"))
+        except Exception as exc:  # noqa: BLE001
+            console.print(f"[yellow]could not read the gateway decision log: {exc}[/]")
+    t = time.monotonic()
+    for closer in (getattr(client, "close", None), getattr(sandbox, "close", None),
+                   getattr(server, "stop", None)):
+        if closer is not None:
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - teardown goes on
+                console.print(f"[yellow]teardown: {exc}[/]")
+    timings["teardown"] = round(time.monotonic() - t, 3)
+    record.finish(status, reason, final_message=final_message, timings=timings,
+                  wall_s=round(time.monotonic() - run_t0, 3))
+    record.close()
+    print_summary(read_record(record.path), record.path, console=console)
+    return reason

@@ -1,0 +1,121 @@
+"""Approvals: the terminal path on a real pseudo-terminal, no terminal => deny, opt-in codes, and the
+before_action gate. Only an explicit yes approves; every decision is reported."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openai.types.responses import ResponseComputerToolCall
+
+from controller.approvals import ActionGate, SafetyCheckApprover, describe_action, terminal_asker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CALL = ResponseComputerToolCall.model_validate({
+    "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
+    "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}, {"type": "type", "text": "hunter2"}],
+    "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
+})
+
+CHILD = r"""
+import sys
+from openai.types.responses import ResponseComputerToolCall
+from controller.approvals import SafetyCheckApprover, terminal_asker
+call = ResponseComputerToolCall.model_validate({
+    "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
+    "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
+    "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
+})
+result = SafetyCheckApprover(asker=terminal_asker())(call)
+print("RESULT", repr(result), flush=True)
+"""
+
+
+def _run_in_pty(answer: str) -> str:
+    master, slave = os.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=slave, stdout=slave, stderr=slave, env=env,
+                            start_new_session=True)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 30
+    answered = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not answered and b"[y/N]" in out:
+                os.write(master, answer.encode() + b"\r")
+                answered = True
+            if b"RESULT" in out and out.rstrip().endswith((b"True", b"False")):
+                break
+    finally:
+        proc.wait(10)
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("answer, expected", [("y", "True"), ("yes", "True"), ("n", "False"), ("", "False"),
+                                               ("yess", "False")])
+def test_terminal_asks_and_only_an_explicit_yes_approves(answer, expected):
+    out = _run_in_pty(answer)
+    assert "irrelevant_domain" in out and "Off-task site." in out and "click" in out
+    assert f"RESULT {expected}" in out
+
+
+def test_no_terminal_means_no_asker():
+    out = subprocess.run([sys.executable, "-c", "from controller.approvals import terminal_asker;"
+                          "print(terminal_asker() is None)"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_without_asker_the_answer_is_no_and_says_how_to_opt_in():
+    decisions = []
+    assert SafetyCheckApprover(asker=None, on_decision=decisions.append)(CALL) is False
+    (d,) = decisions
+    assert d.decision == "denied" and d.by == "no-approver" and "--approve-safety-check" in d.message
+
+
+def test_opt_in_code_is_used_and_logged_only_for_matching_codes():
+    decisions = []
+    assert SafetyCheckApprover(asker=None, auto_codes={"irrelevant_domain"}, on_decision=decisions.append)(CALL) is True
+    assert decisions[-1].by == "opt-in" and decisions[-1].codes == ["irrelevant_domain"]
+    assert SafetyCheckApprover(asker=None, auto_codes={"other"}, on_decision=decisions.append)(CALL) is False
+
+
+def test_truthy_but_not_yes_answers_deny():
+    for answer in ("1", "true", "ok", "sure", " no "):
+        assert SafetyCheckApprover(asker=lambda q, a=answer: a)(CALL) is False
+
+
+def test_action_gate_asks_only_for_listed_types_and_step_mode_asks_for_all():
+    asked = []
+    gate = ActionGate(confirm={"type"}, asker=lambda q: asked.append(q) or "y")
+    click, typing = CALL.actions
+    assert gate(click) is True and asked == []
+    assert gate(typing) is True and len(asked) == 1
+    step = ActionGate(step=True, asker=lambda q: "n")
+    assert step(click) is False
+    assert ActionGate(asker=None).active is False and gate.active and step.active
+
+
+def test_action_gate_without_terminal_denies_and_the_record_never_sees_typed_text():
+    decisions = []
+    gate = ActionGate(confirm={"type"}, asker=None, on_decision=decisions.append)
+    assert gate(CALL.actions[1]) is False
+    assert "hunter2" not in decisions[0].action and "text_length" in decisions[0].action
+    assert "hunter2" not in describe_action(CALL.actions[1], redact=True)

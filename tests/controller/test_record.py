@@ -1,0 +1,68 @@
+"""The run record: contract types, screenshots beside it, typed text redacted, summary numbers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from rich.console import Console
+
+from controller.mapping import Frame
+from controller.record import RunRecord, read_record, redact_action, summarize, summary_table
+
+
+def test_entries_have_ts_and_contract_types(tmp_path):
+    rec = RunRecord(tmp_path, "r1")
+    rec.write("run_started", task={"name": "t"}, mode="offline")
+    with pytest.raises(ValueError):
+        rec.write("chatter", x=1)
+    rec.finish("passed", "ok")
+    rec.finish("failed", "second finish is ignored")
+    with pytest.raises(ValueError):
+        RunRecord(tmp_path, "r2").finish("maybe")
+    rec.close()
+    entries = read_record(tmp_path / "r1")
+    assert [e["type"] for e in entries] == ["run_started", "run_finished"]
+    assert all("ts" in e for e in entries) and entries[-1]["status"] == "passed"
+
+
+def test_screenshot_saved_beside_the_record_with_its_hash(tmp_path):
+    rec = RunRecord(tmp_path, "r")
+    data = b"\x89PNG\r\n\x1a\n-not-really"
+    entry = rec.save_screenshot(data, "image/png", image_size=(640, 400), frame=Frame(0, 0, 1280, 800))
+    rec.close()
+    assert (rec.dir / entry["file"]).read_bytes() == data
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert entry["image_size"] == [640, 400] and entry["frame"] == [0, 0, 1280, 800]
+
+
+def test_typed_text_is_redacted():
+    assert redact_action({"type": "type", "text": "hunter2"}) == {"type": "type", "text_length": 7}
+    assert redact_action({"type": "click", "x": 1}) == {"type": "click", "x": 1}
+
+
+def test_summary_counts_and_incomplete_usage(tmp_path):
+    rec = RunRecord(tmp_path, "r")
+    rec.write("run_started", task={"name": "t"}, mode="offline")
+    rec.write("model_response", response_id="a", http_status=200, usage={"input_tokens": 5, "output_tokens": 2,
+                                                                        "total_tokens": 7})
+    rec.write("model_response", response_id="b", http_status=200, usage=None)
+    rec.write("action", call_id="c", action="click", duration_ms=1.0, error=None)
+    rec.write("action", call_id="c", action="type", duration_ms=1.0, error="boom")
+    rec.write("action", call_id="c", action="screenshot", duration_ms=1.0, error=None)
+    rec.write("approval", what="safety_check", decision="denied", by="no-approver")
+    rec.write("network", origin="https://x.example", decision="deny", reason="not-allowlisted")
+    rec.write("check", kind="file", target="/x", rule="text", expected="a", observed="b", passed=False)
+    rec.finish("failed", "1 of 1 checks failed", timings={"loop": 1.0})
+    rec.close()
+    entries = read_record(rec.path)
+    s = summarize(entries)
+    assert (s["steps"], s["actions"], s["actions_failed"]) == (2, 2, 1)
+    assert s["usage"] == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7, "complete": False, "missing": 1}
+    assert (s["approvals_denied"], s["network_denied"], s["checks_passed"], s["checks_total"]) == (1, 1, 0, 1)
+    console = Console(record=True, width=160)
+    console.print(summary_table(entries, rec.path))
+    text = console.export_text()
+    assert "incomplete" in text and "FAIL" in text and "failed" in text
+    json.dumps(s)

@@ -1,0 +1,126 @@
+"""Verification through a real agent's files API: file rules, SQLite with its WAL, bound files."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from controller.agent_client import AgentClient
+from controller.tasks import FileCheck, SqliteCheck
+from controller.verify import check_file, check_sqlite, guest_path, run_checks
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    (h / "Documents").mkdir(parents=True)
+    return h
+
+
+@pytest.fixture
+def reader(xvfb, make_agent, home):
+    agent = make_agent(xvfb.display, files_roots=[str(home)])
+    client = AgentClient(agent.base_url, agent.token)
+    yield client
+    client.close()
+
+
+def fc(match, value, path="~/Documents/out.txt"):
+    return FileCheck(kind="file", path=path, match=match, value=value)
+
+
+def test_guest_path_expands_home_and_refuses_relative_paths():
+    assert guest_path("~/a/b", "/home/sandbox") == "/home/sandbox/a/b"
+    assert guest_path("/etc/x", "/home/sandbox") == "/etc/x"
+    with pytest.raises(ValueError):
+        guest_path("a/b", "/home/sandbox")
+
+
+def test_file_rules(reader, home):
+    (home / "Documents/out.txt").write_bytes(b"PU-123456\n")
+    h = str(home)
+    assert check_file(fc("exact", "PU-123456\n"), reader, h)["passed"]
+    assert check_file(fc("text", "PU-123456"), reader, h)["passed"]
+    assert check_file(fc("regex", r"^PU-[0-9]{6}$"), reader, h)["passed"]
+    bad = check_file(fc("exact", "PU-123456"), reader, h)
+    assert not bad["passed"]
+    assert bad["observed_hex"] == b"PU-123456\n".hex() and bad["expected_hex"] == b"PU-123456".hex()
+    assert bad["rule"] == "exact" and bad["expected"] == "PU-123456" and bad["observed"] == "PU-123456\n"
+    assert not check_file(fc("text", "PU-12345"), reader, h)["passed"]
+    assert not check_file(fc("regex", r"^PU-[0-9]{7}$"), reader, h)["passed"]
+
+
+def test_json_rule(reader, home):
+    (home / "Documents/out.txt").write_text('{"a": [1, 2], "b": "x"}')
+    h = str(home)
+    assert check_file(fc("json", {"b": "x", "a": [1, 2]}), reader, h)["passed"]
+    assert check_file(fc("json", '{"a": [1, 2], "b": "x"}'), reader, h)["passed"]
+    assert not check_file(fc("json", {"a": [2, 1], "b": "x"}), reader, h)["passed"]
+    (home / "Documents/out.txt").write_text("not json")
+    result = check_file(fc("json", {}), reader, h)
+    assert not result["passed"] and "not JSON" in result["detail"]
+
+
+def test_missing_file_fails_the_check_instead_of_raising(reader, home):
+    result = check_file(fc("text", "x", path="~/Documents/none.txt"), reader, str(home))
+    assert result["passed"] is False and result["observed"] is None and "does not exist" in result["detail"]
+
+
+def test_sqlite_reads_rows_still_in_the_wal(reader, home):
+    db = home / "app.db"
+    writer = sqlite3.connect(db)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE t (conf TEXT, name TEXT)")
+    writer.commit()
+    writer.execute("INSERT INTO t VALUES ('PU-100001', 'Ada')")
+    writer.commit()  # the row lives in app.db-wal only while this connection stays open
+    try:
+        assert (home / "app.db-wal").stat().st_size > 0
+        check = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT conf, name FROM t", rows=[["PU-100001", "Ada"]])
+        result = check_sqlite(check, reader, str(home))
+        assert result["passed"], result
+        assert "-wal" in result["copied"]
+        wrong = check.model_copy(update={"rows": [["PU-100002", "Ada"]]})
+        result = check_sqlite(wrong, reader, str(home))
+        assert not result["passed"] and result["observed"] == [["PU-100001", "Ada"]]
+    finally:
+        writer.close()
+    # the guest's database is untouched by verification (opened read-only, on a copy)
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def test_sqlite_bind_files_ties_a_file_to_a_row(reader, home):
+    db = home / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (conf TEXT)")
+        conn.execute("INSERT INTO t VALUES ('PU-100001')")
+    check = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT count(*) FROM t WHERE conf = ?",
+                        rows=[[1]], bind_files=["~/Documents/out.txt"])
+    h = str(home)
+    (home / "Documents/out.txt").write_text("PU-100001\n")
+    result = check_sqlite(check, reader, h)
+    assert result["passed"] and result["bound"] == {f"{h}/Documents/out.txt": "PU-100001"}
+    (home / "Documents/out.txt").write_text("PU-999999\n")
+    assert check_sqlite(check, reader, h)["observed"] == [[0]]
+    (home / "Documents/out.txt").unlink()
+    result = check_sqlite(check, reader, h)
+    assert not result["passed"] and "does not exist" in result["detail"]
+
+
+def test_bad_query_or_missing_database_fail_cleanly(reader, home):
+    h = str(home)
+    missing = SqliteCheck(kind="sqlite", path="~/none.db", query="SELECT 1", rows=[[1]])
+    assert check_sqlite(missing, reader, h)["detail"] == "database does not exist"
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE TABLE t (x)")
+    bad = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT nope FROM t", rows=[])
+    assert "sqlite error" in check_sqlite(bad, reader, h)["detail"]
+
+
+def test_run_checks_reports_each_result_in_order(reader, home):
+    (home / "Documents/out.txt").write_text("hello")
+    seen = []
+    results = run_checks([fc("text", "hello"), fc("text", "bye")], reader, home=str(home), on_result=seen.append)
+    assert [r["passed"] for r in results] == [True, False] and seen == results

@@ -1,0 +1,91 @@
+"""Fixtures for loop tests: the real SDK loop against the scripted server on loopback, driving a
+real agent on a private Xvfb, observed by the probe window (what real X clients received)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from controller.agent_client import AgentClient
+from controller.driver import SandboxDriver, ScreenshotPolicy
+from controller.model_client import UsageMeter, offline_client
+from controller.scripted_server import ScriptedModel, ScriptedServer
+from guest.localrun import AgentProcess, Xvfb
+from tests.conformance.harness import AgentDesktop, Probe
+
+
+class Desk:
+    """A private desktop: Xvfb, agent (probe + terminal allowlisted), the probe window."""
+
+    def __init__(self, width: int, height: int) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="ds-loop-")
+        self.workdir = self._tmp.name
+        self.xvfb = Xvfb(width, height).start()
+        self.agent_proc = AgentProcess(
+            self.xvfb.display,
+            apps={"probe": [sys.executable, "-m", "guest", "probe"], "terminal": ["xterm"]},
+            files_roots=[self.workdir], extra_args=["--wait-cap", "2"],
+        ).start()
+        self.client = AgentClient(self.agent_proc.base_url, self.agent_proc.token, timeout=30)
+        self.desktop = AgentDesktop(self.client, self.workdir, display=self.xvfb.display)
+        self.probe: Probe = self.desktop.start_probe()
+
+    def input_events(self, mark: int) -> list[dict[str, Any]]:
+        return self.probe.input_events(mark)
+
+    def settle(self, mark: int) -> list[dict[str, Any]]:
+        """Send a sentinel move straight to the agent and return the input events before it."""
+        w, h = self.xvfb.width, self.xvfb.height
+        sx, sy = w - 3, h - 2
+        self.client.actions([{"type": "move", "x": sx, "y": sy}])
+        events = self.probe.wait_for(
+            lambda ev: any(e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy) for e in ev), mark)
+        kinds = {"KeyPress", "KeyRelease", "ButtonPress", "ButtonRelease", "MotionNotify"}
+        out = [e for e in events if e["type"] in kinds]
+        last = max(i for i, e in enumerate(out) if e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy))
+        return out[:last]
+
+    def close(self) -> None:
+        self.probe.stop()
+        self.desktop.close()
+        self.client.close()
+        self.agent_proc.stop()
+        self.xvfb.stop()
+        self._tmp.cleanup()
+
+
+@pytest.fixture(scope="module")
+def desk() -> Iterator[Desk]:
+    d = Desk(1280, 800)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def driver(desk: Desk) -> SandboxDriver:
+    return SandboxDriver(desk.client, ScreenshotPolicy(max_width=1280, max_height=800))
+
+
+@pytest.fixture
+def scripted() -> Iterator[Any]:
+    """Factory ``scripted(turns) -> (ScriptedServer, openai.OpenAI, UsageMeter)``; servers stopped after."""
+    servers: list[ScriptedServer] = []
+    clients: list[Any] = []
+
+    def make(turns: list[dict[str, Any]]):
+        server = ScriptedServer(ScriptedModel(turns)).start()
+        servers.append(server)
+        meter = UsageMeter()
+        client = offline_client(server.base_url, meter)
+        clients.append(client)
+        return server, client, meter
+
+    yield make
+    for client in clients:
+        client.close()
+    for server in servers:
+        server.stop()

@@ -1,0 +1,212 @@
+"""run_task end to end on a local desktop (Xvfb + openbox + firefox-esr + xterm + the pickup app +
+the real agent), offline: the real SDK loop against the scripted server. The same tasks run in
+Docker in tests/docker/test_run_task.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.record import read_record, summarize
+from controller.runner import RunOptions, run_task
+from controller.tasks import load_task
+from tests.loop.local_sandbox import LocalSandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "tasks"
+
+needs_desktop_apps = pytest.mark.skipif(
+    not all(shutil.which(p) for p in ("firefox-esr", "openbox", "xterm")),
+    reason="firefox-esr, openbox and xterm are needed (apt-get install firefox-esr openbox xterm)",
+)
+
+
+def _pickup_on(sb: LocalSandbox):
+    task = load_task(TASKS / "pickup.toml")
+    launch = [l.model_copy(update={"args": [a.replace(":8080/", f":{sb.pickup_port}/") for a in l.args]})
+              for l in task.launch]
+    return task.model_copy(update={"launch": launch})
+
+
+def _check_record_complete(record_dir: Path, status: str) -> list[dict]:
+    entries = read_record(record_dir)
+    types = [e["type"] for e in entries]
+    assert types[0] == "run_started" and types[-1] == "run_finished"
+    assert entries[-1]["status"] == status
+    for kind in ("model_response", "computer_call", "action", "screenshot"):
+        assert kind in types, f"no {kind} entry"
+    for shot in (e for e in entries if e["type"] == "screenshot"):
+        import hashlib
+
+        assert hashlib.sha256((record_dir / shot["file"]).read_bytes()).hexdigest() == shot["sha256"]
+    # typed text never enters the model/action side of the record (checks name their own expectations)
+    text = json.dumps([e for e in entries if e["type"] not in ("check", "run_finished")])
+    assert "Ada Lovelace" not in text and "2 boxes of books" not in text
+    return entries
+
+
+@pytest.mark.slow
+@needs_desktop_apps
+def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
+    with LocalSandbox(openbox=True, pickup=True) as sb:
+        outcome = run_task(_pickup_on(sb), lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None))
+    assert outcome.status == "passed", (outcome.reason, outcome.checks, str(outcome.record_dir))
+    assert outcome.exit_code == 0 and [c["passed"] for c in outcome.checks] == [True, True, True]
+    entries = _check_record_complete(outcome.record_dir, "passed")
+    s = summarize(entries)
+    assert s["steps"] == 7 and s["checks_passed"] == 3 and s["usage"]["complete"]
+    bound = [c for c in entries if c["type"] == "check" and c.get("bound")][0]["bound"]
+    assert list(bound.values())[0].startswith("PU-")
+
+    # Deliberately wrong: the paste is missing, so the file holds no confirmation number.
+    lines = (TASKS / "pickup.offline.jsonl").read_text().splitlines()
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text("\n".join(l.replace('{"type": "click", "x": 300, "y": 300, "button": "wheel"}, ', "")
+                               for l in lines) + "\n")
+    assert wrong.read_text() != "\n".join(lines) + "\n"
+    with LocalSandbox(openbox=True, pickup=True) as sb:
+        bad = run_task(_pickup_on(sb), lambda t: sb,
+                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=wrong))
+    assert bad.status == "failed" and bad.exit_code == 1
+    passed = [c["passed"] for c in bad.checks]
+    assert passed == [True, False, False]  # the booking exists; the file is wrong and matches no row
+    file_check = bad.checks[1]
+    assert file_check["observed_hex"] == file_check["observed"].encode().hex()
+
+
+@pytest.mark.slow
+@needs_desktop_apps
+def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path):
+    task = load_task(TASKS / "approval-demo.toml")
+    with LocalSandbox(openbox=True) as sb:
+        denied = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None))
+        assert not (sb.home / "Documents/approval.txt").exists()
+    assert denied.status == "failed" and "approval" in denied.reason
+    entries = read_record(denied.record_dir)
+    approvals = [e for e in entries if e["type"] == "approval"]
+    assert approvals and approvals[0]["decision"] == "denied" and approvals[0]["by"] == "no-approver"
+    assert [e for e in entries if e["type"] == "action"] == []  # none of the call's actions ran
+    call = [e for e in entries if e["type"] == "computer_call"][0]
+    assert call["pending_checks"][0]["code"] == "sensitive_action"
+
+    with LocalSandbox(openbox=True) as sb:
+        ok = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None,
+                                                     approve_codes=["sensitive_action"]))
+    assert ok.status == "passed", ok.reason
+    entries = read_record(ok.record_dir)
+    approvals = [e for e in entries if e["type"] == "approval"]
+    assert [a["by"] for a in approvals] == ["command line", "opt-in"]
+    assert ok.scripted_requests is not None
+    acked = [i for i in ok.scripted_requests[1]["input"] if i.get("type") == "computer_call_output"]
+    assert acked[0]["acknowledged_safety_checks"][0]["id"] == "sc_demo_1"
+
+
+CANCEL_CHILD = r"""
+import json, sys
+from pathlib import Path
+from controller.runner import run_task, RunOptions
+from controller.tasks import Task
+from tests.loop.local_sandbox import LocalSandbox
+runs, script = Path(sys.argv[1]), Path(sys.argv[2])
+sb = LocalSandbox().start()
+print(json.dumps({"xvfb": sb.xvfb.proc.pid, "agent": sb.agent_proc.proc.pid}), flush=True)
+task = Task(name="cancel", instructions="wait forever")
+out = run_task(task, lambda t: sb, RunOptions(runs_dir=runs, live=False, asker=None, script=script, max_steps=50))
+print(json.dumps({"status": out.status, "dir": str(out.record_dir)}), flush=True)
+sys.exit(out.exit_code)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
+    script = tmp_path / "waits.jsonl"
+    script.write_text("".join(json.dumps({"actions": [{"type": "move", "x": 10 + i, "y": 10},
+                                                      {"type": "wait"}]}) + "\n" for i in range(40))
+                      + json.dumps({"message": "never"}) + "\n")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, str(runs), str(script)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        pids = json.loads(proc.stdout.readline())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            records = list(runs.glob("*/record.jsonl"))
+            if records and '"type": "action"' in records[0].read_text():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never got to an action")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["status"] == "cancelled"
+    entries = read_record(result["dir"])
+    assert entries[-1]["type"] == "run_finished" and entries[-1]["status"] == "cancelled"
+    assert "SIGINT" in entries[-1]["reason"]
+    assert [e for e in entries if e["type"] == "check"] == []
+    steps = len([e for e in entries if e["type"] == "model_response"])
+    assert 1 <= steps < 40
+    assert not _alive(pids["xvfb"]) and not _alive(pids["agent"])  # torn down
+
+
+def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path, monkeypatch):
+    """With OPENAI_API_KEY set the runner takes the live path: the real client built from the
+    environment (here its base URL is pointed at a loopback scripted server, so no key is needed)."""
+    from controller.scripted_server import ScriptedModel, ScriptedServer
+    from controller.tasks import Task
+
+    model = ScriptedModel([{"actions": [{"type": "move", "x": 5, "y": 6}]}, {"message": "ok"}])
+    with ScriptedServer(model) as server, LocalSandbox() as sb:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.delenv("OPENAI_MODEL", raising=False)
+        task = Task(name="live-path", instructions="move the pointer")
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, asker=None))
+    assert outcome.status == "passed", outcome.reason
+    first = model.requests[0]
+    assert first["model"] == "gpt-6-astra" and first["tools"] == [{"type": "computer"}]
+    content = first["input"][0]["content"]
+    assert content[0]["type"] == "input_text" and content[1]["image_url"].startswith("data:image/png;base64,")
+    entries = read_record(outcome.record_dir)
+    assert entries[0]["mode"] == "live" and entries[0]["model"] == "gpt-6-astra"
+    text = (outcome.record_dir / "record.jsonl").read_text()
+    assert "sk-test-not-a-real-key" not in text
+
+
+def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):
+    from controller.tasks import Task
+
+    def broken(task):
+        raise RuntimeError("image desktop-sandbox:latest missing")
+
+    outcome = run_task(Task(name="nostart", instructions="x"), broken,
+                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=TASKS / "pickup.offline.jsonl"))
+    assert outcome.status == "error" and "image desktop-sandbox:latest missing" in outcome.reason
+    assert outcome.exit_code == 1
+    entries = read_record(outcome.record_dir)
+    assert [e["type"] for e in entries] == ["run_started", "run_finished"]
+    assert entries[-1]["status"] == "error"
