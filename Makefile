@@ -24,7 +24,7 @@ test:
 	$(PYTHON) -m pytest -q -rs
 
 audit:
-	$(PYTHON) -m controller.cli audit
+	$(PYTHON) -m controller.cli audit $(if $(POLICY),--policy $(POLICY)) --json $(or $(AUDIT_JSON),runs/audit.json)
 
 bench:
 	$(PYTHON) -m controller.cli bench

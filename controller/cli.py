@@ -1,0 +1,275 @@
+"""``desktop-sandbox`` command line (typer). Each command is a thin wrapper over a module.
+
+Commands: ``build`` (controller.image), ``up`` / ``down`` (controller.sandbox.docker), ``run-task``
+(controller.runner), ``report`` (controller.record).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
+                  no_args_is_help=True, add_completion=False)
+console = Console(stderr=True, soft_wrap=True)
+
+
+@app.command()
+def build(
+    tag: str = typer.Option("desktop-sandbox:latest", help="Tag of the built image."),
+    base: str = typer.Option("debian:bookworm-slim", help="Base image (imported with debootstrap if absent)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
+    wheelhouse: bool = typer.Option(True, help="Build the Python wheels on the host first (see wheelhouse/)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line of build output."),
+) -> None:
+    """Build the guest image (Dockerfile.desktop) with progress; print its size and build time."""
+    import docker
+
+    from controller import image
+
+    client = docker.from_env()
+    how = image.ensure_base(client, base, log=lambda m: console.print(f"[cyan]base[/] {m}"))
+    console.print(f"[cyan]base[/] {base}: {how}")
+    if wheelhouse:
+        image.prepare_wheelhouse(client, log=lambda m: console.print(f"[cyan]wheels[/] {m}"))
+
+    def show(ev: image.BuildEvent) -> None:
+        if ev.is_step:
+            console.print(f"[bold][{ev.step}/{ev.total}][/] {ev.text.split(' : ', 1)[-1][:110]}")
+        elif ev.cached:
+            console.print("        [dim]cached[/]")
+        elif verbose:
+            console.print(f"        [dim]{ev.text}[/]", highlight=False, markup=False)
+
+    with console.status("building", spinner="dots"):
+        try:
+            result = image.build(tag, base, no_cache=no_cache, client=client, on_event=show)
+        except image.BuildError as exc:
+            console.print(f"[red]build failed:[/] {exc}", markup=True, highlight=False)
+            raise typer.Exit(1) from None
+    console.print(
+        f"[green]built[/] {result.tag} ({result.image_id[:19]}): {result.size_bytes / 1e6:.0f} MB, "
+        f"{result.seconds:.1f}s, {result.cached_steps}/{result.steps} steps cached"
+    )
+
+
+@app.command()
+def up(
+    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image."),
+    width: int = typer.Option(1280, help="Screen width (screen px)."),
+    height: int = typer.Option(800, help="Screen height (screen px)."),
+    allow: list[str] = typer.Option([], help="Allowlisted origin (repeatable); none: deny all."),
+    detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
+) -> None:
+    """Start a sandbox, print how to reach its agent, and keep it until Ctrl-C (or `down`, when detached)."""
+    from controller.sandbox import SandboxInterrupted, SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    policy = {"mode": "allowlist" if allow else "deny-all", "allow": list(allow)}
+    spec = SandboxSpec(screen_width=width, screen_height=height, policy=policy)
+    with console.status("starting sandbox"):
+        sandbox = DockerSandbox.start(spec, DockerOptions(image=image_tag, detached=detach))
+    table = Table(show_header=False)
+    table.add_row("sandbox", sandbox.id)
+    table.add_row("agent", sandbox.agent_url)
+    table.add_row("ready in", f"{sandbox.timings['display_ready']:.1f}s")
+    table.add_row("policy", str(policy))
+    if detach:
+        token_file = _token_path(sandbox.id)
+        token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(sandbox.agent_token)
+        table.add_row("token file", str(token_file))
+        console.print(table)
+        typer.echo(sandbox.id)
+        return
+    console.print(table)
+    with sandbox:
+        console.print("Ctrl-C stops and removes it.")
+        try:
+            while True:
+                signal.pause()  # until Ctrl-C (KeyboardInterrupt) or SIGTERM (SandboxInterrupted)
+        except (KeyboardInterrupt, SandboxInterrupted):
+            console.print("removing sandbox")
+
+
+@app.command()
+def down(
+    sandbox_ids: list[str] = typer.Argument(None, help="Sandbox ids to remove."),
+    all_: bool = typer.Option(False, "--all", help="Remove every container and network with our label."),
+) -> None:
+    """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox."""
+    import docker
+
+    from controller.sandbox.docker import remove_all, remove_sandbox
+
+    if not all_ and not sandbox_ids:
+        console.print("give sandbox ids or --all")
+        raise typer.Exit(2)
+    client = docker.from_env()
+    removed = remove_all(client) if all_ else [n for s in sandbox_ids for n in remove_sandbox(client, s)]
+    for sid in sandbox_ids or []:
+        _token_path(sid).unlink(missing_ok=True)
+    if all_:
+        for path in _token_path("x").parent.glob("*.token"):
+            path.unlink(missing_ok=True)
+    console.print(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"))
+
+
+@app.command("run-task")
+def run_task_cmd(
+    task_file: Path = typer.Argument(Path("tasks/pickup.toml"), help="Task TOML (contract: tasks/*.toml)."),
+    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image (built if missing)."),
+    live: Optional[bool] = typer.Option(None, "--live/--offline",
+                                        help="Live model or the offline exercise; default: live iff OPENAI_API_KEY."),
+    model: Optional[str] = typer.Option(None, help="Live model (default $OPENAI_MODEL or gpt-6-astra)."),
+    max_steps: Optional[int] = typer.Option(None, help="Limit on model responses (default: the task's, 20)."),
+    script: Optional[Path] = typer.Option(None, help="Offline script to use instead of the task's."),
+    legacy: Optional[bool] = typer.Option(None, "--legacy/--ga", help="Offline: legacy computer_use_preview tool."),
+    approve_safety_check: list[str] = typer.Option(
+        [], "--approve-safety-check", help="Approve pending safety checks with this code unattended (repeatable; logged)."),
+    confirm_actions: str = typer.Option("", help="Ask before these action types, e.g. type,keypress."),
+    step: bool = typer.Option(False, "--step", help="Ask before every action."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where run records go."),
+    backend: str = typer.Option("docker", "--backend", help="docker (containers) or vm (QEMU VM, see vagrant/README.md)."),
+) -> None:
+    """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
+
+    Exit status 0 only when every check passed.
+    """
+    import docker
+    import docker.errors
+
+    from controller.runner import RunOptions, run_task
+    from controller.sandbox import SandboxInterrupted, SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from controller.tasks import load_task
+
+    try:
+        task = load_task(task_file)
+    except Exception as exc:  # noqa: BLE001 - show the user what is wrong with the file
+        console.print(f"[red]cannot load {task_file}:[/] {exc}")
+        raise typer.Exit(2) from None
+    if backend not in ("docker", "vm"):
+        console.print(f"[red]unknown backend {backend!r}[/] (docker or vm)")
+        raise typer.Exit(2)
+    if backend == "vm":
+        from controller.sandbox.vm import VMOptions, VMSandbox, ensure_image
+
+        vm_image = ensure_image(console.print)
+
+        def open_sandbox(t):  # noqa: ANN001, ANN202
+            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
+                               policy=t.network.model_dump(mode="json"), ready_timeout=600.0)
+            with console.status("starting VM sandbox"):
+                return VMSandbox.start(spec, VMOptions(image=vm_image))
+    else:
+        client = docker.from_env()
+        try:
+            client.images.get(image_tag)
+        except docker.errors.ImageNotFound:
+            console.print(f"image {image_tag} missing: building it first (make desktop)")
+            build(tag=image_tag, base="debian:bookworm-slim", no_cache=False, wheelhouse=True, verbose=False)
+
+        def open_sandbox(t):  # noqa: ANN001, ANN202
+            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
+                               policy=t.network.model_dump(mode="json"))
+            with console.status("starting sandbox"):
+                return DockerSandbox.start(spec, DockerOptions(image=image_tag), client=client)
+
+    options = RunOptions(
+        runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
+        approve_codes=list(approve_safety_check),
+        confirm_actions=[a.strip() for a in confirm_actions.split(",") if a.strip()], step=step,
+    )
+    outcome = run_task(task, open_sandbox, options, console=console)
+    typer.echo(str(outcome.record_dir / "record.jsonl"))
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def report(
+    run: Path = typer.Argument(..., help="A run directory (runs/<id>) or its record.jsonl."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Print the summary table of a recorded run (exit 0 only if it passed)."""
+    import json as _json
+
+    from controller.record import print_summary, read_record, summarize
+
+    try:
+        entries = read_record(run)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]cannot read {run}:[/] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(_json.dumps(summarize(entries), indent=2))
+    else:
+        print_summary(entries, run, console=Console())
+    raise typer.Exit(0 if summarize(entries)["status"] == "passed" else 1)
+
+
+@app.command()
+def audit(
+    policy: Optional[Path] = typer.Option(None, "--policy", help="Policy file (TOML: a network table, or mode/allow at top level)."),
+    task: Optional[Path] = typer.Option(None, "--task", help="Task file; its network table is audited."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report to this file."),
+    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image."),
+    backend: str = typer.Option("docker", "--backend", help="docker (containers) or vm (QEMU VM)."),
+) -> None:
+    """Probe the network policy from inside the guest; print a table, optionally write JSON.
+
+    Without --policy/--task the policy is deny-all. Exit 0 only if every probe passed; 1 if any failed.
+    """
+    from controller.audit import AuditError, audit as run_audit, render_table
+    from controller.gateway.policy import NetworkPolicy
+    from controller.sandbox import SandboxError
+
+    if policy is not None and task is not None:
+        console.print("give --policy or --task, not both")
+        raise typer.Exit(2)
+    source = policy or task
+    try:
+        network = NetworkPolicy.from_toml(source) if source else NetworkPolicy()
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]bad policy {source}:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    try:
+        if backend == "vm":
+            from controller.audit_vm import audit_vm
+            from controller.sandbox.vm import ensure_image
+
+            vm_image = ensure_image(console.print)
+            with console.status("auditing (VM sandbox, probes)"):
+                result = audit_vm(network, image=vm_image)
+        elif backend == "docker":
+            with console.status("auditing (targets, sandbox, probes)"):
+                result = run_audit(network, image=image_tag)
+        else:
+            console.print(f"[red]unknown backend {backend!r}[/] (docker or vm)")
+            raise typer.Exit(2)
+    except (AuditError, SandboxError) as exc:
+        console.print(f"[red]audit could not run:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    render_table(result, Console())
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(result.to_json() + "\n", encoding="utf-8")
+        console.print(f"report written to {json_out}")
+    raise typer.Exit(0 if result.passed else 1)
+
+
+def _token_path(sandbox_id: str) -> Path:
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
+    return base / "desktop-sandbox" / f"{sandbox_id}.token"
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,98 @@
+"""The network audit end to end: real targets, a real sandbox, probes run in the real guest.
+
+Skipped when the Docker engine or the desktop image is missing, unless DESKTOP_SANDBOX_REQUIRE_IMAGE=1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from controller.audit import DENIED_NAME, FIXTURE_ORIGIN, TARGET_HTTP_PORT, audit
+from controller.gateway.policy import NetworkPolicy
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
+REQUIRED_CATEGORIES = {"direct", "dns", "doh-dot", "proxy-metadata", "proxy-private", "proxy-loopback",
+                       "proxy-connect", "gateway", "docker-host", "origins", "summary"}
+
+
+@pytest.fixture(scope="module")
+def docker_client():
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"no Docker engine: {exc}")
+    try:
+        client.images.get(IMAGE)
+    except Exception:  # noqa: BLE001
+        _unavailable(f"image {IMAGE} missing; run `make desktop`")
+    yield client
+    from controller.sandbox import LABEL_SANDBOX
+
+    leftovers = [c.name for c in client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
+                 if c.name.startswith("ds-audit-")]
+    assert leftovers == [], f"audit left containers behind: {leftovers}"
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("DESKTOP_SANDBOX_REQUIRE_IMAGE") == "1":
+        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_IMAGE=1)")
+    pytest.skip(reason)
+
+
+def _failures(report) -> list[str]:
+    return [f"{p.name}: expected {p.expected}, observed {p.observed} ({p.target})"
+            for p in report.probes if not p.passed]
+
+
+def _no_audit_networks(client) -> None:
+    left = [n.name for n in client.networks.list() if n.name.startswith("ds-audit-")]
+    assert left == [], left
+
+
+def test_deny_all_blocks_every_probe(docker_client):
+    report = audit(NetworkPolicy(), image=IMAGE, client=docker_client)
+    assert report.passed, "\n".join(_failures(report))
+    assert {p.category for p in report.probes} >= REQUIRED_CATEGORIES
+    assert all(p.expected == "blocked" for p in report.probes)
+    assert report.target_hits == [] and report.host_hits == []
+    assert report.decisions and all(d["decision"] == "deny" for d in report.decisions)
+    assert {d["reason"] for d in report.decisions} == {"deny-all"}
+    assert len(report.probes) > 80
+    _no_audit_networks(docker_client)
+
+
+def test_allowlist_reaches_exactly_the_allowed_origin(docker_client):
+    policy = NetworkPolicy(mode="allowlist", allow=[FIXTURE_ORIGIN])
+    report = audit(policy, image=IMAGE, client=docker_client)
+    assert report.passed, "\n".join(_failures(report))
+    allowed = [p for p in report.probes if p.expected == "allowed"]
+    assert [p.name for p in allowed] == ["allowed-origin"]
+    assert allowed[0].observed == "status:200"
+    redirect = next(p for p in report.probes if p.name == "redirect-allowed-to-denied")
+    assert [hop["status"] for hop in redirect.detail["hops"]] == [302, 403]
+    # the allowed target saw exactly the allowed request and the redirect's first hop, from the gateway
+    assert sorted(h["head"].split()[1] for h in report.target_hits) == [
+        "/probe", f"/redirect?to=http://{DENIED_NAME}:{TARGET_HTTP_PORT}/redirected"]
+    assert all(h["target"] == "allowed" for h in report.target_hits)
+    allows = [d for d in report.decisions if d["decision"] == "allow"]
+    assert {d["origin"] for d in allows} == {FIXTURE_ORIGIN}
+    _no_audit_networks(docker_client)
+
+
+def test_audit_reports_an_escape_when_the_policy_lets_the_recorder_through(docker_client):
+    """The audit must be able to fail: a policy that admits the recorder is caught, by the guest's
+    observation and by the recorder's own record of the hit."""
+    leaky = NetworkPolicy(mode="allowlist", allow=[f"http://{DENIED_NAME}:{TARGET_HTTP_PORT}"],
+                          allow_addresses=["0.0.0.0/0", "::/0"])
+    report = audit(leaky, image=IMAGE, client=docker_client)
+    assert not report.passed
+    assert "denied-origin" in report.escaped
+    assert "recorder-saw-nothing" in report.escaped
+    assert any(h["target"] == "recorder" and h["port"] == TARGET_HTTP_PORT for h in report.target_hits)

@@ -1,0 +1,135 @@
+"""guest/netprobe.py against real loopback sockets, and the audit's pure helpers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from controller.audit import DENY_BODY, _proxy_refused, _through_proxy, ip_forms
+from controller.gateway.policy import parse_ip_literal
+from guest import netprobe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tcp_listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_tcp_connected_and_refused(tcp_listener):
+    [ok, refused] = netprobe.run([
+        {"name": "a", "kind": "tcp", "host": "127.0.0.1", "port": tcp_listener},
+        {"name": "b", "kind": "tcp", "host": "127.0.0.1", "port": closed_port()},
+    ])
+    assert (ok["name"], ok["observed"]) == ("a", "connected")
+    assert refused["observed"] == "refused"
+
+
+def test_udp_reply_and_no_reply():
+    echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    echo.bind(("127.0.0.1", 0))
+
+    def serve():
+        data, peer = echo.recvfrom(100)
+        echo.sendto(b"pong:" + data, peer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        results = netprobe.run([
+            {"name": "echo", "kind": "udp", "host": "127.0.0.1", "port": echo.getsockname()[1]},
+            {"name": "silent", "kind": "udp", "host": "127.0.0.1", "port": silent.getsockname()[1], "timeout": 0.3},
+        ])
+    finally:
+        echo.close()
+        silent.close()
+    assert results[0]["observed"] == "reply" and results[0]["detail"] == "pong:netprobe"
+    assert results[1]["observed"] == "no-reply"
+
+
+def test_dns_query_against_a_local_resolver_and_its_silence():
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve():
+        query, peer = server.recvfrom(512)
+        seen.append(query)
+        ident = query[:2]
+        question = query[12:]
+        answer = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton("192.0.2.7")
+        server.sendto(ident + struct.pack(">HHHHH", 0x8180, 1, 1, 0, 0) + question + answer, peer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        [result] = netprobe.run([{"name": "q", "kind": "dns", "server": "127.0.0.1",
+                                  "port": server.getsockname()[1], "name": "x.canary.audit.test"}])
+    finally:
+        server.close()
+    assert result["observed"] == "answer" and result["detail"] == ["192.0.2.7"]
+    assert b"\x06canary\x05audit\x04test\x00" in seen[0]
+    [silent] = netprobe.run([{"name": "q", "kind": "dns", "server": "127.0.0.1", "port": closed_port(),
+                              "name": "x.audit.test", "transport": "tcp"}])
+    assert silent["observed"] == "refused"
+
+
+def test_resolve_and_scan(tcp_listener):
+    results = netprobe.run([
+        {"name": "r", "kind": "resolve", "host": "localhost"},
+        {"name": "n", "kind": "resolve", "host": "no-such-name.invalid"},
+        {"name": "s", "kind": "scan", "host": "127.0.0.1", "ports": [[tcp_listener, tcp_listener], [1, 3]]},
+    ])
+    assert results[0]["observed"] == "resolved"
+    assert results[1]["observed"] == "failed"
+    assert results[2]["observed"] == f"open:{tcp_listener}" and results[2]["detail"]["scanned"] == 4
+
+
+def test_unknown_kind_is_an_error_observation_and_cli_prints_json():
+    out = subprocess.run(
+        [sys.executable, "-c", (REPO / "guest" / "netprobe.py").read_text(),
+         json.dumps([{"name": "x", "kind": "nope"}, {"name": "v6", "kind": "ipv6"}])],
+        capture_output=True, text=True, check=True,
+    )
+    data = json.loads(out.stdout)
+    assert data["results"][0]["observed"] == "error"
+    assert data["results"][1]["observed"] in ("ipv6-on", "ipv6-off")
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "127.0.0.1", "172.23.0.3", "10.1.2.3"])
+def test_ip_forms_all_name_the_same_address(address):
+    forms = ip_forms(address)
+    assert len(set(forms)) == len(forms) >= 8
+    for form in forms:
+        parsed = parse_ip_literal(form)
+        unmapped = parsed.ipv4_mapped if parsed.version == 6 else parsed
+        assert str(unmapped) == address, form
+
+
+def test_proxy_verdicts():
+    denied = {"hops": [{"status": 403, "body": DENY_BODY + "deny-all\n"}]}
+    assert _proxy_refused("status:403", denied) and not _through_proxy("status:403", denied)
+    upstream_403 = {"hops": [{"status": 403, "body": "Forbidden by the site"}]}
+    assert _through_proxy("status:403", upstream_403)
+    assert _through_proxy("status:502", {"hops": [{"status": 502, "body": "bad gateway"}]})
+    assert _through_proxy("tls-established", "TLSv1.3")
+    assert not _through_proxy("refused", "proxy down")
+    assert _proxy_refused("status:400", {"hops": [{"status": 400, "body": ""}]})

@@ -1,0 +1,159 @@
+"""Fixtures for tests against real containers of the guest image.
+
+Every test here that needs the engine is marked ``docker``. Without a Docker engine or without the image they are skipped with
+the reason, unless ``DESKTOP_SANDBOX_REQUIRE_IMAGE=1`` (CI), where that is a failure. The image is
+``$DESKTOP_SANDBOX_IMAGE`` (default ``desktop-sandbox:latest``, built by ``make desktop``).
+
+Sandboxes started here carry the project's labels plus ``desktop-sandbox.test=<session id>`` and are
+removed at the end; start-to-ready times are printed in the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
+REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_IMAGE") == "1"
+TEST_LABEL = "desktop-sandbox.test"
+SESSION_ID = secrets.token_hex(4)
+CONFORMANCE_APPS = "/opt/desktop-sandbox/src/images/apps.conformance.json"
+
+_ready_times: list[tuple[str, dict[str, float]]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents and "docker_client" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    if not _ready_times:
+        return
+    terminalreporter.section("desktop sandbox start-to-ready")
+    for what, timings in _ready_times:
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
+        terminalreporter.write_line(f"{what}: {parts}")
+
+
+def record_ready(what: str, timings: dict[str, float]) -> None:
+    """Remember a sandbox's start timings for the terminal summary."""
+    _ready_times.append((what, dict(timings)))
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRE:
+        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_IMAGE=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker SDK client to the local engine."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        _unavailable(f"no Docker engine: {exc}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def desktop_image(docker_client) -> str:
+    """The guest image tag; skips (or fails under DESKTOP_SANDBOX_REQUIRE_IMAGE=1) when it is missing."""
+    import docker.errors
+
+    try:
+        docker_client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        _unavailable(f"image {IMAGE} missing: build it with `make desktop`")
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def test_labels() -> dict[str, str]:
+    """Labels marking everything this test session starts."""
+    return {TEST_LABEL: SESSION_ID}
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_client, desktop_image, test_labels) -> Iterator["object"]:
+    """A ready sandbox (deny-all policy, 1280x800, conformance app allowlist), shared by a module."""
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    sb = DockerSandbox.start(
+        SandboxSpec(),
+        DockerOptions(image=desktop_image, apps_file=CONFORMANCE_APPS, extra_labels=test_labels),
+        client=docker_client,
+    )
+    record_ready(f"sandbox {sb.id}", sb.timings)
+    with sb:
+        yield sb
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_leftovers() -> Iterator[None]:
+    """After the session, remove anything still carrying this session's test label."""
+    yield
+    try:
+        import docker
+
+        client = docker.from_env()
+        for c in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={SESSION_ID}"}):
+            c.remove(force=True)
+        for n in client.networks.list(filters={"label": f"{TEST_LABEL}={SESSION_ID}"}):
+            n.remove()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+@pytest.fixture(scope="session")
+def conformance_sandbox(docker_client, desktop_image, test_labels):
+    """A sandbox for the conformance suite: probe allowlisted, short wait cap and busy timeout (as the
+    suite's local agent has), a work directory under the agent's file root."""
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    from ._conformance import WORKDIR
+
+    sb = DockerSandbox.start(
+        SandboxSpec(),
+        DockerOptions(image=desktop_image, apps_file=CONFORMANCE_APPS, extra_labels=test_labels,
+                      agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
+        client=docker_client,
+    )
+    record_ready(f"conformance sandbox {sb.id}", sb.timings)
+    with sb:
+        assert sb.exec_in_guest(["mkdir", "-p", WORKDIR], timeout=10).exit_code == 0
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def desktop(conformance_sandbox):
+    """The conformance suite's observation side, backed by the container (``ContainerDesktop``)."""
+    from controller.agent_client import AgentClient
+
+    from ._conformance import ContainerDesktop
+
+    client = AgentClient(conformance_sandbox.agent_url, conformance_sandbox.agent_token, timeout=60)
+    d = ContainerDesktop(conformance_sandbox, client)
+    yield d
+    d.close()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def target(desktop):
+    """The conformance target: the agent in the container over HTTP through the gateway's relay."""
+    from tests.conformance.harness import AgentTarget
+
+    return AgentTarget(desktop.client)

@@ -1,0 +1,76 @@
+"""Readiness, session processes, file plumbing and the decision log of a real sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+SUPERVISOR_CONF = "/opt/desktop-sandbox/src/images/supervisor/desktop.conf"
+
+
+def test_ready_agent_and_display(sandbox):
+    assert sandbox.agent.livez()
+    assert sandbox.agent.display() == {"width": 1280, "height": 800, "depth": 24}
+    assert sandbox.timings["agent_live"] <= sandbox.timings["display_ready"]
+
+
+def test_screenshot_through_relay(sandbox):
+    shot = sandbox.agent.screenshot()
+    assert shot.screen_size == (1280, 800)
+    assert shot.data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_agent_refuses_without_token(sandbox):
+    import httpx
+
+    with httpx.Client(base_url=sandbox.agent_url, trust_env=False) as http:
+        assert http.get("/livez").status_code == 200
+        assert http.get("/v1/display").status_code == 401
+        assert http.get("/v1/display", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_session_processes_supervised(sandbox):
+    result = sandbox.exec_in_guest(["supervisorctl", "-c", SUPERVISOR_CONF, "status"], timeout=20)
+    states = {}
+    for line in result.stdout.decode().splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0]] = parts[1]
+    for program in ("xvfb", "openbox", "agent"):
+        assert states.get(program) == "RUNNING", result.stdout.decode()
+    ps = sandbox.exec_in_guest(["ps", "-eo", "user:12,comm"], timeout=10).stdout.decode().splitlines()[1:]
+    users = {line.split()[0] for line in ps if line.strip()}
+    assert users == {"sandbox"}, ps
+
+
+def test_launch_allowlisted_app_and_read_file(sandbox):
+    """/v1/launch runs an allowlisted app as the desktop user; /v1/files reads what it wrote."""
+    from controller.agent_client import AgentError
+
+    log = "/home/sandbox/launch-probe.jsonl"
+    pid = sandbox.agent.launch("probe", ["--log", log])
+    assert pid > 0
+    import time
+
+    deadline = time.monotonic() + 20
+    data = b""
+    while time.monotonic() < deadline:
+        try:
+            data = sandbox.agent.read_file(log)
+        except AgentError as exc:
+            if exc.status != 404:
+                raise
+        if b'"ready"' in data:
+            break
+        time.sleep(0.1)
+    assert b'"ready"' in data
+    with pytest.raises(AgentError) as err:
+        sandbox.agent.launch("sh", ["-c", "id"])
+    assert err.value.status == 400
+    sandbox.exec_in_guest(["kill", str(pid)], timeout=10)
+
+
+def test_decision_log_is_collectable(sandbox):
+    """The gateway's decision log path exists (possibly empty) and parses as JSONL."""
+    entries = sandbox.decision_log()
+    assert isinstance(entries, list)
+    assert all(isinstance(e, dict) for e in entries)

@@ -1,0 +1,92 @@
+"""Teardown leaves no container or network with our label: after an exception, SIGTERM, and SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.sandbox import LABEL_SANDBOX, SandboxError, SandboxSpec
+from controller.sandbox.docker import DockerOptions, DockerSandbox, reap_orphans
+
+from .conftest import record_ready
+
+REPO = Path(__file__).resolve().parents[2]
+
+_STARTER = """
+import json, signal, sys
+from controller.sandbox import SandboxSpec
+from controller.sandbox.docker import DockerOptions, DockerSandbox
+labels = json.loads(sys.argv[2])
+with DockerSandbox.start(SandboxSpec(), DockerOptions(image=sys.argv[1], extra_labels=labels)) as sb:
+    print(json.dumps({"id": sb.id, "timings": sb.timings}), flush=True)
+    while True:
+        signal.pause()
+"""
+
+
+def _leftovers(client, sandbox_id: str) -> list[str]:
+    flt = {"label": f"{LABEL_SANDBOX}={sandbox_id}"}
+    return [c.name for c in client.containers.list(all=True, filters=flt)] + [
+        n.name for n in client.networks.list(filters=flt)
+    ]
+
+
+def _start_in_subprocess(image: str, labels: dict[str, str]) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STARTER, image, json.dumps(labels)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=30)
+        pytest.fail(f"sandbox subprocess exited: {proc.stderr.read()[-2000:]}")
+    return proc, json.loads(line)
+
+
+def test_teardown_after_failed_start(docker_client, desktop_image, test_labels):
+    """A start that fails (here: readiness timeout) removes what it created before raising."""
+    marker = {**test_labels, "desktop-sandbox.case": f"failed-start-{os.getpid()}"}
+    with pytest.raises(SandboxError, match="not ready"):
+        DockerSandbox.start(SandboxSpec(ready_timeout=0.01),
+                            DockerOptions(image=desktop_image, extra_labels=marker), client=docker_client)
+    flt = {"label": f"desktop-sandbox.case={marker['desktop-sandbox.case']}"}
+    assert docker_client.containers.list(all=True, filters=flt) == []
+    assert docker_client.networks.list(filters=flt) == []
+
+
+def test_teardown_on_sigterm(docker_client, desktop_image, test_labels):
+    proc, info = _start_in_subprocess(desktop_image, test_labels)
+    record_ready(f"subprocess sandbox {info['id']}", info["timings"])
+    assert _leftovers(docker_client, info["id"]), "sandbox should exist while its process runs"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert _leftovers(docker_client, info["id"]) == []
+
+
+def test_killed_run_is_reaped(docker_client, desktop_image, test_labels):
+    """SIGKILL skips all teardown; the next start (reap_orphans) removes the orphan."""
+    proc, info = _start_in_subprocess(desktop_image, test_labels)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert _leftovers(docker_client, info["id"]), "SIGKILL cannot clean up; the orphan must still be there"
+    reaped = reap_orphans(docker_client)
+    assert info["id"] in reaped
+    assert _leftovers(docker_client, info["id"]) == []
+
+
+def test_cli_down_removes_a_sandbox(docker_client, test_labels):
+    """`desktop-sandbox down ID` removes everything labelled with that id (here: a leftover network)."""
+    sandbox_id = f"ds-test{os.getpid():x}{int(time.time()) % 100000:x}"
+    docker_client.networks.create(f"{sandbox_id}-internal", internal=True,
+                                  labels={LABEL_SANDBOX: sandbox_id, **test_labels})
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "down", sandbox_id], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert _leftovers(docker_client, sandbox_id) == []

@@ -1,0 +1,111 @@
+"""Fixtures for tests that boot the guest as a QEMU VM (the ``vm`` backend).
+
+Every test here is marked ``vm``. The image is the one ``scripts/build-vm-image.sh`` builds for the
+current inputs (cached under ``~/.cache/desktop-sandbox/vm``, keyed by a hash of them), built here when
+missing (root, debootstrap, network to the Debian mirror and PyPI), or ``$DESKTOP_SANDBOX_VM_IMAGE``.
+Without QEMU or without a way to build the image the tests are skipped with the reason, unless
+``DESKTOP_SANDBOX_REQUIRE_VM=1`` (CI), where that is a failure.
+
+One VM (deny-all policy, the conformance app allowlist) is shared by the session; its start timings are
+printed in the terminal summary. Acceleration: KVM when usable, else plain emulation (TCG);
+``DESKTOP_SANDBOX_VM_ACCEL=tcg`` forces emulation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_VM") == "1"
+CONFORMANCE_APPS = "/opt/desktop-sandbox/src/images/apps.conformance.json"
+_timings: list[tuple[str, dict[str, float]]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vm)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    if not _timings:
+        return
+    terminalreporter.section("VM sandbox")
+    for what, timings in _timings:
+        terminalreporter.write_line(f"{what}: " + ", ".join(
+            f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}" for k, v in timings.items()))
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRE:
+        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_VM=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vm_image() -> Path:
+    """The VM image directory for the current inputs, built if missing."""
+    from controller.sandbox import SandboxError
+    from controller.sandbox.vm import build_image, host_arch, image_dir, qemu_binary
+
+    arch = host_arch()
+    if qemu_binary(arch) is None:
+        _unavailable(f"QEMU for {arch} is not installed (apt-get install qemu-system-x86)")
+    path = image_dir(arch)
+    if (path / "manifest.json").exists():
+        return path
+    if os.geteuid() != 0 or shutil.which("debootstrap") is None or shutil.which("mke2fs") is None:
+        _unavailable(f"VM image {path} not built and cannot build it here (needs root, debootstrap, mke2fs)")
+    t0 = time.monotonic()
+    try:
+        path = build_image(arch)
+    except SandboxError as exc:
+        _unavailable(f"VM image build failed: {exc}")
+    _timings.append(("image build", {"seconds": time.monotonic() - t0}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def vm_sandbox(vm_image: Path):
+    """A ready VM sandbox shared by the session: deny-all, conformance apps, short wait cap."""
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.vm import VMOptions, VMSandbox
+
+    from tests.docker._conformance import WORKDIR
+
+    sb = VMSandbox.start(
+        SandboxSpec(ready_timeout=float(os.environ.get("DESKTOP_SANDBOX_VM_READY_TIMEOUT", "420"))),
+        VMOptions(image=vm_image, apps_file=CONFORMANCE_APPS, agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
+    )
+    _timings.append((f"{sb.id} ({sb.accel})", dict(sb.timings)))
+    with sb:
+        assert sb.exec_in_guest(["mkdir", "-p", WORKDIR], timeout=30).exit_code == 0
+        yield sb
+
+
+@pytest.fixture(scope="session")
+def desktop(vm_sandbox):
+    """The conformance suite's observation side, through the VM's agent and guest commands."""
+    from controller.agent_client import AgentClient
+
+    from tests.docker._conformance import ContainerDesktop
+
+    client = AgentClient(vm_sandbox.agent_url, vm_sandbox.agent_token, timeout=120)
+    d = ContainerDesktop(vm_sandbox, client)
+    yield d
+    d.close()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def target(desktop):
+    """The conformance target: the agent in the VM over HTTP through the host forward."""
+    from tests.conformance.harness import AgentTarget
+
+    return AgentTarget(desktop.client)
