@@ -1,7 +1,8 @@
 """``desktop-sandbox`` command line (typer). Each command is a thin wrapper over a module.
 
 Commands: ``build`` (controller.image), ``up`` / ``down`` (controller.sandbox.docker), ``run-task``
-(controller.runner), ``report`` (controller.record).
+(controller.runner), ``report`` (controller.record), ``audit`` (controller.audit), ``bench``
+(controller.bench).
 """
 
 from __future__ import annotations
@@ -264,6 +265,19 @@ def audit(
         json_out.write_text(result.to_json() + "\n", encoding="utf-8")
         console.print(f"report written to {json_out}")
     raise typer.Exit(0 if result.passed else 1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context) -> None:
+    """Measure the agent (p50/p95, ms) against xdotool + ImageMagick import on a private Xvfb.
+
+    Options pass through to ``python -m controller.bench`` (--iterations N, --baseline-iterations N,
+    --type-iterations N, --no-baseline, --json FILE). Exit 0 only if every target was met.
+    """
+    from controller.bench import main as bench_main
+
+    report = bench_main(list(ctx.args))
+    raise typer.Exit(0 if all(report["checks"].values()) else 1)
 
 
 def _token_path(sandbox_id: str) -> Path:

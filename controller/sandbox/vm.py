@@ -55,6 +55,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from controller.gateway import gateway_python
 from controller.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, raise_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -587,9 +588,13 @@ class VMSandbox(Sandbox):
 
     def _start_gateway(self, policy: Path) -> int:
         """Start the gateway on a free loopback port; return the port once it accepts connections."""
+        python = gateway_python()
+        if python is None:
+            raise SandboxError("the gateway needs mitmproxy: pip install '.[gateway]' into its own virtual "
+                               "environment and set DESKTOP_SANDBOX_GATEWAY_PYTHON, or create build/gateway-venv")
         for attempt in range(3):
             port = _free_port()
-            argv = [sys.executable, "-m", "controller.gateway", "serve", "--policy", str(policy),
+            argv = [python, "-m", "controller.gateway", "serve", "--policy", str(policy),
                     "--log", str(self.workdir / "decisions.jsonl"), "--listen", f"127.0.0.1:{port}",
                     "--confdir", str(self.workdir / "mitmproxy")]
             env = dict(os.environ)

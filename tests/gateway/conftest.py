@@ -20,22 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from controller.gateway import gateway_python
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def gateway_python() -> str | None:
-    """Interpreter that has mitmproxy: $DESKTOP_SANDBOX_GATEWAY_PYTHON, build/gateway-venv, or this one."""
-    env = os.environ.get("DESKTOP_SANDBOX_GATEWAY_PYTHON")
-    if env:
-        return env
-    venv = REPO / "build" / "gateway-venv" / "bin" / "python"
-    if venv.exists():
-        return str(venv)
-    try:
-        import mitmproxy  # noqa: F401
-    except ImportError:
-        return None
-    return sys.executable
 
 
 @dataclass

@@ -112,3 +112,41 @@ def test_png_from_bgrx_is_lossless():
     out = Image.open(io.BytesIO(png.encode_bgrx(pixels, w, h)))
     want = bytes(b for i in range(w * h) for b in (pixels[4 * i + 2], pixels[4 * i + 1], pixels[4 * i]))
     assert out.mode == "RGB" and out.size == (w, h) and out.tobytes() == want
+
+
+@pytest.mark.parametrize("action", [
+    {"type": "click", "x": True, "y": 5, "button": "left"},
+    {"type": "move", "x": "5", "y": 5},
+    {"type": "double_click", "x": 5, "y": False},
+    {"type": "scroll", "x": 5, "y": 5, "scroll_x": 0, "scroll_y": "300"},
+    {"type": "drag", "path": [{"x": 1, "y": 1}, {"x": True, "y": 2}]},
+])
+def test_coordinates_and_deltas_must_be_json_integers(action):
+    # A boolean or a numeric string is a client bug: it must not become a click at (1, y).
+    with pytest.raises(ActionError) as err:
+        prepare([action], (1280, 800))
+    assert (err.value.code, err.value.index) == ("invalid_action", 0)
+
+
+@pytest.mark.parametrize("name", [
+    "Terminate_Server", "SlowKeys_Enable", "StickyKeys_Enable", "AccessX_Enable", "MouseKeys_Enable",
+    "Pointer_EnableKeys", "Pointer_Drag1", "Pointer_Button1", "XF86Switch_VT_1", "XF86Ungrab",
+    "XF86ClearGrab", "XF86LogWindowTree", "Next_Virtual_Screen",
+])
+def test_keysyms_that_control_the_x_server_are_refused(name):
+    for action in ({"type": "keypress", "keys": ["ctrl", name]},
+                   {"type": "click", "x": 1, "y": 1, "button": "left", "keys": [name]}):
+        with pytest.raises(ActionError) as err:
+            prepare([{"type": "wait"}, action], (1280, 800))
+        assert (err.value.status, err.value.code, err.value.index) == (400, "invalid_action", 1)
+        assert err.value.extra["key"] == name
+
+
+@pytest.mark.parametrize("name", ["ISO_Left_Tab", "ISO_Level3_Shift", "Caps_Lock", "Num_Lock", "XF86AudioMute",
+                                  "dead_acute", "Pointer"])
+def test_ordinary_xkb_keysyms_stay_allowed(name):
+    try:
+        keysym = keys.resolve(name)
+    except keys.UnknownKey:
+        return  # not a keysym name at all: nothing to allow
+    assert not keys.is_server_control(keysym)
