@@ -48,8 +48,9 @@ def _pair(value: str) -> tuple[int, int]:
 class AgentClient:
     """Synchronous client for one agent. Thread-safe as far as ``httpx.Client`` is.
 
-    ``timeout`` (seconds) bounds each call; keep it above the agent's ``wait`` cap plus its busy
-    timeout for action calls.
+    ``timeout`` (seconds) bounds each call; keep it above the agent's ``--request-timeout`` plus its
+    ``--busy-timeout`` (20 + 5 s by default) for action calls, so the agent's own ``timeout`` or
+    ``busy`` answer arrives first.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,

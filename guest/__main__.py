@@ -2,7 +2,7 @@
 
 serve: ``--display :99 --bind 127.0.0.1:8000 --token-file PATH`` [``--files-root DIR`` (repeatable,
 default the user's home)] [``--max-file-bytes N`` (default 16 MiB)] [``--apps FILE`` (JSON
-``{name: [argv...]}``)] [``--busy-timeout S``] [``--wait-cap S``].
+``{name: [argv...]}``)] [``--busy-timeout S``] [``--wait-cap S``] [``--request-timeout S``].
 
 probe: ``--log FILE`` [``--display :99``] [``--pattern``] [``--animate S``]: the event-logging probe window (:mod:`guest.probe`).
 """
@@ -38,6 +38,7 @@ def _serve(ns: argparse.Namespace) -> int:
         apps=load_allowlist(ns.apps),
         busy_timeout=ns.busy_timeout,
         wait_cap=ns.wait_cap,
+        request_timeout=ns.request_timeout,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
@@ -47,7 +48,7 @@ def _serve(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the exit status."""
-    from .actions import BUSY_TIMEOUT_S, WAIT_CAP_S
+    from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S
 
     parser = argparse.ArgumentParser(prog="python -m guest")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--busy-timeout", type=float, default=BUSY_TIMEOUT_S,
                        help="seconds a request waits for the input lock before 409 busy")
     serve.add_argument("--wait-cap", type=float, default=WAIT_CAP_S, help="longest 'wait' action, seconds")
+    serve.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                       help="longest time one /v1/actions request may hold the input, seconds")
     probe = sub.add_parser("probe", help="open the event-logging probe window")
     probe.add_argument("--display", default=os.environ.get("DISPLAY", ":99"))
     probe.add_argument("--log", required=True, help="JSONL file the events are appended to")

@@ -4,7 +4,10 @@ Action JSON uses the SDK's field names (``openai.types.responses.computer_action
 ``click {x,y,button,keys?}``, ``double_click {x,y,keys?}``, ``drag {path:[{x,y}...],keys?}``,
 ``keypress {keys}``, ``move {x,y,keys?}``, ``scroll {x,y,scroll_x,scroll_y,keys?}``,
 ``type {text}``, ``wait {}``, ``screenshot {}``. Coordinates are screen pixels; (0, 0) and
-(W-1, H-1) are valid, anything outside is ``out_of_bounds``.
+(W-1, H-1) are valid, anything outside is ``out_of_bounds``. Coordinates and scroll deltas must be
+JSON integers (``true``, ``"5"`` and ``5.0`` are ``invalid_action``, never read as numbers). Keys
+that command the X server rather than applications (:func:`guest.keys.is_server_control`) are
+``invalid_action`` naming the ``key``.
 
 A request is validated completely before the first event is sent (schema, key names, text,
 coordinates), so a bad action anywhere in it sends nothing. Then the actions run in order while the
@@ -15,6 +18,11 @@ returns.
 Timeouts: a request waits at most ``busy_timeout`` seconds (default :data:`BUSY_TIMEOUT_S`) for the
 input lock, then fails with 409 ``busy``. ``wait`` returns once the screen has not changed for
 :data:`WAIT_QUIET_S` (frames compared every :data:`WAIT_POLL_S`), or after :data:`WAIT_CAP_S`.
+Once it holds the lock, a request runs for at most ``request_timeout`` seconds (default
+:data:`REQUEST_TIMEOUT_S`): a ``wait`` ends at that deadline, ``type`` stops between keys, and no
+further action starts; the request then fails with 400 ``timeout`` giving the ``index`` of the first
+action not (fully) run and ``executed``, the number run in full. So no request keeps the input (and
+every other client) waiting for long, whatever it holds.
 """
 
 from __future__ import annotations
@@ -23,17 +31,18 @@ import threading
 import time
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from . import keys as keynames
 from . import pointer
 from .capture import Capture
 from .display import DisplayConnection, DisplayUnavailable
 from .held import Held
-from .keyboard import InvalidText, Keyboard, text_to_keysyms
+from .keyboard import DeadlinePassed, InvalidText, Keyboard, text_to_keysyms
 
 BUSY_TIMEOUT_S = 5.0
 WAIT_CAP_S = 5.0
+REQUEST_TIMEOUT_S = 20.0
 WAIT_QUIET_S = 0.3
 WAIT_POLL_S = 0.05
 MAX_TEXT_CHARS = 20_000
@@ -62,22 +71,22 @@ class _Action(BaseModel):
 
 
 class Point(BaseModel):
-    x: int
-    y: int
+    x: StrictInt
+    y: StrictInt
 
 
 class Click(_Action):
     type: Literal["click"]
-    x: int
-    y: int
+    x: StrictInt
+    y: StrictInt
     button: Literal["left", "right", "wheel", "back", "forward"] = "left"
     keys: list[str] | None = None
 
 
 class DoubleClick(_Action):
     type: Literal["double_click"]
-    x: int
-    y: int
+    x: StrictInt
+    y: StrictInt
     keys: list[str] | None = None
 
 
@@ -94,17 +103,17 @@ class Keypress(_Action):
 
 class Move(_Action):
     type: Literal["move"]
-    x: int
-    y: int
+    x: StrictInt
+    y: StrictInt
     keys: list[str] | None = None
 
 
 class Scroll(_Action):
     type: Literal["scroll"]
-    x: int
-    y: int
-    scroll_x: int = 0
-    scroll_y: int = 0
+    x: StrictInt
+    y: StrictInt
+    scroll_x: StrictInt = 0
+    scroll_y: StrictInt = 0
     keys: list[str] | None = None
 
 
@@ -166,9 +175,13 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
         names = getattr(action, "keys", None) or []
         for name in names:
             try:
-                keysyms.append(keynames.resolve(name))
+                keysym = keynames.resolve(name)
             except keynames.UnknownKey as exc:
                 raise ActionError(400, "unknown_key", str(exc), index, key=exc.name) from None
+            if keynames.is_server_control(keysym):
+                raise ActionError(400, "invalid_action", f"key {name!r} commands the X server and is refused",
+                                  index, key=name)
+            keysyms.append(keysym)
         text: list[int] = []
         if isinstance(action, Type):
             try:
@@ -191,12 +204,14 @@ class Executor:
     """Runs validated actions on one display under the input lock (see module doc)."""
 
     def __init__(self, conn: DisplayConnection, capture: Capture, *, busy_timeout: float = BUSY_TIMEOUT_S,
-                 wait_cap: float = WAIT_CAP_S, wait_quiet: float = WAIT_QUIET_S) -> None:
+                 wait_cap: float = WAIT_CAP_S, wait_quiet: float = WAIT_QUIET_S,
+                 request_timeout: float = REQUEST_TIMEOUT_S) -> None:
         self.conn = conn
         self.capture = capture
         self.keyboard = Keyboard()
         self.busy_timeout = busy_timeout
         self.wait_cap = wait_cap
+        self.request_timeout = request_timeout
         self.wait_quiet = wait_quiet
         self._lock = threading.Lock()
 
@@ -208,22 +223,27 @@ class Executor:
         """Validate and execute a request; returns the number of actions executed.
 
         Raises:
-            ActionError: 400 (validation), 409 ``busy``.
+            ActionError: 400 (validation, ``timeout``), 409 ``busy``.
             DisplayUnavailable: the X server went away (503).
         """
         self._acquire()
         try:
+            deadline = time.monotonic() + self.request_timeout
             info = self.conn.info()
             prepared = prepare(raw_actions, (info.width, info.height))
             held = Held()
             try:
                 for index, item in enumerate(prepared):
+                    if time.monotonic() >= deadline:
+                        raise self._timeout(index)
                     if isinstance(item.action, Wait):
-                        self.wait_stable()  # uses the capture connection; the X lock stays free
+                        self.wait_stable(deadline)  # uses the capture connection; the X lock stays free
                         continue
                     with self.conn.session() as dpy:
                         try:
-                            self._execute(dpy, held, item)
+                            self._execute(dpy, held, item, deadline)
+                        except DeadlinePassed:
+                            raise self._timeout(index) from None
                         except ValueError as exc:
                             raise ActionError(400, "invalid_action", str(exc), index) from None
             finally:
@@ -231,6 +251,10 @@ class Executor:
             return len(prepared)
         finally:
             self._lock.release()
+
+    def _timeout(self, index: int) -> ActionError:
+        return ActionError(400, "timeout", f"the request ran past its {self.request_timeout:g} s deadline; "
+                           f"action {index} and later were not (fully) run", index, executed=index)
 
     def _release_all(self, held: Held) -> None:
         try:
@@ -248,14 +272,14 @@ class Executor:
         finally:
             self._lock.release()
 
-    def _execute(self, dpy: Any, held: Held, item: Prepared) -> None:
+    def _execute(self, dpy: Any, held: Held, item: Prepared, deadline: float | None = None) -> None:
         action = item.action
         kb = self.keyboard
         if isinstance(action, Keypress):
             kb.chord(dpy, held, item.keysyms)
             return
         if isinstance(action, Type):
-            kb.type_keysyms(dpy, held, item.text)
+            kb.type_keysyms(dpy, held, item.text, deadline)
             return
         if isinstance(action, Screenshot):
             return  # the caller fetches the image with GET /v1/screenshot
@@ -276,13 +300,14 @@ class Executor:
             kb.unhold(dpy, held, modifiers)
             dpy.sync()
 
-    def wait_stable(self) -> bool:
-        """Block until the screen is unchanged for ``wait_quiet`` s, or ``wait_cap`` s passed.
+    def wait_stable(self, deadline: float | None = None) -> bool:
+        """Block until the screen is unchanged for ``wait_quiet`` s, or ``wait_cap`` s passed, or the
+        monotonic ``deadline`` (the request's) is reached.
 
-        Returns True when the screen settled, False at the cap. Raises DisplayUnavailable.
+        Returns True when the screen settled, False at the cap or deadline. Raises DisplayUnavailable.
         """
         start = time.monotonic()
-        deadline = start + self.wait_cap
+        deadline = min(start + self.wait_cap, deadline if deadline is not None else float("inf"))
         last, _, _ = self.capture.grab()
         last_change = start
         while True:

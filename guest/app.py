@@ -2,9 +2,15 @@
 
 Every endpoint except ``GET /livez`` requires ``Authorization: Bearer <token>``; the token is
 compared with :func:`hmac.compare_digest`. Errors are JSON ``{"error": {"code", "message", ...}}``:
-400 ``invalid_request`` / ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` / ``bad_path`` /
-``unknown_app``, 401 ``unauthorized``, 403 ``forbidden``, 404 ``not_found``, 409 ``busy``,
+400 ``invalid_request`` / ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` / ``timeout`` /
+``bad_path`` / ``unknown_app``, 401 ``unauthorized``, 403 ``forbidden``, 404 ``not_found``, 409 ``busy``,
 413 ``too_large``, 503 ``display_unavailable``.
+
+JSON bodies are at most :data:`MAX_BODY_BYTES` (413 ``too_large``, counted while reading, so a larger
+one is never held in memory) and must be JSON whose strings are text: nesting deeper than
+:data:`MAX_JSON_DEPTH` and lone UTF-16 surrogates (the JSON escape ``\\ud800``, which no text holds and
+UTF-8 cannot encode) are 400 ``invalid_request``. Query numbers are plain ASCII decimals (``int()``
+would also take ``1_0`` and non-ASCII digits).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,13 +28,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .actions import BUSY_TIMEOUT_S, WAIT_CAP_S, ActionError, Executor
+from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, ActionError, Executor
 from .capture import BadCapture, Capture
 from .display import DisplayConnection, DisplayUnavailable
 from .files import DEFAULT_MAX_BYTES, FileError, FileReader
 from .launch import Launcher, LaunchError
 
 log = logging.getLogger(__name__)
+
+#: Largest accepted request body (bytes); 500 actions of the longest ``type`` text fit.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Deepest nesting of arrays/objects accepted in a body (a drag path is 4 deep).
+MAX_JSON_DEPTH = 16
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass
@@ -41,6 +54,7 @@ class AgentConfig:
     apps: dict[str, list[str]] = field(default_factory=dict)
     busy_timeout: float = BUSY_TIMEOUT_S
     wait_cap: float = WAIT_CAP_S
+    request_timeout: float = REQUEST_TIMEOUT_S
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -50,23 +64,40 @@ def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 def _parse_crop(value: str | None) -> tuple[int, int, int, int] | None:
     if value is None or value == "":
         return None
-    parts = value.split(",")
+    parts = [p.strip() for p in value.split(",")]
     if len(parts) != 4:
         raise BadCapture("crop must be x,y,w,h")
-    try:
-        x, y, w, h = (int(p) for p in parts)
-    except ValueError:
-        raise BadCapture("crop must be four integers x,y,w,h") from None
+    if not all(_DECIMAL.fullmatch(p) for p in parts):
+        raise BadCapture("crop must be four integers x,y,w,h")
+    x, y, w, h = (int(p) for p in parts)
     return x, y, w, h
 
 
 def _parse_int(name: str, value: str | None) -> int | None:
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise BadCapture(f"{name} must be an integer") from None
+    if not _DECIMAL.fullmatch(value.strip()):
+        raise BadCapture(f"{name} must be an integer")
+    return int(value)
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why parsed JSON is refused (nesting past :data:`MAX_JSON_DEPTH`, a string holding a lone
+    surrogate), or None. Iterative, so no input can exhaust the stack."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "the body holds a lone UTF-16 surrogate, which is not text"
+        elif isinstance(item, (list, dict)):
+            if depth >= MAX_JSON_DEPTH:
+                return f"the body nests deeper than {MAX_JSON_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def create_app(config: AgentConfig) -> FastAPI:
@@ -76,7 +107,8 @@ def create_app(config: AgentConfig) -> FastAPI:
     token = config.token.encode()
     conn = DisplayConnection(config.display)
     capture = Capture(config.display)
-    executor = Executor(conn, capture, busy_timeout=config.busy_timeout, wait_cap=config.wait_cap)
+    executor = Executor(conn, capture, busy_timeout=config.busy_timeout, wait_cap=config.wait_cap,
+                        request_timeout=config.request_timeout)
     files = FileReader(config.files_roots, config.max_file_bytes)
     launcher = Launcher(config.apps, config.display)
 
@@ -130,10 +162,25 @@ def create_app(config: AgentConfig) -> FastAPI:
         return _error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error", str(exc.detail))
 
     async def json_body(request: Request) -> Any:
+        too_large = ActionError(413, "too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise too_large
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise too_large
         try:
-            return json.loads(await request.body())
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise ActionError(400, "invalid_request", "the body must be JSON") from None
+        except RecursionError:
+            raise ActionError(400, "invalid_request", f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
+        problem = _json_problem(body)
+        if problem:
+            raise ActionError(400, "invalid_request", problem)
+        return body
 
     auth = [Depends(authorize)]
 
@@ -198,7 +245,9 @@ def create_app(config: AgentConfig) -> FastAPI:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("app"), str):
             raise LaunchError(400, "invalid_request", "body must be {\"app\": name, \"args\": [strings]}")
-        args = body.get("args") or []
+        args = body.get("args")
+        if args is None:
+            args = []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise LaunchError(400, "invalid_request", "'args' must be a list of strings")
         return {"pid": launcher.launch(body["app"], args)}

@@ -5,7 +5,10 @@ A keysym found at level 0 of a keycode is pressed alone; at level 1 with ``Shift
 A keysym not on the keymap (``é``, ``日``, emoji ...) is bound to a *spare* keycode (one with no
 keysyms at all; two keysyms per keycode, levels 0 and 1) with ``ChangeKeyboardMapping``; the key is pressed only after a
 round trip (``GetKeyboardMapping``) shows the server holds the new mapping, so every client gets its
-``MappingNotify`` before the key event. Bindings are kept and reused across requests.
+``MappingNotify`` before the key event. Bindings are kept and reused across requests, and the
+keycodes bound this way are listed in the root window property :data:`SPARE_PROPERTY`, so an agent
+started later on the same X server (the server outlives agent restarts) takes them over as spares
+instead of finding none left.
 
 Text rules (``type``): ``\\r\\n``, ``\\r`` and ``\\n`` are one ``Return`` each; ``\\t`` is ``Tab``;
 other control characters are refused; every other character is typed as its own keysym
@@ -15,6 +18,13 @@ are spare keycodes can hold, it is typed in chunks. A spare keycode pressed less
 ``REBIND_SETTLE_S`` ago is rebound only after that time, so clients have read the key events of its
 previous binding (X clients translate keycodes with the keymap current when they read the event; this
 is the only pause in the keyboard path, and only when bindings run out).
+
+``type`` does not depend on a lock the keyboard is in: when the server reports the Lock modifier
+(Caps Lock) on, the key that holds it is tapped to unlock before the text and tapped again after it,
+so the text arrives exactly and the lock is as it was. Requests are flushed to the server every
+:data:`FLUSH_EVERY` keys (python-xlib's send buffer grows quadratically when requests pile up), and a
+``deadline`` (monotonic seconds) is checked there: past it, :class:`DeadlinePassed` is raised between
+two keys.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from Xlib import XK
+from Xlib import XK, X, Xatom
 from Xlib.display import Display
 
 from .held import Held
@@ -35,6 +45,14 @@ TAB = XK.string_to_keysym("Tab")
 REBIND_SETTLE_S = 0.25
 #: Lowest keycode the agent will use as a spare (keycode 8 is ignored by some toolkits).
 MIN_SPARE_KEYCODE = 9
+#: Root window property (CARDINAL list) naming the keycodes bound as spares on this X server.
+SPARE_PROPERTY = "_DESKTOP_SANDBOX_SPARE_KEYCODES"
+#: Keys typed between two flushes of the request buffer (and deadline checks).
+FLUSH_EVERY = 64
+
+
+class DeadlinePassed(Exception):
+    """The request's deadline passed while typing; the keys before it were typed."""
 
 
 class InvalidText(ValueError):
@@ -68,9 +86,12 @@ def text_to_keysyms(text: str) -> list[int]:
 
 
 class Keymap:
-    """Snapshot of the server's core keymap: keysym -> (keycode, needs Shift), rows, spare keycodes."""
+    """Snapshot of the server's core keymap: keysym -> (keycode, needs Shift), rows, empty keycodes,
+    and ``listed``: the keycodes :data:`SPARE_PROPERTY` names as bound spares."""
 
     def __init__(self, dpy: Display) -> None:
+        prop = dpy.screen().root.get_full_property(dpy.get_atom(SPARE_PROPERTY), Xatom.CARDINAL)
+        self.listed: set[int] = set(prop.value) if prop is not None else set()
         self.min_keycode = dpy.display.info.min_keycode
         self.max_keycode = dpy.display.info.max_keycode
         rows = dpy.get_keyboard_mapping(self.min_keycode, self.max_keycode - self.min_keycode + 1)
@@ -107,7 +128,13 @@ class Keyboard:
 
     # -- mapping -----------------------------------------------------------------------------
     def _spares(self, keymap: Keymap) -> list[int]:
-        """Keycodes we may bind: empty ones, and ours whose row the server still holds."""
+        """Keycodes we may bind: empty ones, and ours whose row the server still holds (keycodes an
+        earlier agent listed in :data:`SPARE_PROPERTY` become ours, least recently used)."""
+        for keycode in sorted(keymap.listed - set(self._bound)):
+            row = keymap.rows.get(keycode, ())
+            if len(row) >= 2 and keycode >= MIN_SPARE_KEYCODE:
+                self._bound[keycode] = (row[0], row[1])
+                self._bound.move_to_end(keycode, last=False)
         spares = set(keymap.empty)
         for keycode, pair in list(self._bound.items()):
             if keymap.rows.get(keycode, ())[:2] == pair:
@@ -155,6 +182,10 @@ class Keyboard:
             if len(pair) > 1:
                 keymap.lookup[row[1]] = (keycode, True)
             changed.append(keycode)
+        if changed and not keymap.listed.issuperset(changed):
+            keymap.listed.update(changed)
+            dpy.screen().root.change_property(dpy.get_atom(SPARE_PROPERTY), Xatom.CARDINAL, 32,
+                                              sorted(keymap.listed))
         if changed:
             # Round trip: the server has applied every ChangeKeyboardMapping once this returns,
             # and the MappingNotify events precede any key event sent afterwards.
@@ -182,9 +213,34 @@ class Keyboard:
         if shift_kc is not None:
             held.key_up(dpy, shift_kc)
 
-    def type_keysyms(self, dpy: Display, held: Held, keysyms: list[int]) -> None:
-        """Type each keysym (press + release), binding unmapped ones to spare keycodes first."""
+    def type_keysyms(self, dpy: Display, held: Held, keysyms: list[int], deadline: float | None = None) -> None:
+        """Type each keysym (press + release), binding unmapped ones to spare keycodes first, with any
+        Caps Lock undone for the duration (module doc). Raises DeadlinePassed past ``deadline``."""
         keymap = Keymap(dpy)
+        lock_keycode = self._active_lock_key(dpy)
+        if lock_keycode is None:
+            self._type(dpy, held, keymap, keysyms, deadline)
+            return
+        self._tap(dpy, held, lock_keycode)
+        try:
+            self._type(dpy, held, keymap, keysyms, deadline)
+        finally:
+            self._tap(dpy, held, lock_keycode)
+
+    @staticmethod
+    def _active_lock_key(dpy: Display) -> int | None:
+        """The keycode that holds the Lock modifier when it is on, else None."""
+        if not dpy.screen().root.query_pointer().mask & X.LockMask:
+            return None
+        return next((kc for kc in dpy.get_modifier_mapping()[X.LockMapIndex] if kc), None)
+
+    @staticmethod
+    def _tap(dpy: Display, held: Held, keycode: int) -> None:
+        held.key_down(dpy, keycode)
+        held.key_up(dpy, keycode)
+        dpy.sync()
+
+    def _type(self, dpy: Display, held: Held, keymap: Keymap, keysyms: list[int], deadline: float | None) -> None:
         start = 0
         while start < len(keysyms):
             capacity = self.capacity(keymap)
@@ -208,10 +264,16 @@ class Keyboard:
                 self.bind(dpy, keymap, needed, protect)
             if SHIFT_L not in keymap.lookup:
                 raise ValueError("the keymap has no Shift_L")
-            for k in chunk:
+            for i, k in enumerate(chunk, 1):
                 self._stroke(dpy, held, keymap, k)
+                if i % FLUSH_EVERY == 0:
+                    dpy.flush()
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise DeadlinePassed()
             dpy.flush()
             start = end
+            if deadline is not None and start < len(keysyms) and time.monotonic() >= deadline:
+                raise DeadlinePassed()
         dpy.sync()
 
     def chord_keycodes(self, dpy: Display, keysyms: list[int]) -> list[int]:
@@ -267,4 +329,4 @@ class Keyboard:
         dpy.flush()
 
 
-__all__ = ["Keyboard", "Keymap", "InvalidText", "text_to_keysyms", "keysym_name"]
+__all__ = ["Keyboard", "Keymap", "InvalidText", "DeadlinePassed", "text_to_keysyms", "keysym_name"]

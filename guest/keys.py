@@ -11,6 +11,16 @@ Resolution order for one name, first match wins:
 
 otherwise :class:`UnknownKey` (HTTP 400 ``unknown_key``). Resolution is pure: nothing is sent to the
 X server, so an unknown name in a request stops it before any key event.
+
+Some keysyms are not input for applications but commands to the X server: bound to a key, XKB's
+compatibility map turns them into server actions. ``Terminate_Server`` ends the server (one XTEST
+press of it makes Xvfb exit); the others toggle AccessX controls (``SlowKeys_Enable`` ...), emulate
+the pointer (``Pointer_*``, MouseKeys), switch virtual screens or VTs, break grabs or write server
+logs (``XF86Switch_VT_*``, ``XF86Ungrab``, ``XF86ClearGrab``, ``XF86LogWindowTree`` ...), each
+depending on the server and its options. No application reads them as input, so
+:func:`is_server_control` names the whole class and the agent refuses it (HTTP 400
+``invalid_action``) whatever X server runs. The ranges come from the keysym blocks of
+``X11/keysymdef.h`` (XKB) and ``X11/XF86keysym.h``.
 """
 
 from __future__ import annotations
@@ -148,6 +158,20 @@ def resolve(name: str) -> int:
     if keysym:
         return keysym
     raise UnknownKey(name)
+
+
+#: Keysym ranges that command the X server (see module doc), inclusive.
+SERVER_CONTROL_RANGES: tuple[tuple[int, int], ...] = (
+    (0xFE70, 0xFE7F),          # AccessX_Enable ... AudibleBell_Enable (XKB accessibility controls)
+    (0xFED0, 0xFEDF),          # First/Prev/Next/Last_Virtual_Screen, Terminate_Server
+    (0xFEE0, 0xFEFF),          # Pointer_* (MouseKeys: pointer motion, button clicks, drag locks)
+    (0x1008FE00, 0x1008FEFF),  # XF86Switch_VT_*, XF86Ungrab, XF86ClearGrab, XF86*_VMode, XF86Log*
+)
+
+
+def is_server_control(keysym: int) -> bool:
+    """True for a keysym that acts on the X server instead of reaching applications."""
+    return any(lo <= keysym <= hi for lo, hi in SERVER_CONTROL_RANGES)
 
 
 #: Keysyms that are modifiers (their presence in a chord makes a letter mean its key cap).

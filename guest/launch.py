@@ -5,6 +5,14 @@ The allowlist maps an app name to a fixed argv prefix, e.g.
 appended as separate argv entries. No shell is involved anywhere, so arguments are never parsed
 as shell syntax. The child runs in its own session with ``DISPLAY`` set to the agent's display,
 stdin/stdout/stderr on /dev/null, and is reaped by a watcher thread when it exits.
+
+The allowlist limits *which programs* start, not what they do with their arguments: ``args`` reach
+the program as they are, options included, so an allowlisted program that runs commands makes
+``/v1/launch`` run any command as the agent's user (``terminal`` + ``["-e", "sh", "-c", ...]``; the
+conformance suite relies on exactly that). That is intended: the endpoint serves the bearer-token
+holder (the controller starting a task's apps), inside the guest, whose user can do the same at the
+desktop; the model never calls it. An allowlist that must not allow this lists only programs
+without such options, or a fixed argv ending in ``--`` where the program honours it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ gets the nearest whole number of clicks.
 
 Drag: press at ``path[0]``, then motion events every ``DRAG_STEP_PX`` pixels or less along each
 segment (so toolkits see real motion and start a drag), landing on every point of the path, and
-release at the last point.
+release at the last point. The motions are flushed to the server every ``FLUSH_EVERY`` events:
+python-xlib's send buffer grows quadratically when requests pile up, and a long path makes hundreds
+of thousands of them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ BUTTONS: dict[str, int] = {"left": 1, "wheel": 2, "middle": 2, "right": 3, "back
 SCROLL_PX_PER_CLICK = 114
 MAX_SCROLL_CLICKS = 50
 DRAG_STEP_PX = 8
+FLUSH_EVERY = 256
 
 
 def scroll_clicks(delta: int) -> int:
@@ -70,8 +73,10 @@ def drag(dpy: Display, held: Held, path: list[tuple[int, int]]) -> None:
     points = interpolate(path)
     move(dpy, *points[0])
     held.button_down(dpy, 1)
-    for x, y in points[1:]:
+    for i, (x, y) in enumerate(points[1:], 1):
         move(dpy, x, y)
+        if i % FLUSH_EVERY == 0:
+            dpy.flush()
     held.button_up(dpy, 1)
     dpy.sync()
 

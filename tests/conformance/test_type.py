@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from .harness import TargetError
+from .harness import TargetError, poll
 
 TEXTS = {
     "ascii": "The quick brown fox jumps over the lazy dog 0123456789",
@@ -74,3 +74,16 @@ def test_concurrent_requests_never_interleave(target, sink):
     # Each request's characters are contiguous: exactly 3 runs.
     runs = 1 + sum(1 for i in range(1, len(got)) if got[i] != got[i - 1])
     assert runs == 3, got
+
+
+def test_text_arrives_exactly_with_caps_lock_on(target, sink):
+    # A model may press CAPSLOCK; `type` must still deliver the exact text, and leave the lock as it was.
+    target.run([{"type": "keypress", "keys": ["CAPSLOCK"]}])
+    try:
+        text = "aB1 é日 Zz"
+        assert sink.type_and_read(target, text, text) == text + "\n"
+        before = len(sink.content())
+        target.run([{"type": "keypress", "keys": ["a"]}, {"type": "keypress", "keys": ["Return"]}])
+        assert poll(lambda: sink.content()[before:] or None, 10, what="the key press") == "A\n"
+    finally:
+        target.run([{"type": "keypress", "keys": ["CAPSLOCK"]}])

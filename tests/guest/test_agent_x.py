@@ -18,7 +18,7 @@ from Xlib import display as xdisplay
 from controller.agent_client import AgentClient, AgentError
 from guest import pointer
 from guest.localrun import Xvfb
-from tests.conformance.harness import AgentDesktop, poll
+from tests.conformance.harness import AgentDesktop, AgentTarget, poll
 
 WAIT_CAP = 3.0
 BUSY_TIMEOUT = 0.5
@@ -223,4 +223,96 @@ def test_keycodes_come_from_the_live_keymap(make_agent, tmp_path):
                 desktop.close()
     finally:
         other.close()
+        server.stop()
+
+
+def test_keys_that_would_stop_or_reconfigure_the_x_server_are_refused(make_agent):
+    # Bound to a spare keycode and pressed, Terminate_Server makes Xvfb exit: one keypress from a model
+    # would end the desktop. It and the other server-command keysyms are refused up front.
+    server = Xvfb(640, 480, 24).start()
+    try:
+        agent = make_agent(server.display)
+        with AgentClient(agent.base_url, agent.token, timeout=20) as client:
+            for keys in (["Terminate_Server"], ["SlowKeys_Enable"], ["ctrl", "alt", "Pointer_EnableKeys"]):
+                with pytest.raises(AgentError) as err:
+                    client.actions([{"type": "keypress", "keys": keys}])
+                assert (err.value.status, err.value.code) == (400, "invalid_action")
+                assert err.value.body["error"]["key"] == keys[-1]
+            assert server.proc.poll() is None, "the X server exited"
+            assert client.display()["width"] == 640
+    finally:
+        server.stop()
+
+
+def test_the_longest_allowed_drag_is_carried_out(setup):
+    # 2,000 points alternating between opposite corners: ~320,000 motion events. Queued without
+    # flushing, python-xlib's send buffer grows quadratically and the drag takes minutes.
+    agent, client, desktop = setup
+    from guest.actions import MAX_PATH_POINTS
+
+    path = [{"x": (i % 2) * 1279, "y": (i % 2) * 799} for i in range(MAX_PATH_POINTS)]
+    with AgentClient(agent.base_url, agent.token, timeout=60) as c:
+        assert c.actions([{"type": "drag", "path": path}, {"type": "move", "x": 3, "y": 3}]) == 2
+
+
+def test_a_request_past_its_deadline_stops_with_timeout_and_frees_the_input(make_agent, xvfb, tmp_path):
+    # 500 'wait' actions on a changing screen would hold the input lock for 500 x the wait cap.
+    agent = make_agent(xvfb.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
+                       files_roots=[str(tmp_path)],
+                       extra_args=["--wait-cap", "3", "--busy-timeout", "0.5", "--request-timeout", "1"])
+    with AgentClient(agent.base_url, agent.token, timeout=30) as client:
+        desktop = AgentDesktop(client, str(tmp_path), display=xvfb.display)
+        probe = desktop.start_probe(animate=30)
+        try:
+            mark = probe.mark()
+            start = time.monotonic()
+            with pytest.raises(AgentError) as err:
+                client.actions([{"type": "wait"}] * 5 + [{"type": "move", "x": 41, "y": 41}])
+            took = time.monotonic() - start
+            assert (err.value.status, err.value.code) == (400, "timeout")
+            assert err.value.index == 1 and err.value.body["error"]["executed"] == 1
+            assert took < 3, f"the first wait ran past the request deadline ({took:.1f} s)"
+            # Nothing after the deadline was sent, and the input is free again at once.
+            client.actions([{"type": "move", "x": 42, "y": 42}])
+            events = probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 42 for e in ev), mark)
+            assert not any(e["type"] == "MotionNotify" and e["x"] == 41 for e in events)
+            # A single long `type` (20,000 characters no keymap holds: minutes of key rebinding) stops
+            # between two keys at the deadline.
+            text = "".join(chr(0x4E00 + i) for i in range(20_000))
+            start = time.monotonic()
+            with pytest.raises(AgentError) as err:
+                client.actions([{"type": "type", "text": text}])
+            assert (err.value.code, err.value.index, err.value.body["error"]["executed"]) == ("timeout", 0, 0)
+            assert time.monotonic() - start < 5
+            assert desktop.pressed() == ([], 0)
+            client.actions([{"type": "move", "x": 43, "y": 43}])
+        finally:
+            probe.stop()
+            desktop.close()
+
+
+def test_a_restarted_agent_reuses_the_spare_keycodes_bound_before_it(make_agent, tmp_path):
+    # The X server outlives the agent (supervisord restarts only the agent). The spare keycodes the
+    # previous agent bound are no longer empty, yet they must stay usable, or no unmapped character
+    # could ever be typed again on this display.
+    server = Xvfb(640, 480, 24).start()
+    try:
+        first = make_agent(server.display)
+        with AgentClient(first.base_url, first.token, timeout=60) as client:
+            client.actions([{"type": "type", "text": "".join(chr(0x4E00 + i) for i in range(300))}])
+        first.stop()
+        second = make_agent(server.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
+                            files_roots=[str(tmp_path)])
+        with AgentClient(second.base_url, second.token, timeout=60) as client:
+            desktop = AgentDesktop(client, str(tmp_path), display=server.display)
+            probe = desktop.start_probe()
+            try:
+                text = "".join(chr(0x3041 + i) for i in range(60))  # hiragana: none of them bound yet
+                events = probe.run_and_collect(AgentTarget(client), [{"type": "type", "text": text}])
+                names = [e["keysym_name"] for e in events if e["type"] == "KeyPress" and e["keysym_name"] != "Shift_L"]
+                assert names == [f"U+{ord(c):04X}" for c in text]
+            finally:
+                probe.stop()
+                desktop.close()
+    finally:
         server.stop()

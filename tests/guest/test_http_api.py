@@ -116,7 +116,9 @@ def test_launch_unknown_app_is_400(client):
     assert (err.value.status, err.value.code) == (400, "unknown_app")
 
 
-@pytest.mark.parametrize("body", [{"app": "writer", "args": "x"}, {"app": "writer", "args": [1]}, {"args": []}, []])
+@pytest.mark.parametrize("body", [{"app": "writer", "args": "x"}, {"app": "writer", "args": [1]}, {"args": []}, [],
+                                  {"app": "writer", "args": {}}, {"app": "writer", "args": False},
+                                  {"app": "writer", "args": 0}, {"app": "writer", "args": ""}])
 def test_launch_bad_body_is_400(agent, body):
     resp = httpx.post(agent.base_url + "/v1/launch", json=body, headers={"Authorization": f"Bearer {agent.token}"})
     assert resp.status_code == 400
@@ -156,3 +158,57 @@ def test_serve_refuses_an_empty_token_file(tmp_path):
                            "127.0.0.1:1", "--token-file", str(token)], capture_output=True, text=True,
                           timeout=30, cwd=Path(__file__).resolve().parents[2], env=dict(os.environ))
     assert proc.returncode == 2 and "empty" in proc.stderr
+
+
+#: Bodies no JSON library writes on purpose: nesting deeper than any request needs (up to and past the
+#: parser's own recursion limit), and lone UTF-16 surrogates (valid JSON escapes that are not text and
+#: cannot be encoded as UTF-8).
+HOSTILE_BODIES = [
+    ("/v1/actions", b'{"actions":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    *[("/v1/actions", b'{"actions":[{"type":"keypress","keys":' + b"[" * n + b"]" * n + b"}]}")
+      for n in (40, 900, 960, 990)],
+    ("/v1/launch", b'{"app":"writer","args":' + b"[" * 980 + b"]" * 980 + b"}"),
+    ("/v1/actions", b'{"actions":[{"type":"keypress","keys":["ab\\ud800"]}]}'),
+    ("/v1/actions", b'{"actions":[{"type":"keypress","keys":["\\udfff"]}]}'),
+    ("/v1/actions", b'{"actions":[{"type":"type","text":"a\\ud83d"}]}'),
+    ("/v1/launch", b'{"app":"writer","args":["\\ud800"]}'),
+    ("/v1/launch", b'{"app":"\\ud800"}'),
+]
+
+
+@pytest.mark.parametrize("path,body", HOSTILE_BODIES)
+def test_hostile_json_is_a_structured_400_and_the_connection_stays_usable(agent, path, body):
+    with httpx.Client(base_url=agent.base_url, headers={"Authorization": f"Bearer {agent.token}"}) as http:
+        resp = http.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "invalid_request"
+        # Same keep-alive connection: the agent answered normally and did not drop it.
+        assert http.get("/livez").json() == {"status": "ok"}
+        assert http.post("/v1/launch", json={"app": "nope"}).json()["error"]["code"] == "unknown_app"
+
+
+def test_an_oversized_body_is_413_before_it_is_buffered(agent):
+    from guest.app import MAX_BODY_BYTES
+
+    headers = {"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json"}
+    resp = httpx.post(agent.base_url + "/v1/actions", headers=headers,
+                      content=b'{"actions":[{"type":"type","text":"' + b"a" * MAX_BODY_BYTES + b'"}]}')
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "too_large"
+
+    def chunks():  # no Content-Length: the limit holds for a streamed body too
+        yield b'{"actions":[{"type":"type","text":"'
+        for _ in range(MAX_BODY_BYTES // (1 << 20) + 1):
+            yield b"a" * (1 << 20)
+        yield b'"}]}'
+
+    resp = httpx.post(agent.base_url + "/v1/launch", headers=headers, content=chunks())
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "too_large"
+    assert httpx.get(agent.base_url + "/livez").status_code == 200
+
+
+@pytest.mark.parametrize("query", ["crop=1_0,0,10,10", "crop=%EF%BC%91,0,10,10", "max_width=1_000",
+                                   "quality=%D9%A5%D9%A0", "crop=0x1,0,10,10"])
+def test_screenshot_numbers_are_plain_decimal_integers(agent, query):
+    # int() would read "1_0" as 10 and Unicode digits as numbers; the API takes ASCII decimals only.
+    resp = httpx.get(f"{agent.base_url}/v1/screenshot?{query}", headers={"Authorization": f"Bearer {agent.token}"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_request"

@@ -80,7 +80,7 @@ def test_validation_reports_the_index():
 class FailingHalfway(Executor):
     """An executor whose second action presses keys and a button, then fails."""
 
-    def _execute(self, dpy, held, item):
+    def _execute(self, dpy, held, item, *rest):
         if item.action.type == "move":
             kc = dpy.keysym_to_keycode(0xFFE1)  # Shift_L
             held.key_down(dpy, kc)
@@ -89,7 +89,7 @@ class FailingHalfway(Executor):
             dpy.sync()
             assert pressed_state(dpy)[0], "keys should be down before the failure"
             raise ValueError("injected failure")
-        return super()._execute(dpy, held, item)
+        return super()._execute(dpy, held, item, *rest)
 
 
 def test_release_in_finally_when_an_action_fails(xvfb):
