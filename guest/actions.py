@@ -27,8 +27,10 @@ every other client) waiting for long, whatever it holds.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
@@ -177,7 +179,11 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
             try:
                 keysym = keynames.resolve(name)
             except keynames.UnknownKey as exc:
-                raise ActionError(400, "unknown_key", str(exc), index, key=exc.name) from None
+                message = str(exc)
+                if len(name) > 1 and "+" in name.strip("+"):
+                    chord = [part for part in name.split("+") if part]
+                    message += f"; a chord is a list of keys, e.g. {json.dumps(chord)}"
+                raise ActionError(400, "unknown_key", message, index, key=exc.name) from None
             if keynames.is_server_control(keysym):
                 raise ActionError(400, "invalid_action", f"key {name!r} commands the X server and is refused",
                                   index, key=name)
@@ -200,6 +206,16 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
     return out
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a request did: ``executed`` actions run in full; ``settled`` the result of its last
+    ``wait`` (True: the screen was unchanged for :data:`WAIT_QUIET_S`; False: the wait cap or the
+    request deadline came first), None when the request held no ``wait``."""
+
+    executed: int
+    settled: bool | None = None
+
+
 class Executor:
     """Runs validated actions on one display under the input lock (see module doc)."""
 
@@ -220,12 +236,17 @@ class Executor:
             raise ActionError(409, "busy", f"another request held the input for more than {self.busy_timeout:g} s")
 
     def run(self, raw_actions: Any) -> int:
-        """Validate and execute a request; returns the number of actions executed.
+        """Validate and execute a request; returns the number of actions executed (see :meth:`execute`)."""
+        return self.execute(raw_actions).executed
+
+    def execute(self, raw_actions: Any) -> Outcome:
+        """Validate and execute a request; returns its :class:`Outcome`.
 
         Raises:
             ActionError: 400 (validation, ``timeout``), 409 ``busy``.
             DisplayUnavailable: the X server went away (503).
         """
+        settled: bool | None = None
         self._acquire()
         try:
             deadline = time.monotonic() + self.request_timeout
@@ -237,7 +258,8 @@ class Executor:
                     if time.monotonic() >= deadline:
                         raise self._timeout(index)
                     if isinstance(item.action, Wait):
-                        self.wait_stable(deadline)  # uses the capture connection; the X lock stays free
+                        # Uses the capture connection; the X lock stays free.
+                        settled = self.wait_stable(deadline)
                         continue
                     with self.conn.session() as dpy:
                         try:
@@ -248,7 +270,7 @@ class Executor:
                             raise ActionError(400, "invalid_action", str(exc), index) from None
             finally:
                 self._release_all(held)
-            return len(prepared)
+            return Outcome(len(prepared), settled)
         finally:
             self._lock.release()
 
@@ -322,4 +344,4 @@ class Executor:
                 last, last_change = frame, time.monotonic()
 
 
-__all__ = ["ActionError", "Executor", "prepare", "DisplayUnavailable"]
+__all__ = ["ActionError", "Executor", "Outcome", "prepare", "DisplayUnavailable"]

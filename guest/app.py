@@ -3,8 +3,9 @@
 Every endpoint except ``GET /livez`` requires ``Authorization: Bearer <token>``; the token is
 compared with :func:`hmac.compare_digest`. Errors are JSON ``{"error": {"code", "message", ...}}``:
 400 ``invalid_request`` / ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` / ``timeout`` /
-``bad_path`` / ``unknown_app``, 401 ``unauthorized``, 403 ``forbidden``, 404 ``not_found``, 409 ``busy``,
-413 ``too_large``, 503 ``display_unavailable``.
+``bad_path`` / ``unknown_app`` / ``launch_failed``, 401 ``unauthorized``, 403 ``forbidden``, 404
+``not_found``, 405 ``http_error``, 409 ``busy``, 413 ``too_large``, 503 ``display_unavailable``
+(guest/README.md, "Errors", says when each is given).
 
 JSON bodies are at most :data:`MAX_BODY_BYTES` (413 ``too_large``, counted while reading, so a larger
 one is never held in memory) and must be JSON whose strings are text: nesting deeper than
@@ -199,13 +200,16 @@ def create_app(config: AgentConfig) -> FastAPI:
         return {"width": info.width, "height": info.height, "depth": info.depth}
 
     @app.post("/v1/actions", dependencies=auth)
-    async def actions(request: Request) -> dict[str, int]:
-        """Run ``{"actions": [...]}`` in order under the input lock; 200 ``{"executed": n}``."""
+    async def actions(request: Request) -> dict[str, int | bool]:
+        """Run ``{"actions": [...]}`` in order under the input lock; 200 ``{"executed": n}``, plus
+        ``"settled"`` (the last ``wait``'s result, see :class:`guest.actions.Outcome`) when it held one."""
         body = await json_body(request)
         if not isinstance(body, dict) or "actions" not in body:
             raise ActionError(400, "invalid_action", "body must be an object with an 'actions' list")
-        executed = await run_in_threadpool(executor.run, body["actions"])
-        return {"executed": executed}
+        outcome = await run_in_threadpool(executor.execute, body["actions"])
+        if outcome.settled is None:
+            return {"executed": outcome.executed}
+        return {"executed": outcome.executed, "settled": outcome.settled}
 
     @app.get("/v1/screenshot", dependencies=auth)
     def screenshot(request: Request) -> Response:

@@ -22,7 +22,7 @@ import mss
 from PIL import Image
 
 from . import png
-from .display import DisplayUnavailable
+from .display import DisplayUnavailable, describe, went_away
 
 DEFAULT_JPEG_QUALITY = 80
 
@@ -71,7 +71,8 @@ class Capture:
             try:
                 self._mss = mss.MSS(display=self.display_name)
             except Exception as exc:  # noqa: BLE001 - mss raises several types on connect failure
-                raise DisplayUnavailable(f"cannot capture display {self.display_name}: {exc}") from exc
+                raise DisplayUnavailable(f"cannot capture X display {self.display_name} ({describe(exc)}); "
+                                         "is its X server running?") from exc
         return self._mss
 
     def _drop(self) -> None:
@@ -96,7 +97,7 @@ class Capture:
                 raise
             except Exception as exc:  # noqa: BLE001
                 self._drop()
-                raise DisplayUnavailable(f"display {self.display_name} went away: {exc}") from exc
+                raise went_away(self.display_name, exc) from exc
             return mon["width"], mon["height"]
 
     def grab(self, frame: tuple[int, int, int, int] | None = None) -> tuple[bytearray, tuple[int, int, int, int], tuple[int, int]]:
@@ -121,7 +122,7 @@ class Capture:
                 raise
             except Exception as exc:  # noqa: BLE001 - any grab failure means the connection is gone
                 self._drop()
-                raise DisplayUnavailable(f"display {self.display_name} went away: {exc}") from exc
+                raise went_away(self.display_name, exc) from exc
 
     def screenshot(
         self,

@@ -35,6 +35,21 @@ class DisplayUnavailable(RuntimeError):
     """The X display cannot be reached right now (HTTP 503 ``display_unavailable``)."""
 
 
+def describe(exc: BaseException) -> str:
+    """A non-empty reason for a connection failure: the exception's text, else its type.
+
+    python-xlib and mss raise bare ``AssertionError()`` (empty text) when the server dies mid-reply.
+    """
+    text = " ".join(str(exc).split())
+    return text or f"{type(exc).__name__} while talking to the X server"
+
+
+def went_away(display: str, exc: BaseException) -> DisplayUnavailable:
+    """The error for a connection that was working and broke (server stopped, restarted or crashed)."""
+    return DisplayUnavailable(f"X display {display} went away (the X server closed or broke the "
+                              f"connection: {describe(exc)}); the next request reconnects")
+
+
 @dataclass(frozen=True)
 class ScreenInfo:
     """Geometry of screen 0 in screen pixels; ``depth`` in bits per pixel."""
@@ -70,7 +85,8 @@ class DisplayConnection:
         try:
             dpy = Xlib.display.Display(self.name)
         except CONNECTION_ERRORS as exc:
-            raise DisplayUnavailable(f"cannot connect to X display {self.name}: {exc}") from exc
+            raise DisplayUnavailable(f"cannot connect to X display {self.name} ({describe(exc)}); "
+                                     "is its X server running?") from exc
         dpy.set_error_handler(self._on_protocol_error)
         if not dpy.query_extension("XTEST").present:
             dpy.close()
@@ -116,7 +132,7 @@ class DisplayConnection:
                 raise
             except CONNECTION_ERRORS as exc:
                 self.drop()
-                raise DisplayUnavailable(f"X display {self.name} went away: {exc}") from exc
+                raise went_away(self.name, exc) from exc
         finally:
             self._lock.release()
 

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 from Xlib import display as xdisplay
@@ -316,3 +317,21 @@ def test_a_restarted_agent_reuses_the_spare_keycodes_bound_before_it(make_agent,
                 desktop.close()
     finally:
         server.stop()
+
+
+def test_wait_reports_whether_the_screen_settled(setup):
+    agent, client, desktop = setup
+    headers = {"Authorization": f"Bearer {agent.token}"}
+
+    def run(actions: list[dict]) -> dict:
+        resp = httpx.post(agent.base_url + "/v1/actions", json={"actions": actions}, headers=headers, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    assert run([{"type": "move", "x": 3, "y": 3}]) == {"executed": 1}
+    probe = desktop.start_probe(animate=60.0)
+    try:
+        assert run([{"type": "wait"}, {"type": "move", "x": 4, "y": 4}]) == {"executed": 2, "settled": False}
+    finally:
+        probe.stop()
+    assert run([{"type": "wait"}]) == {"executed": 1, "settled": True}

@@ -150,3 +150,11 @@ def test_ordinary_xkb_keysyms_stay_allowed(name):
     except keys.UnknownKey:
         return  # not a keysym name at all: nothing to allow
     assert not keys.is_server_control(keysym)
+
+
+@pytest.mark.parametrize("name,chord", [("ctrl+c", '["ctrl", "c"]'), ("CTRL+SHIFT+T", '["CTRL", "SHIFT", "T"]')])
+def test_a_chord_written_as_one_string_is_refused_with_the_list_form(name, chord):
+    with pytest.raises(ActionError) as err:
+        prepare([{"type": "keypress", "keys": [name]}], (100, 100))
+    assert (err.value.code, err.value.extra["key"]) == ("unknown_key", name)
+    assert chord in err.value.message
