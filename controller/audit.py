@@ -56,6 +56,8 @@ _NETPROBE = Path(__file__).resolve().parent.parent / "guest" / "netprobe.py"
 _TARGET = Path(__file__).resolve().parent / "audit_target.py"
 
 Expected = Literal["blocked", "allowed"]
+Judge = Callable[[str, Any, list[dict[str, Any]]], tuple[bool, bool]]
+"""``judge(observed, detail, hits) -> (passed, escaped)``; ``hits``: the targets' and host canary's records."""
 
 
 class AuditError(RuntimeError):
@@ -157,6 +159,10 @@ class HostCanary:
             if peer is None or self._closed:
                 return
             self.hits.append({"proto": "udp", "port": self.port, "peer": peer[0]})
+
+    def target_hits(self) -> list[dict[str, Any]]:
+        """``hits`` as records of target ``host`` (``{"target": "host", "hit": proto, ...}``) for judges."""
+        return [{"target": "host", "hit": h["proto"], **h} for h in self.hits]
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
@@ -333,17 +339,24 @@ class Probe:
     target: str
     expected: Expected
     spec: dict[str, Any]
-    judge: Callable[[str, Any, list[dict[str, Any]]], tuple[bool, bool]] = field(repr=False, default=None)  # type: ignore[assignment]
+    judge: Judge = field(repr=False, default=None)  # type: ignore[assignment]
 
 
-def _no_hits(port: Optional[int] = None, target: str = "recorder"):
+def no_hits(port: Optional[int] = None, target: str = "recorder") -> Callable[[list[dict[str, Any]]], bool]:
+    """A hit check for ``blocked``: True when no record of ``target`` (``recorder``, ``allowed``, ``host``)
+    in ``hits`` is on ``port`` (any port when None)."""
+
     def hit_free(hits: list[dict[str, Any]]) -> bool:
         return not any(h["target"] == target and (port is None or h.get("port") == port) for h in hits)
 
     return hit_free
 
 
-def _blocked(success: Callable[[str, Any], bool], hit_free=lambda hits: True):
+def blocked(success: Callable[[str, Any], bool],
+            hit_free: Callable[[list[dict[str, Any]]], bool] = lambda hits: True) -> Judge:
+    """The judge of a probe expected ``blocked``: it escaped when ``success(observed, detail)`` (the guest
+    got through) or ``hit_free(hits)`` is False (a target or the host canary recorded it)."""
+
     def judge(observed: str, detail: Any, hits: list[dict[str, Any]]) -> tuple[bool, bool]:
         escaped = success(observed, detail) or not hit_free(hits)
         return not escaped, escaped
@@ -351,7 +364,8 @@ def _blocked(success: Callable[[str, Any], bool], hit_free=lambda hits: True):
     return judge
 
 
-def _connected(observed: str, _detail: Any) -> bool:
+def connected(observed: str, _detail: Any) -> bool:
+    """True when netprobe reports a direct connection, reply, answer, resolution or open port."""
     return observed in ("connected", "reply", "answer", "resolved", "tls-established") or observed.startswith("open:")
 
 
@@ -365,14 +379,17 @@ def _proxy_refused(observed: str, detail: Any) -> bool:
     return body.startswith(DENY_BODY)
 
 
-def _through_proxy(observed: str, detail: Any) -> bool:
+def through_proxy(observed: str, detail: Any) -> bool:
     """True when the gateway let the request or tunnel through (any upstream answer, incl. its 502)."""
     if observed == "tls-established":
         return True
     return observed.startswith("status:") and not _proxy_refused(observed, detail)
 
 
-def _fmt(host: str, port: Optional[int] = None) -> str:
+
+
+def host_port(host: str, port: Optional[int] = None) -> str:
+    """``host:port`` with an IPv6 ``host`` bracketed (``[::1]:443``); ``host`` alone when ``port`` is None."""
     h = f"[{host}]" if ":" in host else host
     return f"{h}:{port}" if port is not None else h
 
@@ -424,50 +441,50 @@ def build_probes(ctx: AuditContext) -> list[Probe]:
 
     # direct TCP/UDP to outside addresses (the recorder, which the gateway can reach), v4 and v6
     for port in [22, 80, 443, 853, 8080]:
-        add(f"direct-tcp-v4-{port}", "direct", _fmt(t.recorder_ip, port), "blocked",
-            {"kind": "tcp", "host": t.recorder_ip, "port": port}, _blocked(_connected, _no_hits(port)))
+        add(f"direct-tcp-v4-{port}", "direct", host_port(t.recorder_ip, port), "blocked",
+            {"kind": "tcp", "host": t.recorder_ip, "port": port}, blocked(connected, no_hits(port)))
     for port in RECORDER_UDP_PORTS:
-        add(f"direct-udp-v4-{port}", "direct", _fmt(t.recorder_ip, port), "blocked",
-            {"kind": "udp", "host": t.recorder_ip, "port": port}, _blocked(_connected, _no_hits(port)))
+        add(f"direct-udp-v4-{port}", "direct", host_port(t.recorder_ip, port), "blocked",
+            {"kind": "udp", "host": t.recorder_ip, "port": port}, blocked(connected, no_hits(port)))
     v6_targets = ([t.recorder_ip6] if t.recorder_ip6 else []) + ["2001:db8::1", "fd00:ec2::254"]
     for host in v6_targets:
-        add(f"direct-tcp-v6-{host}", "direct", _fmt(host, 443), "blocked",
-            {"kind": "tcp", "host": host, "port": 443}, _blocked(_connected, _no_hits(443)))
-        add(f"direct-udp-v6-{host}", "direct", _fmt(host, 53), "blocked",
-            {"kind": "udp", "host": host, "port": 53}, _blocked(_connected, _no_hits(53)))
+        add(f"direct-tcp-v6-{host}", "direct", host_port(host, 443), "blocked",
+            {"kind": "tcp", "host": host, "port": 443}, blocked(connected, no_hits(443)))
+        add(f"direct-udp-v6-{host}", "direct", host_port(host, 53), "blocked",
+            {"kind": "udp", "host": host, "port": 53}, blocked(connected, no_hits(53)))
     add("ipv6-off", "direct", "guest interfaces", "blocked", {"kind": "ipv6"},
         lambda observed, detail, hits: (observed == "ipv6-off", observed != "ipv6-off"))
     add("direct-metadata-v4", "direct", "169.254.169.254:80", "blocked",
-        {"kind": "tcp", "host": "169.254.169.254", "port": 80}, _blocked(_connected))
+        {"kind": "tcp", "host": "169.254.169.254", "port": 80}, blocked(connected))
 
     # DNS: lookups in the guest, raw queries to every resolver the guest might reach, the canary
     for name in [t.canary, DENIED_NAME, ALLOWED_NAME]:
         add(f"resolve-{name.split('.')[0] if name != t.canary else 'canary'}", "dns", name, "blocked",
-            {"kind": "resolve", "host": name}, _blocked(_connected, _no_hits()))
+            {"kind": "resolve", "host": name}, blocked(connected, no_hits()))
     dns_servers = ["127.0.0.11", ctx.gateway_internal_ip, t.recorder_ip, *ctx.host_ips]
     for server in dict.fromkeys(dns_servers):
         for transport in ("udp", "tcp"):
-            add(f"dns-{transport}-{server}", "dns", _fmt(server, 53), "blocked",
+            add(f"dns-{transport}-{server}", "dns", host_port(server, 53), "blocked",
                 {"kind": "dns", "server": server, "port": 53, "name": t.canary, "transport": transport},
-                _blocked(_connected, _no_hits(53)))
+                blocked(connected, no_hits(53)))
     add("proxy-canary-name", "dns", f"http://{t.canary}:{TARGET_HTTP_PORT}/", "blocked",
         {"kind": "http", **proxy, "url": f"http://{t.canary}:{TARGET_HTTP_PORT}/"},
-        _blocked(_through_proxy, _no_hits()))
+        blocked(through_proxy, no_hits()))
 
     # DNS over HTTPS / TLS to the recorder
     add("doh-connect", "doh-dot", f"{DOH_NAME}:443", "blocked",
         {"kind": "connect", **proxy, "authority": f"{DOH_NAME}:443", "tls": True, "sni": DOH_NAME},
-        _blocked(_through_proxy, _no_hits(443)))
+        blocked(through_proxy, no_hits(443)))
     add("doh-http", "doh-dot", f"http://{DOH_NAME}/dns-query", "blocked",
         {"kind": "http", **proxy, "url": f"http://{DOH_NAME}/dns-query?dns=AAABAAABAAAAAAAAB2V4YW1wbGUDY29tAAABAAE"},
-        _blocked(_through_proxy, _no_hits(80)))
+        blocked(through_proxy, no_hits(80)))
     add("dot-connect", "doh-dot", f"{DOT_NAME}:853", "blocked",
         {"kind": "connect", **proxy, "authority": f"{DOT_NAME}:853", "tls": True, "sni": DOT_NAME},
-        _blocked(_through_proxy, _no_hits(853)))
-    add("doh-direct", "doh-dot", _fmt(t.recorder_ip, 443), "blocked",
-        {"kind": "tcp", "host": t.recorder_ip, "port": 443}, _blocked(_connected, _no_hits(443)))
-    add("dot-direct", "doh-dot", _fmt(t.recorder_ip, 853), "blocked",
-        {"kind": "tcp", "host": t.recorder_ip, "port": 853}, _blocked(_connected, _no_hits(853)))
+        blocked(through_proxy, no_hits(853)))
+    add("doh-direct", "doh-dot", host_port(t.recorder_ip, 443), "blocked",
+        {"kind": "tcp", "host": t.recorder_ip, "port": 443}, blocked(connected, no_hits(443)))
+    add("dot-direct", "doh-dot", host_port(t.recorder_ip, 853), "blocked",
+        {"kind": "tcp", "host": t.recorder_ip, "port": 853}, blocked(connected, no_hits(853)))
 
     # metadata and private addresses in every encoding, through the proxy
     literal_targets: list[tuple[str, str, int]] = []
@@ -484,37 +501,37 @@ def build_probes(ctx: AuditContext) -> list[Probe]:
         literal_targets.append(("host", host_ip, ctx.host_canary_port))
     for category, form, port in literal_targets:
         url = f"http://{form}:{port}/latest/meta-data/"
-        hit_free = _no_hits(port) if category == "private" else (lambda hits: True)
+        hit_free = no_hits(port) if category == "private" else (lambda hits: True)
         add(f"proxy-{category}-{form}:{port}", f"proxy-{category}", url, "blocked",
-            {"kind": "http", **proxy, "url": url}, _blocked(_through_proxy, hit_free))
+            {"kind": "http", **proxy, "url": url}, blocked(through_proxy, hit_free))
     for form in ["169.254.169.254", "0xa9fea9fe", t.recorder_ip, ip_forms(t.recorder_ip)[1], "127.0.0.1", "[::1]"]:
         add(f"connect-{form}:443", "proxy-connect", f"{form}:443", "blocked",
             {"kind": "connect", **proxy, "authority": f"{form}:443", "tls": True},
-            _blocked(_through_proxy, _no_hits(443)))
+            blocked(through_proxy, no_hits(443)))
 
     # the gateway's other ports, the relay, the Docker host
     add("gateway-ports", "gateway", f"{ctx.gateway_internal_ip}:1-65535", "blocked",
         {"kind": "scan", "host": ctx.gateway_internal_ip, "ports": [[1, 65535]], "timeout": 1.0, "batch": 1024},
         lambda o, d, h: (o in ("none-open", f"open:{ctx.proxy_port}"), o not in ("none-open", f"open:{ctx.proxy_port}")))
-    add("gateway-relay-internal", "gateway", _fmt(ctx.gateway_internal_ip, ctx.relay_port), "blocked",
-        {"kind": "tcp", "host": ctx.gateway_internal_ip, "port": ctx.relay_port}, _blocked(_connected))
-    add("gateway-relay-egress", "gateway", _fmt(ctx.gateway_egress_ip, ctx.relay_port), "blocked",
-        {"kind": "tcp", "host": ctx.gateway_egress_ip, "port": ctx.relay_port}, _blocked(_connected))
-    add("gateway-udp-53", "gateway", _fmt(ctx.gateway_internal_ip, 53), "blocked",
-        {"kind": "udp", "host": ctx.gateway_internal_ip, "port": 53}, _blocked(_connected))
+    add("gateway-relay-internal", "gateway", host_port(ctx.gateway_internal_ip, ctx.relay_port), "blocked",
+        {"kind": "tcp", "host": ctx.gateway_internal_ip, "port": ctx.relay_port}, blocked(connected))
+    add("gateway-relay-egress", "gateway", host_port(ctx.gateway_egress_ip, ctx.relay_port), "blocked",
+        {"kind": "tcp", "host": ctx.gateway_egress_ip, "port": ctx.relay_port}, blocked(connected))
+    add("gateway-udp-53", "gateway", host_port(ctx.gateway_internal_ip, 53), "blocked",
+        {"kind": "udp", "host": ctx.gateway_internal_ip, "port": 53}, blocked(connected))
     host_ports = sorted({*HOST_PORTS, ctx.relay_host_port, ctx.host_canary_port})
     for host_ip in ctx.host_ips:
         add(f"docker-host-tcp-{host_ip}", "docker-host", f"{host_ip}:{','.join(map(str, host_ports))}", "blocked",
             {"kind": "scan", "host": host_ip, "ports": [[p, p] for p in host_ports], "timeout": 1.5},
-            _blocked(_connected, _no_hits(target="host")))
-        add(f"docker-host-udp-{host_ip}", "docker-host", _fmt(host_ip, ctx.host_canary_port), "blocked",
+            blocked(connected, no_hits(target="host")))
+        add(f"docker-host-udp-{host_ip}", "docker-host", host_port(host_ip, ctx.host_canary_port), "blocked",
             {"kind": "udp", "host": host_ip, "port": ctx.host_canary_port},
-            _blocked(_connected, _no_hits(target="host")))
+            blocked(connected, no_hits(target="host")))
 
     # allowed origin, denied origin, redirect allowed -> denied
     denied_url = f"http://{DENIED_NAME}:{TARGET_HTTP_PORT}/"
     add("denied-origin", "origins", denied_url, "blocked", {"kind": "http", **proxy, "url": denied_url},
-        _blocked(_through_proxy, _no_hits(TARGET_HTTP_PORT)))
+        blocked(through_proxy, no_hits(TARGET_HTTP_PORT)))
     allowed_url = f"{FIXTURE_ORIGIN}/probe"
     redirect_url = f"{FIXTURE_ORIGIN}/redirect?to={denied_url}redirected"
     if ctx.fixture_allowed:
@@ -524,7 +541,7 @@ def build_probes(ctx: AuditContext) -> list[Probe]:
         def judge_redirect(o: str, d: Any, h: list[dict[str, Any]]) -> tuple[bool, bool]:
             hops = (d or {}).get("hops", []) if isinstance(d, dict) else []
             first_ok = bool(hops) and hops[0]["status"] == 302
-            escaped = (len(hops) == 2 and _through_proxy(o, d)) or not _no_hits(TARGET_HTTP_PORT)(h)
+            escaped = (len(hops) == 2 and through_proxy(o, d)) or not no_hits(TARGET_HTTP_PORT)(h)
             return first_ok and len(hops) == 2 and not escaped, escaped
 
         add("redirect-allowed-to-denied", "origins", redirect_url, "blocked",
@@ -532,19 +549,26 @@ def build_probes(ctx: AuditContext) -> list[Probe]:
     else:
         for name, url in (("allowed-origin", allowed_url), ("redirect-allowed-to-denied", redirect_url)):
             add(name, "origins", url, "blocked", {"kind": "http", **proxy, "url": url, "follow": True},
-                _blocked(_through_proxy, _no_hits(target="allowed")))
+                blocked(through_proxy, no_hits(target="allowed")))
     for origin_text in ctx.policy_origins:
-        if origin_text == str(Origin.parse(FIXTURE_ORIGIN)):
-            continue
-        origin = Origin.parse(origin_text)
-        if origin.scheme == "https":
-            spec = {"kind": "connect", **proxy, "authority": _fmt(origin.host, origin.port), "tls": True,
-                    "sni": None if origin.is_ip_literal else origin.host}
-        else:
-            spec = {"kind": "http", **proxy, "url": f"{origin_text}/"}
-        add(f"policy-origin-{origin_text}", "origins", origin_text, "allowed", spec,
-            lambda o, d, h: (_through_proxy(o, d), False))
+        if origin_text != str(Origin.parse(FIXTURE_ORIGIN)):
+            probes.append(policy_origin_probe(origin_text, ctx.proxy_host, ctx.proxy_port))
     return probes
+
+
+def policy_origin_probe(origin_text: str, proxy_host: str, proxy_port: int) -> Probe:
+    """The probe that an origin the policy allows (``scheme://host:port``) gets through the proxy at
+    ``proxy_host:proxy_port``: CONNECT with TLS (SNI unless an IP literal) for https, a GET for http."""
+    proxy = {"proxy_host": proxy_host, "proxy_port": proxy_port}
+    origin = Origin.parse(origin_text)
+    if origin.scheme == "https":
+        spec = {"kind": "connect", **proxy, "authority": host_port(origin.host, origin.port), "tls": True,
+                "sni": None if origin.is_ip_literal else origin.host}
+    else:
+        spec = {"kind": "http", **proxy, "url": f"{origin_text}/"}
+    name = f"policy-origin-{origin_text}"
+    return Probe(name, "origins", origin_text, "allowed", {"name": name, **spec},
+                 lambda o, d, h: (through_proxy(o, d), False))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -571,7 +595,7 @@ def run_audit(sandbox: Any, policy: NetworkPolicy, targets: AuditTargets,
     """
     from controller.sandbox.docker import AGENT_PORT, GATEWAY_PROXY_PORT
 
-    started = _now()
+    started = utc_now()
     own_canary = host_canary is None
     host_canary = host_canary or HostCanary()
     try:
@@ -597,36 +621,76 @@ def run_audit(sandbox: Any, policy: NetworkPolicy, targets: AuditTargets,
             policy_origins=list(policy.allow),
         )
         probes = build_probes(ctx)
-        wait_for_proxy(sandbox)
-        source = _NETPROBE.read_text(encoding="utf-8")
-        result = sandbox.exec_in_guest(["python3", "-c", source, json.dumps([p.spec for p in probes])],
-                                       timeout=timeout)
-        if result.exit_code != 0:
-            raise AuditError(f"netprobe exited {result.exit_code}: {result.stderr.decode('utf-8', 'replace')[-2000:]}")
-        observations = json.loads(result.stdout)["results"]
-        time.sleep(0.5)  # let in-flight target log lines land (the targets print asynchronously)
+        observations = run_probes(sandbox, probes, timeout=timeout)
         hits = targets.hits()
-        judged_hits = hits + [{"target": "host", "hit": h["proto"], **h} for h in host_canary.hits]
+        judged_hits = hits + host_canary.target_hits()
         report = AuditReport(
             started=started, sandbox=sandbox.id, image=getattr(sandbox, "image_id", ""),
             policy=policy.model_dump(mode="json"), effective_policy=effective_policy(policy, targets).model_dump(mode="json"),
             canary=targets.canary, target_hits=hits, host_hits=list(host_canary.hits),
         )
         allowed_hits_from_guest = [h for h in hits if h["peer"] not in (targets.gateway_ip, targets.gateway_ip6)]
-        for probe, obs in zip(probes, observations):
-            passed, escaped = probe.judge(obs["observed"], obs["detail"], judged_hits)
-            report.probes.append(ProbeResult(
-                name=probe.name, category=probe.category, target=probe.target, expected=probe.expected,
-                observed=obs["observed"], passed=passed, escaped=escaped, detail=obs["detail"],
-            ))
+        report.probes.extend(judge_probes(probes, observations, judged_hits))
         decisions = sandbox.decision_log()
         report.decisions = decisions
         report.probes.extend(_summary_probes(targets, hits, allowed_hits_from_guest, host_canary, decisions))
-        report.finished = _now()
+        report.finished = utc_now()
         return report
     finally:
         if own_canary:
             host_canary.close()
+
+
+def run_probes(sandbox: Any, probes: list[Probe], *, timeout: float) -> list[dict[str, Any]]:
+    """Run ``guest/netprobe.py`` with every probe's spec in ``sandbox``'s guest as its user, once the
+    gateway's proxy listens; return its observations (``{"name", "observed", "detail"}``, one per probe,
+    in order). Waits 0.5 s afterwards so hits still in flight (targets, host canary) are recorded.
+
+    ``timeout``: seconds for the whole run in the guest. Raises AuditError when netprobe fails.
+    """
+    wait_for_proxy(sandbox)
+    source = _NETPROBE.read_text(encoding="utf-8")
+    result = sandbox.exec_in_guest(["python3", "-c", source, json.dumps([p.spec for p in probes])], timeout=timeout)
+    if result.exit_code != 0:
+        raise AuditError(f"netprobe exited {result.exit_code}: {result.stderr.decode('utf-8', 'replace')[-2000:]}")
+    observations = json.loads(result.stdout)["results"]
+    time.sleep(0.5)  # targets and the canary record asynchronously
+    return observations
+
+
+def judge_probes(probes: list[Probe], observations: list[dict[str, Any]],
+                 hits: list[dict[str, Any]]) -> list[ProbeResult]:
+    """Each probe's verdict on its observation (from ``run_probes``) and everything ``hits`` recorded."""
+    results = []
+    for probe, obs in zip(probes, observations):
+        passed, escaped = probe.judge(obs["observed"], obs["detail"], hits)
+        results.append(ProbeResult(
+            name=probe.name, category=probe.category, target=probe.target, expected=probe.expected,
+            observed=obs["observed"], passed=passed, escaped=escaped, detail=obs["detail"],
+        ))
+    return results
+
+
+def host_canary_probe(host_canary: HostCanary, name: str) -> ProbeResult:
+    """Summary verdict: the host canary recorded nothing (any hit escaped)."""
+    return ProbeResult(name=name, category="summary", target=f"0.0.0.0:{host_canary.port}", expected="blocked",
+                       observed=f"{len(host_canary.hits)} hits", passed=not host_canary.hits,
+                       escaped=bool(host_canary.hits), detail=host_canary.hits or None)
+
+
+def canary_resolution_probe(canary: str, decisions: list[dict[str, Any]]) -> ProbeResult:
+    """Summary verdict: the gateway refused the random ``canary`` name without resolving it.
+
+    Passes when the decision log has the canary's requests and none was allowed or got as far as an
+    address check (``address-refused``, ``resolve-failed``: the name was looked up). A log without them
+    fails (the probes did not reach the gateway), without counting as escaped.
+    """
+    canary_decisions = [d for d in decisions if canary in d.get("origin", "")]
+    canary_resolved = [d for d in canary_decisions
+                       if d.get("decision") == "allow" or d.get("reason", "").startswith(("address-refused", "resolve-failed"))]
+    return ProbeResult(name="canary-not-resolved-by-gateway", category="summary", target=canary,
+                       expected="blocked", observed=f"{len(canary_decisions)} decisions, {len(canary_resolved)} resolved",
+                       passed=bool(canary_decisions) and not canary_resolved, escaped=bool(canary_resolved))
 
 
 def wait_for_proxy(sandbox: Any, timeout: float = 60.0) -> None:
@@ -644,9 +708,6 @@ def wait_for_proxy(sandbox: Any, timeout: float = 60.0) -> None:
 def _summary_probes(targets: AuditTargets, hits: list[dict[str, Any]], foreign: list[dict[str, Any]],
                     host_canary: HostCanary, decisions: list[dict[str, Any]]) -> list[ProbeResult]:
     recorder_hits = [h for h in hits if h["target"] == "recorder"]
-    canary_decisions = [d for d in decisions if targets.canary in d.get("origin", "")]
-    canary_resolved = [d for d in canary_decisions
-                       if d.get("decision") == "allow" or d.get("reason", "").startswith(("address-refused", "resolve-failed"))]
     return [
         ProbeResult(name="recorder-saw-nothing", category="summary", target=f"{targets.recorder_ip} (all ports)",
                     expected="blocked", observed=f"{len(recorder_hits)} hits", passed=not recorder_hits,
@@ -654,12 +715,8 @@ def _summary_probes(targets: AuditTargets, hits: list[dict[str, Any]], foreign: 
         ProbeResult(name="targets-reached-only-via-gateway", category="summary", target=targets.allowed_ip,
                     expected="blocked", observed=f"{len(foreign)} hits from other peers", passed=not foreign,
                     escaped=bool(foreign), detail=foreign or None),
-        ProbeResult(name="docker-host-canary", category="summary", target=f"0.0.0.0:{host_canary.port}",
-                    expected="blocked", observed=f"{len(host_canary.hits)} hits", passed=not host_canary.hits,
-                    escaped=bool(host_canary.hits), detail=host_canary.hits or None),
-        ProbeResult(name="canary-not-resolved-by-gateway", category="summary", target=targets.canary,
-                    expected="blocked", observed=f"{len(canary_decisions)} decisions, {len(canary_resolved)} resolved",
-                    passed=bool(canary_decisions) and not canary_resolved, escaped=bool(canary_resolved)),
+        host_canary_probe(host_canary, "docker-host-canary"),
+        canary_resolution_probe(targets.canary, decisions),
     ]
 
 
@@ -672,7 +729,8 @@ def _network_gateway(network: Any) -> Optional[str]:
     return None
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with milliseconds (the report's ``started``/``finished``)."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 

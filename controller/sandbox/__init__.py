@@ -17,10 +17,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from controller.agent_client import AgentClient
@@ -93,15 +95,20 @@ class Sandbox(abc.ABC):
     id: str
     """Unique id of this sandbox (also the value of its ``desktop-sandbox.sandbox`` label)."""
 
-    @property
-    @abc.abstractmethod
-    def agent_url(self) -> str:
-        """Base URL of the guest agent as the controller reaches it (``http://127.0.0.1:PORT``)."""
+    # set by the backend's start sequence; read through agent_url, agent_token, image_id
+    _agent_url: str = ""
+    _token: str = ""
+    _image_id: str = ""
 
     @property
-    @abc.abstractmethod
+    def agent_url(self) -> str:
+        """Base URL of the guest agent as the controller reaches it (``http://127.0.0.1:PORT``)."""
+        return self._agent_url
+
+    @property
     def agent_token(self) -> str:
         """The per-sandbox bearer token of the agent. Never log or record it."""
+        return self._token
 
     @property
     def agent(self) -> "AgentClient":
@@ -115,9 +122,9 @@ class Sandbox(abc.ABC):
         return client
 
     @property
-    @abc.abstractmethod
     def image_id(self) -> str:
         """Identity of what runs the guest (image digest ``sha256:...`` or VM image hash), for the record."""
+        return self._image_id
 
     @abc.abstractmethod
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
@@ -148,6 +155,30 @@ class Sandbox(abc.ABC):
             if guard is not None:
                 guard.__exit__(None, None, None)
 
+    # -- for backends ---------------------------------------------------------------------------------
+
+    def _start_or_close(self, start: Callable[[], None]) -> None:
+        """Run ``start()`` (the backend's start sequence) with SIGTERM/SIGHUP raising ``SandboxInterrupted``.
+
+        On any failure (also Ctrl-C or a signal) ``close()`` removes what was created so far, then the
+        exception propagates.
+        """
+        try:
+            with raise_on_signals():
+                start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _close_agent_client(self) -> None:
+        """Close the ``AgentClient`` made by ``agent``, if any (teardown: its errors are ignored)."""
+        client = getattr(self, "_agent_client", None)
+        if client is not None and hasattr(client, "close"):
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - teardown must go on
+                pass
+
 
 @contextlib.contextmanager
 def raise_on_signals(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
@@ -170,3 +201,86 @@ def raise_on_signals(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def wait_agent_ready(
+    sandbox_id: str,
+    agent_url: str,
+    token: str,
+    *,
+    timeout: float,
+    check_alive: Callable[[], None],
+    describe: Callable[[], str],
+    timings: dict[str, float],
+    t0: float,
+    first_delay: float = 0.05,
+) -> None:
+    """Poll the agent's ``GET /livez`` and then ``GET /v1/display`` until each answers 200.
+
+    ``agent_url``/``token``: as ``Sandbox.agent_url``/``agent_token``. ``timeout``: seconds for both.
+    ``check_alive()`` runs after every poll that did not answer 200 and raises SandboxError when what runs
+    the guest or the gateway has exited. ``describe()``: the backend's last output, appended to the
+    timeout error. ``timings["agent_live"]``/``timings["display_ready"]``: seconds since ``t0``
+    (``time.monotonic()``) when each answered. Polls back off from ``first_delay`` (the first stage) or
+    0.05 s (the second) to 0.5 s. Raises SandboxError on timeout.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {token}"}
+    stage, path = "agent_live", "/livez"
+    delay = first_delay
+    last_error = ""
+    with httpx.Client(base_url=agent_url, timeout=5.0, trust_env=False) as http:
+        while True:
+            try:
+                resp = http.get(path, headers=headers)
+                if resp.status_code == 200:
+                    timings[stage] = time.monotonic() - t0
+                    if stage == "display_ready":
+                        return
+                    stage, path, delay = "display_ready", "/v1/display", 0.05
+                    continue
+                last_error = f"{path}: HTTP {resp.status_code} {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                last_error = f"{path}: {type(exc).__name__}: {exc}"
+            check_alive()
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {describe()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+
+def parse_decision_log(text: str) -> list[dict[str, Any]]:
+    """The gateway's JSONL decision log as one dict per line (oldest first); a line being written right
+    now (not yet valid JSON) and blank lines are skipped."""
+    entries = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return entries
+
+
+def with_timeout(argv: Sequence[str], timeout: float | None) -> list[str]:
+    """``argv`` run under coreutils ``timeout`` in the guest when ``timeout`` (seconds) is given: killed
+    after it (SIGTERM, SIGKILL 2 s later), exit status 124. See ``Sandbox.exec_in_guest``."""
+    if timeout is None:
+        return list(argv)
+    return ["timeout", "--kill-after=2", f"{timeout:g}", *argv]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

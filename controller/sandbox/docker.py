@@ -25,7 +25,6 @@ Rule source: ARCHITECTURE.md, "Isolation model (Docker)".
 from __future__ import annotations
 
 import base64
-import json
 import os
 import secrets
 import shlex
@@ -36,7 +35,6 @@ from typing import Any, Sequence
 
 import docker
 import docker.errors
-import httpx
 from docker.models.containers import Container
 
 from controller.sandbox import (
@@ -48,7 +46,10 @@ from controller.sandbox import (
     Sandbox,
     SandboxError,
     SandboxSpec,
-    raise_on_signals,
+    parse_decision_log,
+    pid_alive,
+    wait_agent_ready,
+    with_timeout,
 )
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
@@ -147,27 +148,12 @@ class DockerSandbox(Sandbox):
         self.id = sandbox_id
         self.desktop: Container | None = None
         self.gateway: Container | None = None
-        self._token = ""
-        self._agent_url = ""
-        self._image_id = ""
         self._closed = False
         self.timings: dict[str, float] = {}
         """Seconds from the start call to each milestone (``containers_started``, ``agent_live``,
         ``display_ready``)."""
 
     # -- public interface ---------------------------------------------------------------------------
-
-    @property
-    def agent_url(self) -> str:
-        return self._agent_url
-
-    @property
-    def agent_token(self) -> str:
-        return self._token
-
-    @property
-    def image_id(self) -> str:
-        return self._image_id
 
     @classmethod
     def start(
@@ -187,12 +173,7 @@ class DockerSandbox(Sandbox):
         client = client or docker.from_env()
         reap_orphans(client)
         sandbox = cls(client, f"ds-{secrets.token_hex(4)}")
-        try:
-            with raise_on_signals():
-                sandbox._start(spec, options)
-        except BaseException:
-            sandbox.close()
-            raise
+        sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
@@ -212,15 +193,7 @@ class DockerSandbox(Sandbox):
         result = self._exec(self.gateway, ["cat", DECISION_LOG], user=f"{GATEWAY_UID}:{GATEWAY_UID}")
         if result.exit_code != 0:
             return []
-        entries = []
-        for line in result.stdout.decode("utf-8", "replace").splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line being written right now
-        return entries
+        return parse_decision_log(result.stdout.decode("utf-8", "replace"))
 
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
         """The last ``tail`` lines of a container's output (``role``: desktop | gateway)."""
@@ -235,12 +208,7 @@ class DockerSandbox(Sandbox):
     def close(self) -> None:
         if self._closed:
             return
-        client = getattr(self, "_agent_client", None)
-        if client is not None and hasattr(client, "close"):
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - teardown must go on
-                pass
+        self._close_agent_client()
         remove_sandbox(self.client, self.id)
         self._closed = True
 
@@ -364,39 +332,21 @@ class DockerSandbox(Sandbox):
 
         Raises SandboxError (with the containers' last output) on timeout or when a container exits.
         """
-        deadline = time.monotonic() + timeout
-        headers = {"Authorization": f"Bearer {self._token}"}
-        stage, path = "agent_live", "/livez"
-        delay = 0.05
-        last_error = ""
-        with httpx.Client(base_url=self._agent_url, timeout=5.0, trust_env=False) as http:
-            while True:
-                try:
-                    resp = http.get(path, headers=headers)
-                    if resp.status_code == 200:
-                        self.timings[stage] = time.monotonic() - t0
-                        if stage == "display_ready":
-                            return
-                        stage, path, delay = "display_ready", "/v1/display", 0.05
-                        continue
-                    last_error = f"{path}: HTTP {resp.status_code} {resp.text[:200]}"
-                except httpx.HTTPError as exc:
-                    last_error = f"{path}: {type(exc).__name__}: {exc}"
-                for container in (self.gateway, self.desktop):
-                    assert container is not None
-                    container.reload()
-                    if container.status not in ("created", "running"):
-                        raise SandboxError(
-                            f"{container.name} exited ({container.status}); last output:\n"
-                            + container.logs(tail=40).decode("utf-8", "replace")
-                        )
-                if time.monotonic() > deadline:
-                    raise SandboxError(
-                        f"sandbox {self.id} not ready after {timeout:.0f}s ({last_error}); desktop output:\n"
-                        + self.logs("desktop", 40) + "\ngateway output:\n" + self.logs("gateway", 20)
-                    )
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
+        wait_agent_ready(self.id, self._agent_url, self._token, timeout=timeout, check_alive=self._check_alive,
+                         describe=lambda: "desktop output:\n" + self.logs("desktop", 40)
+                         + "\ngateway output:\n" + self.logs("gateway", 20),
+                         timings=self.timings, t0=t0)
+
+    def _check_alive(self) -> None:
+        """Raise SandboxError (with its last output) when the gateway or the desktop container exited."""
+        for container in (self.gateway, self.desktop):
+            assert container is not None
+            container.reload()
+            if container.status not in ("created", "running"):
+                raise SandboxError(
+                    f"{container.name} exited ({container.status}); last output:\n"
+                    + container.logs(tail=40).decode("utf-8", "replace")
+                )
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -414,10 +364,8 @@ class DockerSandbox(Sandbox):
 
     def _exec(self, container: Container, argv: list[str], *, user: str,
               timeout: float | None = None) -> ExecResult:
-        if timeout is not None:
-            argv = ["timeout", "--kill-after=2", f"{timeout:g}", *argv]
         try:
-            result = container.exec_run(argv, user=user, demux=True)
+            result = container.exec_run(with_timeout(argv, timeout), user=user, demux=True)
         except docker.errors.APIError as exc:
             raise SandboxError(f"exec in {container.name} failed: {exc.explanation or exc}") from exc
         stdout, stderr = result.output if isinstance(result.output, tuple) else (result.output, b"")
@@ -465,21 +413,11 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
         if labels.get(LABEL_DETACHED) == "1":
             continue
         owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
-        if owner_host != host or not pid.isdigit() or _pid_alive(int(pid)):
+        if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
             continue
         remove_sandbox(client, sandbox_id)
         reaped.append(sandbox_id)
     return reaped
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(client: docker.DockerClient, filters: dict[str, str]) -> list[str]:

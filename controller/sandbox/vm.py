@@ -53,10 +53,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import httpx
-
 from controller.gateway import gateway_python
-from controller.sandbox import ExecResult, Sandbox, SandboxError, SandboxSpec, raise_on_signals
+from controller.sandbox import (
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    parse_decision_log,
+    pid_alive,
+    wait_agent_ready,
+    with_timeout,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-vm-image.sh"
@@ -237,16 +244,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _cmdline_has(pid: int, marker: str) -> bool:
     """True when process ``pid``'s command line contains ``marker`` (guards against pid reuse)."""
     try:
@@ -387,9 +384,6 @@ class VMSandbox(Sandbox):
         """The host port (127.0.0.1) forwarded to the agent in the guest."""
         self.gateway_host_port = 0
         """The gateway's port on the host's loopback."""
-        self._token = ""
-        self._agent_url = ""
-        self._image_id = ""
         self._qga: GuestAgentChannel | None = None
         self._closed = False
         self._keep_dir = False
@@ -398,18 +392,6 @@ class VMSandbox(Sandbox):
         ``agent_live``, ``display_ready``)."""
 
     # -- public interface ---------------------------------------------------------------------------
-
-    @property
-    def agent_url(self) -> str:
-        return self._agent_url
-
-    @property
-    def agent_token(self) -> str:
-        return self._token
-
-    @property
-    def image_id(self) -> str:
-        return self._image_id
 
     @property
     def console_log(self) -> Path:
@@ -432,20 +414,13 @@ class VMSandbox(Sandbox):
         workdir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-"))
         sandbox = cls(sandbox_id, workdir)
         sandbox._keep_dir = options.keep_dir
-        try:
-            with raise_on_signals():
-                sandbox._start(spec, options)
-        except BaseException:
-            sandbox.close()
-            raise
+        sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         if self._qga is None or self.qemu is None or self.qemu.poll() is not None:
             raise SandboxError(f"VM of sandbox {self.id} is not running")
-        inner = list(argv)
-        if timeout is not None:
-            inner = ["timeout", "--kill-after=2", f"{timeout:g}", *inner]
+        inner = with_timeout(argv, timeout)
         env = [f"{k}={v}" for k, v in GUEST_ENV.items()]
         args = {
             "path": "/usr/sbin/runuser",
@@ -475,15 +450,7 @@ class VMSandbox(Sandbox):
             text = path.read_text("utf-8", "replace")
         except OSError:
             return []
-        entries = []
-        for line in text.splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    entries.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line being written right now
-        return entries
+        return parse_decision_log(text)
 
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
         """The last ``tail`` lines of the guest console (``desktop``) or the gateway's output (``gateway``)."""
@@ -497,12 +464,7 @@ class VMSandbox(Sandbox):
     def close(self) -> None:
         if self._closed:
             return
-        client = getattr(self, "_agent_client", None)
-        if client is not None and hasattr(client, "close"):
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - teardown must go on
-                pass
+        self._close_agent_client()
         if self._qga is not None:
             self._qga.close()
         _stop_group(self.qemu)
@@ -661,39 +623,20 @@ class VMSandbox(Sandbox):
 
         Raises SandboxError (with the console's last lines) on timeout or when QEMU or the gateway exits.
         """
-        deadline = time.monotonic() + timeout
-        headers = {"Authorization": f"Bearer {self._token}"}
-        stage, path = "agent_live", "/livez"
-        delay = 0.1
-        last_error = ""
-        with httpx.Client(base_url=self._agent_url, timeout=5.0, trust_env=False) as http:
-            while True:
-                try:
-                    resp = http.get(path, headers=headers)
-                    if resp.status_code == 200:
-                        self.timings[stage] = time.monotonic() - t0
-                        if stage == "display_ready":
-                            return
-                        stage, path, delay = "display_ready", "/v1/display", 0.05
-                        continue
-                    last_error = f"{path}: HTTP {resp.status_code} {resp.text[:200]}"
-                except httpx.HTTPError as exc:
-                    last_error = f"{path}: {type(exc).__name__}: {exc}"
-                for name, proc in (("QEMU", self.qemu), ("gateway", self.gateway)):
-                    if proc is not None and proc.poll() is not None:
-                        raise SandboxError(
-                            f"{name} of sandbox {self.id} exited ({proc.returncode}); console:\n"
-                            + self.logs("desktop", 40) + "\nQEMU/gateway output:\n"
-                            + (self.workdir / "qemu.log").read_text("utf-8", "replace")[-2000:]
-                            + self.logs("gateway", 20)
-                        )
-                if time.monotonic() > deadline:
-                    raise SandboxError(
-                        f"sandbox {self.id} not ready after {timeout:.0f}s ({last_error}, accel {self.accel});"
-                        f" console:\n" + self.logs("desktop", 40)
-                    )
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
+        wait_agent_ready(self.id, self._agent_url, self._token, timeout=timeout, check_alive=self._check_alive,
+                         describe=lambda: f"accel {self.accel}; console:\n" + self.logs("desktop", 40),
+                         timings=self.timings, t0=t0, first_delay=0.1)
+
+    def _check_alive(self) -> None:
+        """Raise SandboxError (with the console and QEMU/gateway output) when QEMU or the gateway exited."""
+        for name, proc in (("QEMU", self.qemu), ("gateway", self.gateway)):
+            if proc is not None and proc.poll() is not None:
+                raise SandboxError(
+                    f"{name} of sandbox {self.id} exited ({proc.returncode}); console:\n"
+                    + self.logs("desktop", 40) + "\nQEMU/gateway output:\n"
+                    + (self.workdir / "qemu.log").read_text("utf-8", "replace")[-2000:]
+                    + self.logs("gateway", 20)
+                )
 
 
 # -- cleanup ------------------------------------------------------------------------------------------
@@ -711,14 +654,14 @@ def _remove_dir(path: Path) -> str | None:
     sandbox_id = owner.get("id", path.name)
     for key in ("qemu_pid", "gateway_pid"):
         pid = owner.get(key)
-        if isinstance(pid, int) and _pid_alive(pid) and _cmdline_has(pid, str(path)):
+        if isinstance(pid, int) and pid_alive(pid) and _cmdline_has(pid, str(path)):
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     break
                 for _ in range(50):
-                    if not _pid_alive(pid):
+                    if not pid_alive(pid):
                         break
                     time.sleep(0.1)
     shutil.rmtree(path, ignore_errors=True)
@@ -734,7 +677,7 @@ def reap_orphans() -> list[str]:
             owner = json.loads((path / "owner.json").read_text())
         except (OSError, json.JSONDecodeError):
             continue  # being created right now, or not ours
-        if owner.get("host") != host or _pid_alive(int(owner.get("owner_pid", 0) or 0)):
+        if owner.get("host") != host or pid_alive(int(owner.get("owner_pid", 0) or 0)):
             continue
         removed = _remove_dir(path)
         if removed:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.audit import DENY_BODY, _proxy_refused, _through_proxy, ip_forms
+from controller.audit import DENY_BODY, _proxy_refused, ip_forms, through_proxy
 from controller.gateway.policy import parse_ip_literal
 from guest import netprobe
 
@@ -126,10 +126,10 @@ def test_ip_forms_all_name_the_same_address(address):
 
 def test_proxy_verdicts():
     denied = {"hops": [{"status": 403, "body": DENY_BODY + "deny-all\n"}]}
-    assert _proxy_refused("status:403", denied) and not _through_proxy("status:403", denied)
+    assert _proxy_refused("status:403", denied) and not through_proxy("status:403", denied)
     upstream_403 = {"hops": [{"status": 403, "body": "Forbidden by the site"}]}
-    assert _through_proxy("status:403", upstream_403)
-    assert _through_proxy("status:502", {"hops": [{"status": 502, "body": "bad gateway"}]})
-    assert _through_proxy("tls-established", "TLSv1.3")
-    assert not _through_proxy("refused", "proxy down")
+    assert through_proxy("status:403", upstream_403)
+    assert through_proxy("status:502", {"hops": [{"status": 502, "body": "bad gateway"}]})
+    assert through_proxy("tls-established", "TLSv1.3")
+    assert not through_proxy("refused", "proxy down")
     assert _proxy_refused("status:400", {"hops": [{"status": 400, "body": ""}]})

@@ -17,7 +17,8 @@ import pytest
 from controller.agent_client import AgentClient
 from guest.localrun import AgentProcess
 
-from .harness import AgentDesktop, AgentTarget, Probe, TextSink
+from .fixtures import probe, sink  # noqa: F401 - per-module fixtures, shared with tests/docker, tests/vm
+from .harness import AgentDesktop, AgentTarget
 
 #: Longest ``wait`` of the agent under test (seconds); short so the cap test stays quick.
 WAIT_CAP_S = 3.0
@@ -75,22 +76,6 @@ def desktop(agent, workdir, xvfb) -> Iterator[AgentDesktop]:
 @pytest.fixture(scope="session")
 def target(target_factory, desktop):
     return target_factory(desktop)
-
-
-@pytest.fixture(scope="module")
-def probe(desktop, target) -> Iterator[Probe]:
-    """One probe window for a whole module (tests use marks to see only their own events)."""
-    p = desktop.start_probe()
-    yield p
-    p.stop()
-
-
-@pytest.fixture(scope="module")
-def sink(desktop, target) -> Iterator[TextSink]:
-    """One ``xterm`` running ``cat > FILE`` for a whole module."""
-    s = desktop.start_text_sink()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,10 @@ the xterm text sink) are started through ``POST /v1/launch`` and their logs read
 ``GET /v1/files``; pressed keys and buttons are read from the guest's X server by a command run in the
 guest; clients are stopped with ``kill`` run in the guest.
 
-The session-wide sandbox, ``desktop`` and ``target`` fixtures live in ``conftest.py``; ``probe``,
-``sink`` and the after-each-test key-state check are imported by each module, so they are per module as
-in the suite itself.
+Shared by ``tests/vm`` (the same observations through the VM's agent and guest commands). The
+session-wide sandbox and ``desktop`` fixtures live in each ``conftest.py`` (``desktop`` through
+``sandbox_desktop``), which imports ``target`` from here; ``probe``, ``sink`` and the after-each-test
+key-state check are imported by each module, so they are per module as in the suite itself.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from typing import Iterator
 import pytest
 
 from controller.agent_client import AgentClient
-from tests.conformance.harness import AgentDesktop, Probe, TextSink, poll
+from tests.conformance.fixtures import probe, sink  # noqa: F401 - imported by each test module from here
+from tests.conformance.harness import AgentDesktop, AgentTarget, poll
 
 WORKDIR = "/home/sandbox/conformance"
+CONFORMANCE_APPS = "/opt/desktop-sandbox/src/images/apps.conformance.json"
+"""The guest's app allowlist that adds the input-event probe."""
 GUEST_PYTHON = "/opt/desktop-sandbox/bin/python"
 _PRESSED = (
     "import json\n"
@@ -54,18 +58,20 @@ class ContainerDesktop(AgentDesktop):
         return keys, buttons
 
 
-@pytest.fixture(scope="module")
-def probe(desktop, target) -> Iterator[Probe]:
-    p = desktop.start_probe()
-    yield p
-    p.stop()
+def sandbox_desktop(sandbox, *, timeout: float) -> Iterator[ContainerDesktop]:
+    """Body of a session ``desktop`` fixture: a ``ContainerDesktop`` on a started ``sandbox``, with its
+    own ``AgentClient`` (``timeout``: seconds per request); both closed afterwards."""
+    client = AgentClient(sandbox.agent_url, sandbox.agent_token, timeout=timeout)
+    d = ContainerDesktop(sandbox, client)
+    yield d
+    d.close()
+    client.close()
 
 
-@pytest.fixture(scope="module")
-def sink(desktop, target) -> Iterator[TextSink]:
-    s = desktop.start_text_sink()
-    yield s
-    s.stop()
+@pytest.fixture(scope="session")
+def target(desktop) -> AgentTarget:
+    """The conformance target: the agent in the guest over HTTP, the way the controller reaches it."""
+    return AgentTarget(desktop.client)
 
 
 @pytest.fixture(autouse=True)

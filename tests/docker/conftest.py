@@ -17,11 +17,12 @@ from typing import Iterator
 
 import pytest
 
+from ._conformance import CONFORMANCE_APPS, WORKDIR, sandbox_desktop, target  # noqa: F401 - target: fixture
+
 IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
 REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_IMAGE") == "1"
 TEST_LABEL = "desktop-sandbox.test"
 SESSION_ID = secrets.token_hex(4)
-CONFORMANCE_APPS = "/opt/desktop-sandbox/src/images/apps.conformance.json"
 
 _ready_times: list[tuple[str, dict[str, float]]] = []
 
@@ -123,8 +124,6 @@ def conformance_sandbox(docker_client, desktop_image, test_labels):
     from controller.sandbox import SandboxSpec
     from controller.sandbox.docker import DockerOptions, DockerSandbox
 
-    from ._conformance import WORKDIR
-
     sb = DockerSandbox.start(
         SandboxSpec(),
         DockerOptions(image=desktop_image, apps_file=CONFORMANCE_APPS, extra_labels=test_labels,
@@ -139,21 +138,6 @@ def conformance_sandbox(docker_client, desktop_image, test_labels):
 
 @pytest.fixture(scope="session")
 def desktop(conformance_sandbox):
-    """The conformance suite's observation side, backed by the container (``ContainerDesktop``)."""
-    from controller.agent_client import AgentClient
-
-    from ._conformance import ContainerDesktop
-
-    client = AgentClient(conformance_sandbox.agent_url, conformance_sandbox.agent_token, timeout=60)
-    d = ContainerDesktop(conformance_sandbox, client)
-    yield d
-    d.close()
-    client.close()
-
-
-@pytest.fixture(scope="session")
-def target(desktop):
-    """The conformance target: the agent in the container over HTTP through the gateway's relay."""
-    from tests.conformance.harness import AgentTarget
-
-    return AgentTarget(desktop.client)
+    """The conformance suite's observation side, backed by the container (``ContainerDesktop``); the
+    ``target`` fixture reaches its agent through the gateway's relay."""
+    yield from sandbox_desktop(conformance_sandbox, timeout=60)

@@ -17,12 +17,11 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
-
 import pytest
 
+from tests.docker._conformance import CONFORMANCE_APPS, WORKDIR, sandbox_desktop, target  # noqa: F401 - target: fixture
+
 REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_VM") == "1"
-CONFORMANCE_APPS = "/opt/desktop-sandbox/src/images/apps.conformance.json"
 _timings: list[tuple[str, dict[str, float]]] = []
 
 
@@ -77,8 +76,6 @@ def vm_sandbox(vm_image: Path):
     from controller.sandbox import SandboxSpec
     from controller.sandbox.vm import VMOptions, VMSandbox
 
-    from tests.docker._conformance import WORKDIR
-
     sb = VMSandbox.start(
         SandboxSpec(ready_timeout=float(os.environ.get("DESKTOP_SANDBOX_VM_READY_TIMEOUT", "420"))),
         VMOptions(image=vm_image, apps_file=CONFORMANCE_APPS, agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
@@ -91,21 +88,6 @@ def vm_sandbox(vm_image: Path):
 
 @pytest.fixture(scope="session")
 def desktop(vm_sandbox):
-    """The conformance suite's observation side, through the VM's agent and guest commands."""
-    from controller.agent_client import AgentClient
-
-    from tests.docker._conformance import ContainerDesktop
-
-    client = AgentClient(vm_sandbox.agent_url, vm_sandbox.agent_token, timeout=120)
-    d = ContainerDesktop(vm_sandbox, client)
-    yield d
-    d.close()
-    client.close()
-
-
-@pytest.fixture(scope="session")
-def target(desktop):
-    """The conformance target: the agent in the VM over HTTP through the host forward."""
-    from tests.conformance.harness import AgentTarget
-
-    return AgentTarget(desktop.client)
+    """The conformance suite's observation side, through the VM's agent and guest commands; the
+    ``target`` fixture reaches its agent through the host forward."""
+    yield from sandbox_desktop(vm_sandbox, timeout=120)
