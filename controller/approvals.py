@@ -10,8 +10,12 @@ Rules (from the SDK's computer-use contract):
   without asking only when every one of its checks has an opted-in code, and that is logged;
 - before_action is off by default; ``--confirm-actions type,keypress`` asks before those action
   types, step mode asks before every action.
+- typed text is shown only in a question to a person; unattended output (opt-in approvals, denials
+  for lack of a terminal) and the record show its length instead.
 
-Every decision is reported through ``on_decision`` (the run record's ``approval`` entries).
+Every decision is reported through ``on_decision`` (the run record's ``approval`` entries). Text that
+comes from the model (call ids, check codes and messages, keys) is printed literally, never as
+console markup.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 
 from controller.record import redact_action
 
@@ -110,15 +115,21 @@ class SafetyCheckApprover:
         checks = list(call.pending_safety_checks or [])
         codes = [c.code or "" for c in checks]
         ids = [c.id for c in checks]
-        self.console.print(f"[bold yellow]Safety check[/] on computer_call {call.call_id}:")
+        self.console.print(f"[bold yellow]Safety check[/] on computer_call {escape(str(call.call_id))}:")
         for check in checks:
-            self.console.print(f"  - code={check.code!s} id={check.id}: {check.message or '(no message)'}")
+            self.console.print(f"  - code={check.code!s} id={check.id}: {check.message or '(no message)'}",
+                               markup=False, highlight=False)
         self.console.print("  actions of this call:")
+        # A check without a code is never covered by an opt-in: there is nothing the person opted in to.
+        opted_in = bool(checks) and all(c.code and c.code in self.auto_codes for c in checks)
+        # Typed text is shown only to a person who is asked; unattended output may end up in logs.
+        redact = opted_in or self.asker is None
         for action in _actions_of(call):
-            self.console.print(f"    {describe_action(action)}")
+            self.console.print(f"    {describe_action(action, redact=redact)}", markup=False, highlight=False)
         base = dict(what="safety_check", call_id=call.call_id, codes=codes, check_ids=ids)
-        if checks and all(code in self.auto_codes for code in codes):
-            self.console.print(f"  approved by opt-in (--approve-safety-check {','.join(sorted(set(codes)))})")
+        if opted_in:
+            self.console.print(f"  approved by opt-in (--approve-safety-check {','.join(sorted(set(codes)))})",
+                               markup=False, highlight=False)
             self._emit(Decision(decision="approved", by="opt-in", **base))
             return True
         if self.asker is None:
@@ -169,7 +180,7 @@ class ActionGate:
         logged = describe_action(action, redact=True)
         if self.asker is None:
             msg = "denied: confirmation required but there is no terminal to ask"
-            self.console.print(f"[red]{logged}: {msg}[/]")
+            self.console.print(f"[red]{escape(logged)}: {msg}[/]")
             if self.on_decision:
                 self.on_decision(Decision(what="action", decision="denied", by="no-approver", action=logged,
                                           message=msg))

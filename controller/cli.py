@@ -9,16 +9,37 @@ from __future__ import annotations
 
 import os
 import signal
+import tomllib
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
                   no_args_is_help=True, add_completion=False)
 console = Console(stderr=True, soft_wrap=True)
+
+ACTION_TYPES = ("click", "double_click", "drag", "keypress", "move", "scroll", "type", "wait", "screenshot")
+
+
+def _refuse(message: str) -> None:
+    """Print one line (literally, no markup) to stderr and exit 2: bad input, nothing was started."""
+    console.print(message, markup=False, highlight=False)
+    raise typer.Exit(2)
+
+
+def _docker_client():  # noqa: ANN202
+    """``docker.from_env()``, or a one-line refusal (exit 2) when the engine cannot be reached."""
+    import docker
+    import docker.errors
+
+    try:
+        return docker.from_env()
+    except docker.errors.DockerException as exc:
+        _refuse(f"cannot reach the Docker engine: {exc}")
 
 
 @app.command()
@@ -30,11 +51,9 @@ def build(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line of build output."),
 ) -> None:
     """Build the guest image (Dockerfile.desktop) with progress; print its size and build time."""
-    import docker
-
     from controller import image
 
-    client = docker.from_env()
+    client = _docker_client()
     how = image.ensure_base(client, base, log=lambda m: console.print(f"[cyan]base[/] {m}"))
     console.print(f"[cyan]base[/] {base}: {how}")
     if wheelhouse:
@@ -52,7 +71,7 @@ def build(
         try:
             result = image.build(tag, base, no_cache=no_cache, client=client, on_event=show)
         except image.BuildError as exc:
-            console.print(f"[red]build failed:[/] {exc}", markup=True, highlight=False)
+            console.print(f"[red]build failed:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
     console.print(
         f"[green]built[/] {result.tag} ({result.image_id[:19]}): {result.size_bytes / 1e6:.0f} MB, "
@@ -107,14 +126,11 @@ def down(
     all_: bool = typer.Option(False, "--all", help="Remove every container and network with our label."),
 ) -> None:
     """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox."""
-    import docker
-
     from controller.sandbox.docker import remove_all, remove_sandbox
 
     if not all_ and not sandbox_ids:
-        console.print("give sandbox ids or --all")
-        raise typer.Exit(2)
-    client = docker.from_env()
+        _refuse("give sandbox ids or --all")
+    client = _docker_client()
     removed = remove_all(client) if all_ else [n for s in sandbox_ids for n in remove_sandbox(client, s)]
     for sid in sandbox_ids or []:
         _token_path(sid).unlink(missing_ok=True)
@@ -131,7 +147,8 @@ def run_task_cmd(
     live: Optional[bool] = typer.Option(None, "--live/--offline",
                                         help="Live model or the offline exercise; default: live iff OPENAI_API_KEY."),
     model: Optional[str] = typer.Option(None, help="Live model (default $OPENAI_MODEL or gpt-6-astra)."),
-    max_steps: Optional[int] = typer.Option(None, help="Limit on model responses (default: the task's, 20)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, max=500,
+                                            help="Limit on model responses (default: the task's, 20)."),
     script: Optional[Path] = typer.Option(None, help="Offline script to use instead of the task's."),
     legacy: Optional[bool] = typer.Option(None, "--legacy/--ga", help="Offline: legacy computer_use_preview tool."),
     approve_safety_check: list[str] = typer.Option(
@@ -143,24 +160,40 @@ def run_task_cmd(
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
-    Exit status 0 only when every check passed.
+    Exit status 0 only when every check passed; 2 when the task, its offline script or an option is
+    refused (one line on stderr, before anything is started).
     """
-    import docker
     import docker.errors
 
     from controller.runner import RunOptions, run_task
-    from controller.sandbox import SandboxInterrupted, SandboxSpec
+    from controller.sandbox import SandboxSpec
     from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from controller.scripted_server import load_script
     from controller.tasks import load_task
 
     try:
         task = load_task(task_file)
-    except Exception as exc:  # noqa: BLE001 - show the user what is wrong with the file
-        console.print(f"[red]cannot load {task_file}:[/] {exc}")
-        raise typer.Exit(2) from None
+    except ValueError as exc:  # TaskError: one line naming the file and the field
+        _refuse(f"cannot load task: {exc}")
     if backend not in ("docker", "vm"):
-        console.print(f"[red]unknown backend {backend!r}[/] (docker or vm)")
-        raise typer.Exit(2)
+        _refuse(f"unknown backend {backend!r} (docker or vm)")
+    confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
+    unknown = [a for a in confirm if a not in ACTION_TYPES]
+    if unknown:
+        _refuse(f"--confirm-actions: unknown action type(s) {', '.join(unknown)} (one of {', '.join(ACTION_TYPES)})")
+    if any(not code.strip() for code in approve_safety_check):
+        _refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(runs_dir, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+    if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
+        try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
+            load_script(script or task.offline_script_path())
+        except ValueError as exc:  # ScriptError, or a task without [offline]
+            _refuse(f"cannot use the offline script: {exc}")
     if backend == "vm":
         from controller.sandbox.vm import VMOptions, VMSandbox, ensure_image
 
@@ -172,7 +205,7 @@ def run_task_cmd(
             with console.status("starting VM sandbox"):
                 return VMSandbox.start(spec, VMOptions(image=vm_image))
     else:
-        client = docker.from_env()
+        client = _docker_client()
         try:
             client.images.get(image_tag)
         except docker.errors.ImageNotFound:
@@ -188,7 +221,7 @@ def run_task_cmd(
     options = RunOptions(
         runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
         approve_codes=list(approve_safety_check),
-        confirm_actions=[a.strip() for a in confirm_actions.split(",") if a.strip()], step=step,
+        confirm_actions=confirm, step=step,
     )
     outcome = run_task(task, open_sandbox, options, console=console)
     typer.echo(str(outcome.record_dir / "record.jsonl"))
@@ -208,13 +241,16 @@ def report(
     try:
         entries = read_record(run)
     except (OSError, ValueError) as exc:
-        console.print(f"[red]cannot read {run}:[/] {exc}")
-        raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(_json.dumps(summarize(entries), indent=2))
-    else:
-        print_summary(entries, run, console=Console())
-    raise typer.Exit(0 if summarize(entries)["status"] == "passed" else 1)
+        _refuse(f"cannot read {run}: {exc}")
+    try:
+        summary = summarize(entries)
+        if as_json:
+            typer.echo(_json.dumps(summary, indent=2))
+        else:
+            print_summary(entries, run, console=Console())
+    except (AttributeError, TypeError, ValueError) as exc:  # entries that are objects but not run entries
+        _refuse(f"cannot read {run}: not a run record ({type(exc).__name__}: {exc})")
+    raise typer.Exit(0 if summary["status"] == "passed" else 1)
 
 
 @app.command()
@@ -229,19 +265,33 @@ def audit(
 
     Without --policy/--task the policy is deny-all. Exit 0 only if every probe passed; 1 if any failed.
     """
+    import docker.errors
+    from pydantic import ValidationError
+
     from controller.audit import AuditError, audit as run_audit, render_table
     from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import SandboxError
+    from controller.tasks import load_task
+    from controller.validation import describe_validation_error
 
     if policy is not None and task is not None:
-        console.print("give --policy or --task, not both")
-        raise typer.Exit(2)
-    source = policy or task
-    try:
-        network = NetworkPolicy.from_toml(source) if source else NetworkPolicy()
-    except (OSError, ValueError) as exc:
-        console.print(f"[red]bad policy {source}:[/] {exc}", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        _refuse("give --policy or --task, not both")
+    if task is not None:
+        try:
+            network = load_task(task).network
+        except ValueError as exc:  # TaskError: one line naming the file and the field
+            _refuse(f"cannot load task: {exc}")
+    else:
+        try:
+            network = NetworkPolicy.from_toml(policy) if policy else NetworkPolicy()
+        except ValidationError as exc:
+            _refuse(f"bad policy {policy}: {describe_validation_error(exc, known_keys=NetworkPolicy.model_fields)}")
+        except OSError as exc:
+            _refuse(f"bad policy {policy}: cannot read: {exc.strerror or exc}")
+        except tomllib.TOMLDecodeError as exc:
+            _refuse(f"bad policy {policy}: TOML syntax error: {exc}")
+        except ValueError as exc:  # not UTF-8
+            _refuse(f"bad policy {policy}: {' '.join(str(exc).split())}")
     try:
         if backend == "vm":
             from controller.audit_vm import audit_vm
@@ -256,8 +306,8 @@ def audit(
         else:
             console.print(f"[red]unknown backend {backend!r}[/] (docker or vm)")
             raise typer.Exit(2)
-    except (AuditError, SandboxError) as exc:
-        console.print(f"[red]audit could not run:[/] {exc}", markup=True, highlight=False)
+    except (AuditError, SandboxError, docker.errors.DockerException) as exc:
+        console.print(f"[red]audit could not run:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     render_table(result, Console())
     if json_out is not None:

@@ -217,38 +217,48 @@ class SandboxDriver(_ComputerDriverBase):
             return data
         return data  # wait
 
+    def _act(self, action: Any) -> None:
+        """Map one action and send it; ``last_error`` says why when either step fails."""
+        self.last_error = None
+        try:
+            mapped = self.to_screen_action(action)
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+        self._send([mapped])
+
     # -- ComputerDriver ----------------------------------------------------------------------
     def click(self, action: Any) -> None:
         """Click at a model-space point; button and held keys forwarded as given."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def double_click(self, action: Any) -> None:
         """Double-click at a model-space point."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def move(self, action: Any) -> None:
         """Move the pointer to a model-space point."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def scroll(self, action: Any) -> None:
         """Scroll at a model-space point. scroll_x/scroll_y are forwarded unchanged (sign kept, no offset)."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def drag(self, action: Any) -> None:
         """Drag along a model-space path; every point is checked before anything is sent."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def keypress(self, action: Any) -> None:
         """Press a key combination (key names as the model sends them; the agent maps them to keysyms)."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def type(self, action: Any) -> None:
         """Type text into the focused control."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def wait(self, action: Any) -> None:
         """Let the environment settle (the agent's ``wait`` action)."""
-        self._send([self.to_screen_action(action)])
+        self._act(action)
 
     def screenshot(self) -> dict[str, str]:
         """Capture the screen and return ``{"type": "computer_screenshot", "image_url": "data:..."}``.
@@ -261,21 +271,25 @@ class SandboxDriver(_ComputerDriverBase):
     # -- capture -------------------------------------------------------------------------------
     def capture(self) -> SentScreenshot:
         """Take one screenshot under the policy, apply the size cap, and make it the model space."""
-        p = self.policy
+        self.last_error = None
         try:
-            if p.settle and self._input_since_capture:
-                self.agent.actions([{"type": "wait"}])
-            self._input_since_capture = False
-            raw = self.agent.screenshot(
-                format=p.format,
-                quality=p.quality,
-                max_width=p.max_width,
-                max_height=p.max_height,
-                crop=p.crop,
-            )
+            return self._capture()
         except Exception as exc:
             self.last_error = str(exc)
             raise
+
+    def _capture(self) -> SentScreenshot:
+        p = self.policy
+        if p.settle and self._input_since_capture:
+            self.agent.actions([{"type": "wait"}])
+        self._input_since_capture = False
+        raw = self.agent.screenshot(
+            format=p.format,
+            quality=p.quality,
+            max_width=p.max_width,
+            max_height=p.max_height,
+            crop=p.crop,
+        )
         data: bytes = raw.data
         mime = sniff_mime(data)
         declared = getattr(raw, "mime", None)

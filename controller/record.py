@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 RECORD_TYPES = {
@@ -116,11 +117,25 @@ class RunRecord:
 
 
 def read_record(path: str | Path) -> list[dict[str, Any]]:
-    """All entries of a record file (``record.jsonl`` or its run directory)."""
+    """All entries of a record file (``record.jsonl`` or its run directory).
+
+    Raises OSError when unreadable and ValueError naming the line when a line is not a JSON object.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "record.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}:{number}: an entry must be a JSON object")
+        entries.append(entry)
+    return entries
 
 
 def _parse_ts(ts: str) -> _dt.datetime:
@@ -150,7 +165,7 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     if wall is None and started and finished:
         wall = (_parse_ts(finished[-1]["ts"]) - _parse_ts(started[0]["ts"])).total_seconds()
     return {
-        "task": started[0].get("task", {}).get("name") if started else None,
+        "task": (started[0].get("task") or {}).get("name") if started else None,
         "mode": started[0].get("mode") if started else None,
         "steps": len(responses),
         "computer_calls": len(by("computer_call")),
@@ -175,7 +190,8 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
     """The summary table printed at the end of a run (and by ``desktop-sandbox report``)."""
     entries = list(entries)
     s = summarize(entries)
-    table = Table(title=f"run {s['task'] or ''} ({s['mode'] or '?'})", show_header=False)
+    # Names, reasons and observed file contents come from tasks, models and the guest: shown literally.
+    table = Table(title=escape(f"run {s['task'] or ''} ({s['mode'] or '?'})"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     table.add_row("steps (model responses)", str(s["steps"]))
@@ -192,18 +208,18 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
         detail = f"{c.get('rule')}"
         if not c.get("passed"):
             detail += f": expected {c.get('expected')!r}, observed {c.get('observed')!r}"
-        table.add_row(f"check {c.get('kind')} {c.get('target')}", f"{mark} {detail}")
+        table.add_row(escape(f"check {c.get('kind')} {c.get('target')}"), f"{mark} {escape(detail)}")
     table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
-    table.add_row("verdict", f"[{color}]{verdict}[/] {s['reason'] or ''}")
+    table.add_row("verdict", f"[{color}]{escape(str(verdict))}[/] {escape(str(s['reason'] or ''))}")
     if s["wall_s"] is not None:
         t = f"{s['wall_s']:.1f} s"
         if s["timings"]:
             t += " (" + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()) + ")"
         table.add_row("time", t)
     if record_path:
-        table.add_row("record", str(record_path))
+        table.add_row("record", escape(str(record_path)))
     return table
 
 

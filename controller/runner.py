@@ -7,8 +7,8 @@ the guest's files -> collect network decisions -> tear down -> ``run_finished``.
 
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
 the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
-(a check failed, or a safety check / action was denied), ``passed`` (loop completed and every check
-passed). Exit code 0 only for ``passed``.
+(a check failed, the task has no checks, or a safety check / action was denied), ``passed`` (loop
+completed and every check passed -- at least one). Exit code 0 only for ``passed``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import httpx
 from openai import ComputerToolset
 from openai.lib.computer import ComputerUseError
 from rich.console import Console
+from rich.markup import escape
 
 from controller.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
 from controller.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
@@ -132,7 +133,8 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str
     observed: dict[str, Any] = {}
     for ready in task.ready:
         path = guest_path(ready.file, home)
-        deadline = time.monotonic() + min(ready.timeout_s, timeout_s)
+        limit = min(ready.timeout_s, timeout_s)
+        deadline = time.monotonic() + limit
         started = time.monotonic()
         while True:
             try:
@@ -145,7 +147,7 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str
                 if getattr(exc, "status", None) != 404:
                     raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ready file {path} did not appear within {ready.timeout_s}s")
+                raise TimeoutError(f"ready file {path} did not appear within {limit:g}s")
             time.sleep(0.1)
     started = time.monotonic()
     observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0)
@@ -280,7 +282,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
     driver: SandboxDriver | None = None
     scripted: ScriptedModel | None = None
     mode = "live" if live else "offline"
-    console.print(f"[bold]run-task[/] {task.name} ({mode}) -> {record.dir}")
+    console.print(f"[bold]run-task[/] {escape(f'{task.name} ({mode}) -> {record.dir}')}")
 
     def phase(name: str, started: float) -> None:
         timings[name] = round(time.monotonic() - started, 3)
@@ -319,10 +321,10 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
             t = time.monotonic()
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
-                console.print(f"launched {launch.app} (pid {pid})")
+                console.print(f"launched {launch.app} (pid {pid})", markup=False)
             ready = _wait_ready(agent, task, home, options.ready_timeout_s)
             phase("launch_ready", t)
-            console.print(f"ready: {ready}")
+            console.print(f"ready: {ready}", markup=False)
             if cancel():
                 raise _Cancelled()
             policy = ScreenshotPolicy(format=task.model.format, quality=task.model.quality,
@@ -367,14 +369,17 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                 phase("loop", t)
                 with contextlib.suppress(Exception):
                     driver.release()
-            console.print(f"loop: {reason}" + (f" - model said: {final_message!r}" if final_message else ""))
+            console.print(f"loop: {reason}" + (f" - model said: {final_message!r}" if final_message else ""),
+                          markup=False, highlight=False)
             if cancel():
                 raise _Cancelled()
             t = time.monotonic()
             checks = run_checks(task.checks, agent, home=home,
                                 on_result=lambda r: record.write("check", **r))
             phase("verify", t)
-            if status == "passed" and not all(c["passed"] for c in checks):
+            if status == "passed" and not checks:
+                status, reason = "failed", "the task has no checks: nothing was verified"
+            elif status == "passed" and not all(c["passed"] for c in checks):
                 status = "failed"
                 reason = f"{sum(not c['passed'] for c in checks)} of {len(checks)} checks failed"
             elif status == "passed":
@@ -418,7 +423,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
                 record.write("network", origin=d.get("origin"), decision=d.get("decision"), reason=d.get("reason"),
                              via=d.get("via"), at=d.get("ts"))
         except Exception as exc:  # noqa: BLE001
-            console.print(f"[yellow]could not read the gateway decision log: {exc}[/]")
+            console.print(f"[yellow]could not read the gateway decision log: {escape(str(exc))}[/]")
     t = time.monotonic()
     for closer in (getattr(client, "close", None), getattr(sandbox, "close", None),
                    getattr(server, "stop", None)):
@@ -426,7 +431,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
             try:
                 closer()
             except Exception as exc:  # noqa: BLE001 - teardown goes on
-                console.print(f"[yellow]teardown: {exc}[/]")
+                console.print(f"[yellow]teardown: {escape(str(exc))}[/]")
     timings["teardown"] = round(time.monotonic() - t, 3)
     record.finish(status, reason, final_message=final_message, timings=timings,
                   wall_s=round(time.monotonic() - run_t0, 3))

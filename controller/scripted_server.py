@@ -11,6 +11,12 @@ listens on 127.0.0.1 only. Script format (contract, JSONL, one model turn a line
 Optional per line: ``"usage": null`` leaves usage out of that response (the run record then marks
 the token total incomplete). Coordinates in the script are model px, exactly as a live model sends.
 
+Each line is checked when the script is loaded, so a typo is reported with its line rather than as a
+failed run: actions have a known ``type`` and only that type's fields, coordinates and scroll amounts
+are integers (coordinates non-negative), keys are lists of strings, and pending safety checks are
+``{"id", "code"?, "message"?}`` with string (or null) values. Whether a point lies inside the model
+image is known only at run time; the driver refuses it then.
+
 The turn to answer is derived from the request itself (the number of ``computer_call_output``
 items in its input), so the server is stateless across runs. Like the real API, it refuses a
 request whose ``computer_call_output`` does not acknowledge exactly the pending safety checks of
@@ -47,10 +53,17 @@ class ScriptError(ValueError):
 def load_script(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL script; blank lines and lines starting with ``//`` are skipped.
 
-    Raises :class:`ScriptError` naming the line for anything that is not a valid turn.
+    Raises :class:`ScriptError` naming the file (and the line) for anything that is not a valid turn,
+    and for files that cannot be read or are not UTF-8.
     """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
     turns: list[dict[str, Any]] = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("//"):
             continue
@@ -58,6 +71,8 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
             turn = json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise ScriptError(f"{path}:{number}: {exc}") from None
+        except RecursionError:
+            raise ScriptError(f"{path}:{number}: JSON nested too deeply") from None
         validate_turn(turn, where=f"{path}:{number}")
         turns.append(turn)
     if not turns:
@@ -82,9 +97,88 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
         raise ScriptError(f"{where}: action must be an object")
     if kinds[0] == "message" and not isinstance(turn["message"], str):
         raise ScriptError(f"{where}: message must be a string")
-    for check in turn.get("pending_safety_checks", []):
+    if "usage" in turn and turn["usage"] is not None:
+        raise ScriptError(f"{where}: usage may only be null (leave usage out of that response)")
+    actions = turn["actions"] if kinds[0] == "actions" else [turn["action"]] if kinds[0] == "action" else []
+    for i, action in enumerate(actions):
+        _validate_action(action, f"{where}: action {i}")
+    checks = turn.get("pending_safety_checks", [])
+    if not isinstance(checks, list):
+        raise ScriptError(f"{where}: pending_safety_checks must be a list")
+    for check in checks:
         if not isinstance(check, dict) or not isinstance(check.get("id"), str):
             raise ScriptError(f"{where}: each pending safety check needs a string id")
+        extra = set(check) - {"id", "code", "message"}
+        if extra:
+            raise ScriptError(f"{where}: unknown pending safety check fields {sorted(extra)}")
+        for name in ("code", "message"):
+            if check.get(name) is not None and not isinstance(check[name], str):
+                raise ScriptError(f"{where}: pending safety check {name} must be a string or null")
+
+
+# Fields of each Responses computer action (required, optional), as the SDK validates them.
+_ACTION_FIELDS: dict[str, tuple[set[str], set[str]]] = {
+    "click": ({"x", "y", "button"}, {"keys"}),
+    "double_click": ({"x", "y"}, {"keys"}),
+    "drag": ({"path"}, {"keys"}),
+    "keypress": ({"keys"}, set()),
+    "move": ({"x", "y"}, {"keys"}),
+    "scroll": ({"x", "y", "scroll_x", "scroll_y"}, {"keys"}),
+    "type": ({"text"}, set()),
+    "wait": (set(), set()),
+    "screenshot": (set(), set()),
+}
+_BUTTONS = {"left", "right", "wheel", "back", "forward"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate_point(x: Any, y: Any, where: str) -> None:
+    if not (_is_int(x) and _is_int(y)):
+        raise ScriptError(f"{where}: coordinates must be integers (model px), got ({x!r}, {y!r})")
+    if x < 0 or y < 0:
+        raise ScriptError(f"{where}: coordinates must not be negative, got ({x}, {y})")
+
+
+def _validate_action(action: Any, where: str) -> None:
+    """Raise :class:`ScriptError` unless ``action`` is a well-formed Responses computer action."""
+    if not isinstance(action, dict):
+        raise ScriptError(f"{where}: an action must be a JSON object")
+    kind = action.get("type")
+    if kind not in _ACTION_FIELDS:
+        raise ScriptError(f"{where}: unknown action type {kind!r} (one of {', '.join(_ACTION_FIELDS)})")
+    required, optional = _ACTION_FIELDS[kind]
+    missing = required - set(action)
+    if missing:
+        raise ScriptError(f"{where}: {kind} needs {sorted(missing)}")
+    extra = set(action) - required - optional - {"type"}
+    if extra:
+        raise ScriptError(f"{where}: unknown fields for {kind}: {sorted(extra)}")
+    if "x" in required:
+        _validate_point(action["x"], action["y"], where)
+    if kind == "click" and action["button"] not in _BUTTONS:
+        raise ScriptError(f"{where}: button must be one of {sorted(_BUTTONS)}, got {action['button']!r}")
+    if kind == "scroll":
+        for name in ("scroll_x", "scroll_y"):
+            if not _is_int(action[name]):
+                raise ScriptError(f"{where}: {name} must be an integer, got {action[name]!r}")
+    if kind == "drag":
+        path = action["path"]
+        if not isinstance(path, list) or len(path) < 2:
+            raise ScriptError(f"{where}: drag path must list at least two points")
+        for point in path:
+            if not isinstance(point, dict) or set(point) != {"x", "y"}:
+                raise ScriptError(f"{where}: drag path points must be {{x, y}}, got {point!r}")
+            _validate_point(point["x"], point["y"], where)
+    keys = action.get("keys")
+    if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
+        raise ScriptError(f"{where}: keys must be a list of strings")
+    if kind == "keypress" and not keys:
+        raise ScriptError(f"{where}: keypress keys must not be empty")
+    if kind == "type" and not isinstance(action["text"], str):
+        raise ScriptError(f"{where}: type text must be a string")
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -164,16 +258,24 @@ class ScriptedModel:
         for item in items:
             if not isinstance(item, dict):
                 continue
+            if item.get("type") in ("computer_call", "computer_call_output") and \
+                    not isinstance(item.get("call_id", ""), str):
+                return "invalid_input", f"{item.get('type')}.call_id must be a string"
             if item.get("type") == "computer_call":
                 calls[item.get("call_id", "")] = item
             elif item.get("type") == "computer_call_output":
                 call = calls.get(item.get("call_id", ""))
                 if call is None:
                     return "invalid_input", f"computer_call_output for unknown call_id {item.get('call_id')!r}"
+                pending_raw = call.get("pending_safety_checks") or []
+                acked_raw = item.get("acknowledged_safety_checks") or []
+                for name, raw in (("pending_safety_checks", pending_raw), ("acknowledged_safety_checks", acked_raw)):
+                    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+                        return "invalid_input", f"{name} must be a list of objects"
                 pending = [{"id": c.get("id"), "code": c.get("code"), "message": c.get("message")}
-                           for c in call.get("pending_safety_checks") or []]
+                           for c in pending_raw]
                 acked = [{"id": c.get("id"), "code": c.get("code"), "message": c.get("message")}
-                         for c in item.get("acknowledged_safety_checks") or []]
+                         for c in acked_raw]
                 if acked != pending:
                     return ("safety_checks_not_acknowledged",
                             f"call {call.get('call_id')} acknowledged {acked} but its pending checks are {pending}")
@@ -251,8 +353,8 @@ def create_app(model: ScriptedModel) -> FastAPI:
     async def responses(request: Request) -> JSONResponse:
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "invalid_json", "request body is not JSON")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            return _error(400, "invalid_json", "request body is not JSON (or is nested too deeply)")
         if not isinstance(body, dict):
             return _error(400, "invalid_json", "request body must be a JSON object")
         status, payload = model.answer(body)

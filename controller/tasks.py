@@ -6,6 +6,14 @@ Schema (contract): ``name``, ``instructions``, ``[screen]`` (width, height; defa
 (app, args), ``[network]`` (mode "deny-all" | "allowlist", allow = origins), ``[[checks]]``
 (kind "file" | "sqlite"), ``[offline]`` (script, relative to the task file).
 
+Refused at load (:class:`TaskError`, one line naming the file and the field): unknown keys (a typo such
+as ``[[check]]`` would otherwise drop every check), a task without checks (it could never be verified),
+values of the wrong type (no coercion: ``width = "1280"`` is an error), a crop outside the screen,
+origins the gateway would not parse (``[network]`` is the gateway's :class:`NetworkPolicy`, so the
+same rules apply), regexes that do not compile, JSON values that do not parse, guest paths that are
+relative or contain ``..``, and sqlite queries other than one ``SELECT`` / ``WITH`` / ``VALUES``
+statement (verification also runs them under a read-only authorizer).
+
 Extensions kept optional: ``max_steps``; ``[model]`` format/quality/max_bytes; ``[[ready]]``
 conditions the runner waits for after launching (a file appearing in the guest); sqlite checks'
 ``bind_files`` (guest files whose text, trailing whitespace removed, is bound to the query's ``?``).
@@ -13,33 +21,95 @@ conditions the runner waits for after launching (a file appearing in the guest);
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, field_validator, model_validator)
+
+from controller.gateway.policy import NetworkPolicy
+from controller.validation import describe_validation_error
+
+
+class TaskError(ValueError):
+    """A task file cannot be used; the message is one line: ``FILE: FIELD: why (got VALUE)``."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
+def check_guest_path(path: str) -> str:
+    """A guest path as tasks may name it: absolute, or ``~/...`` under the guest user's home.
+
+    Raises ValueError for empty or relative paths, ``~user`` forms, NUL characters and ``..``
+    segments (the agent's allowed roots are the real boundary; this keeps tasks from pointing past
+    them by accident).
+    """
+    if not isinstance(path, str) or not path:
+        raise ValueError("guest path must not be empty")
+    if "\x00" in path:
+        raise ValueError("guest path must not contain NUL")
+    if not (path.startswith("/") or path.startswith("~/")):
+        raise ValueError(f"guest path must be absolute or start with ~/: {path!r}")
+    if ".." in PurePosixPath(path).parts:
+        raise ValueError(f"guest path must not contain '..': {path!r}")
+    return path
+
+
+GuestPath = Annotated[StrictStr, Field(min_length=1)]
+
+
+def _check_read_only_query(query: str) -> str:
+    """One SELECT / WITH / VALUES statement (comments and one trailing ``;`` allowed), else ValueError."""
+    tokens = _sql_tokens(query)
+    if not tokens:
+        raise ValueError("query is empty")
+    if tokens[-1] == ";":
+        tokens = tokens[:-1]
+    if ";" in tokens:
+        raise ValueError("query must be a single statement")
+    if not tokens or tokens[0].upper() not in ("SELECT", "WITH", "VALUES"):
+        raise ValueError("query must be one SELECT (or WITH ... SELECT) statement: checks only read")
+    return query
+
+
+_SQL_TOKEN = re.compile(r"""
+    \s+ | --[^\n]*(?:\n|$) | /\*.*?(?:\*/|$)        # space and comments: skipped
+    | '(?:[^']|'')*'? | "(?:[^"]|"")*"? | `[^`]*`? | \[[^\]]*\]?   # literals and quoted names
+    | [A-Za-z_][A-Za-z0-9_$]* | ; | .                 # words, statement ends, anything else
+""", re.VERBOSE | re.DOTALL)
+
+
+def _sql_tokens(query: str) -> list[str]:
+    out = []
+    for match in _SQL_TOKEN.finditer(query):
+        token = match.group(0)
+        if token.isspace() or token.startswith(("--", "/*")):
+            continue
+        out.append(token)
+    return out
+
+
 class Screen(_Strict):
     """Guest screen size in screen px."""
 
-    width: int = Field(1280, ge=64, le=8192)
-    height: int = Field(800, ge=64, le=8192)
+    width: StrictInt = Field(1280, ge=64, le=8192)
+    height: StrictInt = Field(800, ge=64, le=8192)
 
 
 class ModelView(_Strict):
     """What the model sees: bounding box (model px), optional crop (screen px), encoding and size cap."""
 
-    max_width: int | None = Field(1280, ge=16)
-    max_height: int | None = Field(800, ge=16)
-    crop: tuple[int, int, int, int] | None = None
+    max_width: StrictInt | None = Field(1280, ge=16)
+    max_height: StrictInt | None = Field(800, ge=16)
+    crop: tuple[StrictInt, StrictInt, StrictInt, StrictInt] | None = None
     format: Literal["png", "jpeg"] = "png"
-    quality: int = Field(85, ge=1, le=100)
-    max_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    quality: StrictInt = Field(85, ge=1, le=100)
+    max_bytes: StrictInt = Field(4 * 1024 * 1024, ge=1024)
 
     @field_validator("crop")
     @classmethod
@@ -52,28 +122,27 @@ class ModelView(_Strict):
 class Launch(_Strict):
     """An allowlisted app the agent starts before the loop."""
 
-    app: str
-    args: list[str] = []
+    app: StrictStr = Field(min_length=1)
+    args: list[StrictStr] = []
+
+    @field_validator("app", "args")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        if any("\x00" in a for a in ([v] if isinstance(v, str) else v)):
+            raise ValueError("must not contain NUL")
+        return v
 
 
 class Ready(_Strict):
     """A condition the runner waits for after launching: ``file`` exists in the guest."""
 
-    file: str
-    timeout_s: float = Field(60.0, gt=0)
+    file: GuestPath
+    timeout_s: StrictFloat = Field(60.0, gt=0)
 
-
-class Network(_Strict):
-    """Egress policy for the guest: deny everything, or allow the listed origins."""
-
-    mode: Literal["deny-all", "allowlist"] = "deny-all"
-    allow: list[str] = []
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "Network":
-        if self.mode == "deny-all" and self.allow:
-            raise ValueError("network.allow must be empty when mode is deny-all")
-        return self
+    @field_validator("file")
+    @classmethod
+    def _guest_path(cls, v: str) -> str:
+        return check_guest_path(v)
 
 
 class FileCheck(_Strict):
@@ -85,9 +154,37 @@ class FileCheck(_Strict):
     """
 
     kind: Literal["file"]
-    path: str
+    path: GuestPath
     match: Literal["exact", "text", "regex", "json"]
     value: Any
+
+    @field_validator("path")
+    @classmethod
+    def _guest_path(cls, v: str) -> str:
+        return check_guest_path(v)
+
+    @model_validator(mode="after")
+    def _value_fits_rule(self) -> "FileCheck":
+        if self.match in ("exact", "text", "regex") and not isinstance(self.value, str):
+            raise ValueError(f"value must be a string for match = {self.match!r}")
+        if self.match == "regex":
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise ValueError(f"value is not a valid regex: {exc}") from None
+        if self.match == "json":
+            if isinstance(self.value, str):
+                try:
+                    json.loads(self.value)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"value is not valid JSON text: {exc}") from None
+            else:
+                try:
+                    json.dumps(self.value)
+                except (TypeError, ValueError):
+                    raise ValueError("value must be JSON text or a TOML value JSON can express "
+                                     "(no dates or times)") from None
+        return self
 
 
 class SqliteCheck(_Strict):
@@ -99,10 +196,25 @@ class SqliteCheck(_Strict):
     """
 
     kind: Literal["sqlite"]
-    path: str
-    query: str
+    path: GuestPath
+    query: StrictStr
     rows: list[list[Any]]
-    bind_files: list[str] = []
+    bind_files: list[GuestPath] = []
+
+    @field_validator("path")
+    @classmethod
+    def _guest_path(cls, v: str) -> str:
+        return check_guest_path(v)
+
+    @field_validator("query")
+    @classmethod
+    def _read_only(cls, v: str) -> str:
+        return _check_read_only_query(v)
+
+    @field_validator("bind_files")
+    @classmethod
+    def _bind_paths(cls, v: list[str]) -> list[str]:
+        return [check_guest_path(p) for p in v]
 
 
 Check = Annotated[Union[FileCheck, SqliteCheck], Field(discriminator="kind")]
@@ -111,24 +223,48 @@ Check = Annotated[Union[FileCheck, SqliteCheck], Field(discriminator="kind")]
 class Offline(_Strict):
     """The scripted model turns (contract 3), path relative to the task file."""
 
-    script: str
-    legacy: bool = False
+    script: StrictStr = Field(min_length=1)
+    legacy: StrictBool = False
 
 
 class Task(_Strict):
     """A task file. ``source`` is the file it came from (set by :func:`load_task`)."""
 
-    name: str
-    instructions: str
+    name: StrictStr
+    instructions: StrictStr
     screen: Screen = Screen()
     model: ModelView = ModelView()
     launch: list[Launch] = []
     ready: list[Ready] = []
-    network: Network = Network()
-    checks: list[Check] = []
+    network: NetworkPolicy = NetworkPolicy()
+    checks: list[Check] = Field([], validate_default=True)
     offline: Offline | None = None
-    max_steps: int = Field(20, ge=1, le=500)
+    max_steps: StrictInt = Field(20, ge=1, le=500)
     source: Path | None = None
+
+    @field_validator("name", "instructions")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _some_checks(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("a task needs at least one [[checks]] entry: without checks nothing is verified")
+        return v
+
+    @model_validator(mode="after")
+    def _crop_inside_screen(self) -> "Task":
+        crop = self.model.crop
+        if crop is not None:
+            x, y, w, h = crop
+            if x + w > self.screen.width or y + h > self.screen.height:
+                raise ValueError(f"model.crop {list(crop)} reaches outside the "
+                                 f"{self.screen.width}x{self.screen.height} screen")
+        return self
 
     def offline_script_path(self) -> Path:
         """Absolute path of the offline script; raises ValueError when the task has none."""
@@ -139,10 +275,31 @@ class Task(_Strict):
 
 
 def load_task(path: str | Path) -> Task:
-    """Read and validate a task TOML file. Raises FileNotFoundError, tomllib.TOMLDecodeError or
-    pydantic.ValidationError."""
+    """Read and validate a task TOML file.
+
+    Raises :class:`TaskError` (a ValueError) with a one-line message naming the file and the field:
+    unreadable file, not UTF-8, TOML syntax, or any schema rule above.
+    """
     path = Path(path)
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    data.pop("source", None)
-    task = Task.model_validate(data)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise TaskError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{path}: TOML syntax error: {exc}") from None
+    if "source" in data:
+        raise TaskError(f"{path}: source: unknown key (the loader sets it from the file's location)")
+    try:
+        task = Task.model_validate(data)
+    except ValidationError as exc:
+        raise TaskError(f"{path}: {describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags={'checks': ('file', 'sqlite')})}"
+                        ) from None
     return task.model_copy(update={"source": path.resolve()})
+
+
+_KNOWN_KEYS = {name for model in (Task, Screen, ModelView, Launch, Ready, NetworkPolicy, FileCheck, SqliteCheck,
+                                  Offline) for name in model.model_fields} - {"source"}

@@ -5,10 +5,15 @@ compare it with the task's checks. Never from the model's transcript.
   ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (parsed values equal);
 - sqlite checks: the database and its ``-wal``/``-shm`` files are copied through the files API to
   a temporary directory, opened read-only, the query is run (``bind_files`` texts bound to its
-  ``?`` parameters) and the rows are compared exactly.
+  ``?`` parameters) under an authorizer that admits only reads of that database (no ATTACH, PRAGMA,
+  writes or schema changes: a query cannot touch the host's files) and the rows are compared exactly.
+  The database is guest-made, so it is opened with SQLite's defences for untrusted files (no trusted
+  schema, cell size checks, no mmap), the query is interrupted after ``QUERY_TIME_LIMIT_S`` and only
+  the rows needed to decide (and show) the comparison are fetched.
 
 Each result records the rule, the expected value and what was observed (bytes in hex when they
-differ). A missing file or an unreadable database is a failed check, not an exception.
+differ). A missing file, an unreadable database or a check that cannot be evaluated is a failed
+check, not an exception.
 """
 
 from __future__ import annotations
@@ -17,13 +22,18 @@ import json
 import re
 import sqlite3
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
-from controller.tasks import FileCheck, SqliteCheck
+from controller.tasks import FileCheck, SqliteCheck, check_guest_path
 
 MAX_OBSERVED_CHARS = 2000
 MAX_HEX_BYTES = 256
+MAX_OBSERVED_ROWS = 50
+QUERY_TIME_LIMIT_S = 10.0
+"""A check's query is interrupted after this many seconds: the database comes from the guest, which
+may have replaced a table with an endless view."""
 
 
 class FileReader(Protocol):
@@ -37,8 +47,15 @@ class GuestFileMissing(FileNotFoundError):
 
 
 def guest_path(path: str, home: str) -> str:
-    """Expand a leading ``~`` to the guest user's home; the result must be absolute (POSIX)."""
-    if path == "~" or path.startswith("~/"):
+    """Expand a leading ``~`` to the guest user's home; the result must be absolute (POSIX).
+
+    Raises ValueError for what :func:`controller.tasks.check_guest_path` refuses (relative paths,
+    ``..`` segments, NUL).
+    """
+    if path == "~":
+        return home
+    check_guest_path(path)
+    if path.startswith("~/"):
         path = home.rstrip("/") + path[1:]
     if not PurePosixPath(path).is_absolute():
         raise ValueError(f"guest path must be absolute or start with ~/: {path!r}")
@@ -90,7 +107,10 @@ def check_file(check: FileCheck, reader: FileReader, home: str) -> dict[str, Any
         except re.error as exc:
             passed, detail = False, f"invalid regex: {exc}"
     else:  # json
-        expected_value = json.loads(check.value) if isinstance(check.value, str) else check.value
+        try:
+            expected_value = json.loads(check.value) if isinstance(check.value, str) else check.value
+        except json.JSONDecodeError as exc:
+            return {**result, "observed": _shown(data), "passed": False, "detail": f"expected value is not JSON: {exc}"}
         try:
             passed = json.loads(text) == expected_value
         except json.JSONDecodeError as exc:
@@ -102,6 +122,19 @@ def check_file(check: FileCheck, reader: FileReader, home: str) -> dict[str, Any
     if detail:
         result["detail"] = detail
     return result
+
+
+# What a check's query may do: read (tables, columns, functions, recursive CTEs) -- nothing else.
+_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+
+
+def _read_only_authorizer(action: int, _arg1: Any, _arg2: Any, db_name: Any, _trigger: Any) -> int:
+    """sqlite3 authorizer: allow reading the ``main`` database (tables, functions, CTEs); deny everything else."""
+    if action not in _READ_ACTIONS:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_READ and db_name not in (None, "main"):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
 
 
 def _normalize(rows: Any) -> list[list[Any]]:
@@ -144,24 +177,44 @@ def check_sqlite(check: SqliteCheck, reader: FileReader, home: str) -> dict[str,
             except GuestFileMissing:
                 pass
         result["copied"] = copied
+        expected = _normalize(check.rows)
+        deadline = time.monotonic() + QUERY_TIME_LIMIT_S
         try:
             conn = sqlite3.connect(f"file:{local}?mode=ro", uri=True)
             try:
-                rows = _normalize(conn.execute(check.query, params).fetchall())
+                for pragma in ("trusted_schema = OFF", "cell_size_check = ON", "mmap_size = 0"):
+                    conn.execute(f"PRAGMA {pragma}")
+                conn.set_authorizer(_read_only_authorizer)
+                conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+                cursor = conn.execute(check.query, params)
+                rows = _normalize(cursor.fetchmany(max(len(expected), MAX_OBSERVED_ROWS) + 1))
             finally:
                 conn.close()
         except sqlite3.Error as exc:
-            return {**result, "observed": None, "passed": False, "detail": f"sqlite error: {exc}"}
-    expected = _normalize(check.rows)
-    return {**result, "observed": rows[:50], "passed": rows == expected}
+            if time.monotonic() > deadline:
+                detail = f"query stopped at the time limit ({QUERY_TIME_LIMIT_S:g}s)"
+            else:
+                detail = f"sqlite error: {exc}"
+            return {**result, "observed": None, "passed": False, "detail": detail}
+    return {**result, "observed": rows[:MAX_OBSERVED_ROWS], "passed": rows == expected}
 
 
 def run_checks(checks: list[Any], reader: FileReader, *, home: str = "/home/sandbox",
                on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run every check in order; each result goes to ``on_result`` (the record) and the list."""
+    """Run every check in order; each result goes to ``on_result`` (the record) and the list.
+
+    A check that cannot be evaluated at all (a path the rules refuse, a check object built without
+    validation) becomes a failed result with ``detail``; the remaining checks still run.
+    """
     results = []
     for check in checks:
-        result = check_file(check, reader, home) if check.kind == "file" else check_sqlite(check, reader, home)
+        try:
+            result = check_file(check, reader, home) if check.kind == "file" else check_sqlite(check, reader, home)
+        except Exception as exc:  # noqa: BLE001 - one bad check must not hide the others' results
+            result = {"kind": getattr(check, "kind", None), "target": getattr(check, "path", None),
+                      "rule": getattr(check, "match", None) or getattr(check, "query", None),
+                      "expected": getattr(check, "value", getattr(check, "rows", None)), "observed": None,
+                      "passed": False, "detail": f"check could not be evaluated: {exc}"}
         results.append(result)
         if on_result is not None:
             on_result(result)

@@ -225,6 +225,11 @@ def canonical_host(host: str) -> str:
             encoded = idna.encode(name, uts46=True).decode("ascii")
         except idna.IDNAError as exc:
             raise PolicyError(f"invalid internationalised host name {host!r}: {exc}") from exc
+        # UTS #46 maps other full stops (U+3002, U+FF0E, ...) to '.', so a trailing one shows up only now.
+        if encoded.endswith("."):
+            encoded = encoded[:-1]
+            if not encoded or encoded.endswith("."):
+                raise PolicyError(f"invalid host {host!r}")
     # A name that ends in a number is read as an IPv4 literal by resolvers and URL parsers alike.
     if parse_ipv4_literal(encoded.rsplit(".", 1)[-1]) is not None and parse_ipv4_literal(encoded) is None:
         raise PolicyError(f"host {host!r} ends in a number but is not a valid IPv4 literal")
@@ -432,17 +437,20 @@ class NetworkPolicy(BaseModel):
 
     @classmethod
     def from_toml(cls, path: Union[str, Path]) -> "NetworkPolicy":
-        """Load from a policy file or a task file: the ``[network]`` table if present, else the top level
-        (``mode``, ``allow``, ``allow_addresses``). A task without ``[network]`` is deny-all.
+        """Load from a policy file or a task file: the ``[network]`` table if present; else, for a task
+        file (it has ``name`` or ``instructions``), deny-all; else the whole file is the policy
+        (``mode``, ``allow``, ``allow_addresses``), and any other key is an error -- a misspelt ``allow``
+        must not quietly leave the allowlist empty.
 
-        Raises OSError when unreadable, ValueError (tomllib.TOMLDecodeError or ValidationError) when
-        malformed.
+        Raises OSError when unreadable, ValueError (tomllib.TOMLDecodeError, UnicodeDecodeError or
+        ValidationError) when malformed.
         """
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         if "network" in data:
             return cls.model_validate(data["network"])
-        keys = {"mode", "allow", "allow_addresses"}
-        return cls.model_validate({k: v for k, v in data.items() if k in keys})
+        if "name" in data or "instructions" in data:
+            return cls()
+        return cls.model_validate(data)
 
     # -- matching ---------------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from openai.types.responses import ResponseComputerToolCall
 
+from rich.console import Console
+
 from controller.approvals import ActionGate, SafetyCheckApprover, describe_action, terminal_asker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +121,37 @@ def test_action_gate_without_terminal_denies_and_the_record_never_sees_typed_tex
     assert gate(CALL.actions[1]) is False
     assert "hunter2" not in decisions[0].action and "text_length" in decisions[0].action
     assert "hunter2" not in describe_action(CALL.actions[1], redact=True)
+
+
+HOSTILE = ResponseComputerToolCall.model_validate({
+    "type": "computer_call", "id": "cu_2", "call_id": "[bold]call_2", "status": "completed",
+    "actions": [{"type": "keypress", "keys": ["[/]"]}, {"type": "type", "text": "hunter2"}],
+    "pending_safety_checks": [{"id": "sc_[/]", "code": "[/red]", "message": "[link=https://evil.test]click[/link] [/]"}],
+})
+
+
+@pytest.mark.parametrize("auto_codes, asker", [((), None), ({"[/red]"}, None), ((), lambda q: "n")])
+def test_model_text_is_shown_literally_never_as_console_markup(auto_codes, asker):
+    """Call ids, codes, messages and keys come from the model: they must neither crash the display
+    (rich raises on a stray closing tag) nor style it."""
+    console = Console(record=True, width=200, force_terminal=False)
+    result = SafetyCheckApprover(asker=asker, auto_codes=auto_codes, console=console)(HOSTILE)
+    assert result is (bool(auto_codes))
+    text = console.export_text()
+    assert "[bold]call_2" in text and "[link=https://evil.test]click[/link] [/]" in text and "'[/]'" in text
+    assert "hunter2" not in text if asker is None else True
+
+
+def test_action_gate_shows_hostile_keys_literally():
+    console = Console(record=True, width=200)
+    assert ActionGate(confirm={"keypress"}, asker=None, console=console)(HOSTILE.actions[0]) is False
+    assert "'[/]'" in console.export_text()
+
+
+def test_a_check_without_a_code_is_never_approved_by_an_empty_opt_in():
+    call = ResponseComputerToolCall.model_validate({
+        "type": "computer_call", "id": "cu_3", "call_id": "call_3", "status": "completed",
+        "actions": [{"type": "wait"}], "pending_safety_checks": [{"id": "sc_3", "code": None, "message": None}]})
+    decisions = []
+    assert SafetyCheckApprover(asker=None, auto_codes={"", "None"}, on_decision=decisions.append)(call) is False
+    assert decisions[-1].decision == "denied"

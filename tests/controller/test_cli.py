@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from controller.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,3 +45,94 @@ def test_run_task_refuses_a_broken_task_file(tmp_path):
     task.write_text('name = "x"\n')
     out = _cli("run-task", str(task), cwd=tmp_path)
     assert out.returncode == 2 and "instructions" in out.stderr
+
+
+GOOD = ('name = "x"\ninstructions = "y"\n[[checks]]\nkind = "file"\npath = "~/a"\nmatch = "text"\nvalue = "a"\n')
+
+
+def _offline_cli(*args: str, cwd: Path):
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "DOCKER_HOST")}
+    # Anything that got as far as Docker would fail loudly on this socket instead of starting a sandbox.
+    env.update(PYTHONPATH=str(ROOT), DOCKER_HOST="unix:///nonexistent/docker.sock", COLUMNS="80")
+    return subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+
+def _refused(out, *needles: str) -> None:
+    """Exit 2, one line on stderr naming what is wrong, no traceback."""
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("body, needles", [
+    (GOOD.replace("[[checks]]", "[[check]]"), ["t.toml", "check: unknown key", "did you mean 'checks'"]),
+    ('name = "x"\ninstructions = "y"\n', ["t.toml", "checks", "at least one"]),
+    (GOOD + '[network]\nmode = "[red]deny[/]"\n', ["network.mode", "(got '[red]deny[/]')"]),
+    (GOOD + '[network]\nmode = "allowlist"\nallow = ["https://[/]"]\n', ["network.allow", "https://[/]"]),
+    (GOOD + '[model]\ncrop = [1000, 0, 500, 100]\n', ["model.crop", "1280x800 screen"]),
+    (GOOD + '[screen]\nwidth = "1280"\n', ["screen.width", "(got '1280')"]),
+    (GOOD + "[[checks\n", ["t.toml", "TOML syntax error", "line 8"]),
+    (GOOD, ["no [offline] script"]),
+    (GOOD + '[offline]\nscript = "missing.jsonl"\n', ["missing.jsonl", "cannot read"]),
+    (GOOD + '[offline]\nscript = "bad.jsonl"\n', ["bad.jsonl:2", "teleport"]),
+])
+def test_run_task_refuses_bad_tasks_in_one_line_before_starting_anything(tmp_path, body, needles):
+    (tmp_path / "bad.jsonl").write_text('{"message": "x"}\n{"actions": [{"type": "teleport", "x": 1, "y": 1}]}\n')
+    task = tmp_path / "t.toml"
+    task.write_text(body)
+    _refused(_offline_cli("run-task", str(task), "--offline", cwd=tmp_path), *needles)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--max-steps", "0"], ["max-steps"]),
+    (["--max-steps", "-3"], ["max-steps"]),
+    (["--confirm-actions", "type,kepress"], ["kepress", "keypress"]),
+    (["--approve-safety-check", ""], ["approve-safety-check"]),
+    (["--script", "nope.jsonl"], ["nope.jsonl", "cannot read"]),
+    (["--backend", "qemu"], ["qemu"]),
+    (["--runs-dir", "a-file"], ["runs-dir", "a-file"]),
+])
+def test_run_task_refuses_bad_options_in_one_line(tmp_path, args, needles):
+    (tmp_path / "ok.jsonl").write_text('{"message": "x"}\n')
+    (tmp_path / "a-file").write_text("not a directory")
+    task = tmp_path / "t.toml"
+    task.write_text(GOOD + '[offline]\nscript = "ok.jsonl"\n')
+    out = _offline_cli("run-task", str(task), "--offline", *args, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, (needle, out.stderr)
+
+
+@pytest.mark.parametrize("body, needles", [
+    ('mode = "allowlist"\nalow = ["https://a.test"]\n', ["p.toml", "alow: unknown key", "did you mean 'allow'"]),
+    ('mode = "allowlist"\nallow = ["https://a.test/path"]\n', ["p.toml", "allow", "https://a.test/path"]),
+    ('mode = "allow-all"\n', ["p.toml", "mode", "(got 'allow-all')"]),
+    ('[network]\nmode = "allowlist"\nallow = ["https://*.a.test"]\n', ["p.toml", "wildcards"]),
+    ('mode = "allowlist"\nallow = [\n', ["p.toml", "TOML"]),
+])
+def test_audit_refuses_bad_policy_files_in_one_line(tmp_path, body, needles):
+    policy = tmp_path / "p.toml"
+    policy.write_text(body)
+    _refused(_offline_cli("audit", "--policy", str(policy), cwd=tmp_path), *needles)
+
+
+def test_audit_task_option_uses_the_task_rules(tmp_path):
+    task = tmp_path / "t.toml"
+    task.write_text('name = "x"\ninstructions = "y"\n[network]\nmode = "allowlist"\nallow = ["https://a.test"]\n')
+    _refused(_offline_cli("audit", "--task", str(task), cwd=tmp_path), "t.toml", "checks")
+
+
+@pytest.mark.parametrize("content", ["[1]\n", "{not json\n", '{"type": "run_started", "task": null}\n',
+                                     '{"type": "run_started", "task": "x"}\n',
+                                     '{"type": "model_response", "usage": {"total_tokens": "many"}}\n',
+                                     '{"type": "run_finished", "status": "passed", "wall_s": "soon"}\n'])
+def test_report_on_a_damaged_record(tmp_path, content):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.jsonl").write_text(content)
+    out = _offline_cli("report", str(run), cwd=tmp_path)
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr

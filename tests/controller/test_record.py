@@ -66,3 +66,32 @@ def test_summary_counts_and_incomplete_usage(tmp_path):
     text = console.export_text()
     assert "incomplete" in text and "FAIL" in text and "failed" in text
     json.dumps(s)
+
+
+def test_summary_shows_guest_and_model_text_literally(tmp_path):
+    """Observed file contents (written in the guest), reasons and task names are not console markup."""
+    entries = [
+        {"type": "run_started", "ts": "2030-01-01T00:00:00+00:00", "task": {"name": "[bold]t"}, "mode": "offline"},
+        {"type": "check", "ts": "2030-01-01T00:00:01+00:00", "kind": "file", "target": "/home/[/]", "rule": "text",
+         "expected": "[red]a", "observed": "[/] [link=https://evil.test]x[/link]", "passed": False},
+        {"type": "run_finished", "ts": "2030-01-01T00:00:02+00:00", "status": "failed", "reason": "[/bold]"},
+    ]
+    console = Console(record=True, width=300)
+    console.print(summary_table(entries, tmp_path / "[/]"))
+    text = console.export_text()
+    for literal in ("[bold]t", "/home/[/]", "'[/] [link=https://evil.test]x[/link]'", "[/bold]", "'[red]a'"):
+        assert literal in text, literal
+
+
+@pytest.mark.parametrize("content", ['[1, 2]\n', '"text"\n', '{"type": "run_started", "task": null}\n'])
+def test_records_that_are_not_entries_are_refused_or_summarised(tmp_path, content):
+    path = tmp_path / "record.jsonl"
+    path.write_text(content)
+    try:
+        entries = read_record(path)
+    except ValueError as exc:
+        assert "record.jsonl:1" in str(exc)
+        return
+    summary = summarize(entries)
+    assert summary["status"] == "unfinished"
+    Console(record=True).print(summary_table(entries))

@@ -163,3 +163,96 @@ def test_the_task_scripts_are_valid():
         turns = load_script(script)
         assert "message" in turns[-1]
         json.dumps(turns)
+
+
+WAIT = {"type": "wait"}
+
+
+@pytest.mark.parametrize("turn, why", [
+    ({"actions": [WAIT], "pending_safety_checks": None}, "pending_safety_checks"),
+    ({"actions": [WAIT], "pending_safety_checks": {"id": "x"}}, "pending_safety_checks"),
+    ({"actions": [WAIT], "pending_safety_checks": [{"id": "x", "code": 5}]}, "code"),
+    ({"actions": [WAIT], "pending_safety_checks": [{"id": "x", "message": ["m"]}]}, "message"),
+    ({"actions": [WAIT], "pending_safety_checks": [{"id": "x", "colour": "red"}]}, "colour"),
+    ({"actions": [{"type": "teleport", "x": 1, "y": 1}]}, "teleport"),
+    ({"actions": [5]}, "object"),
+    ({"actions": [{"x": 1, "y": 1}]}, "type"),
+    ({"actions": [{"type": "click", "x": 1.5, "y": 2, "button": "left"}]}, "integer"),
+    ({"actions": [{"type": "click", "x": "1", "y": 2, "button": "left"}]}, "integer"),
+    ({"actions": [{"type": "click", "x": True, "y": 2, "button": "left"}]}, "integer"),
+    ({"actions": [{"type": "click", "x": -1, "y": 2, "button": "left"}]}, "negative"),
+    ({"actions": [{"type": "click", "x": 1, "y": 2, "button": "middle"}]}, "button"),
+    ({"actions": [{"type": "click", "x": 1, "y": 2}]}, "button"),
+    ({"actions": [{"type": "move", "x": 1}]}, "y"),
+    ({"actions": [{"type": "move", "x": 1, "y": 2, "z": 3}]}, "z"),
+    ({"actions": [{"type": "drag", "path": [{"x": 1, "y": 1}]}]}, "path"),
+    ({"actions": [{"type": "drag", "path": [{"x": 1, "y": 1}, {"x": -2, "y": 0}]}]}, "negative"),
+    ({"actions": [{"type": "scroll", "x": 1, "y": 1, "scroll_x": 0, "scroll_y": 1.5}]}, "scroll_y"),
+    ({"actions": [{"type": "keypress", "keys": "ctrl+c"}]}, "keys"),
+    ({"actions": [{"type": "keypress", "keys": []}]}, "keys"),
+    ({"actions": [{"type": "type", "text": 5}]}, "text"),
+    ({"message": "x", "usage": 5}, "usage"),
+])
+def test_hostile_turns_are_refused_at_load_naming_the_line(tmp_path, turn, why):
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps({"message": "first"}) + "\n" + json.dumps(turn) + "\n")
+    with pytest.raises(ScriptError, match="s.jsonl:2") as info:
+        load_script(path)
+    assert why in str(info.value)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{}", ("[" * 100000 + "]" * 100000).encode()])
+def test_undecodable_scripts_are_script_errors(tmp_path, content):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ScriptError, match="s.jsonl"):
+        load_script(path)
+
+
+def test_unreadable_script_is_a_script_error(tmp_path):
+    for path in (tmp_path / "missing.jsonl", tmp_path):
+        with pytest.raises(ScriptError, match="cannot read"):
+            load_script(path)
+
+
+def test_valid_hostile_looking_turns_still_load(tmp_path):
+    """Out-of-image points are a runtime matter (the image size is known only then)."""
+    path = tmp_path / "s.jsonl"
+    turns = [{"actions": [{"type": "click", "x": 99999, "y": 0, "button": "left", "keys": ["shift"]},
+                          {"type": "drag", "path": [{"x": 0, "y": 0}, {"x": 5, "y": 5}]},
+                          {"type": "scroll", "x": 1, "y": 1, "scroll_x": -3, "scroll_y": 0},
+                          {"type": "type", "text": ""}, {"type": "screenshot"}],
+              "pending_safety_checks": [{"id": "a", "code": None, "message": None}]},
+             {"action": {"type": "double_click", "x": 0, "y": 0}, "pending_safety_checks": []},
+             {"message": "", "usage": None}]
+    path.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    assert load_script(path) == turns
+
+
+_T = [{"type": "computer"}]
+
+
+@pytest.mark.parametrize("body", [
+    {"tools": _T, "input": [{"type": "computer_call", "call_id": [1]}]},
+    {"tools": _T, "input": [{"type": "computer_call_output", "call_id": {"a": 1}}]},
+    {"tools": _T, "input": [{"type": "computer_call", "call_id": "c", "pending_safety_checks": 5},
+                            {"type": "computer_call_output", "call_id": "c"}]},
+    {"tools": _T, "input": [{"type": "computer_call", "call_id": "c", "pending_safety_checks": [5]},
+                            {"type": "computer_call_output", "call_id": "c"}]},
+    {"tools": _T, "input": [{"type": "computer_call", "call_id": "c"},
+                            {"type": "computer_call_output", "call_id": "c", "acknowledged_safety_checks": [5]}]},
+    {"tools": _T, "input": [{"type": "computer_call", "call_id": "c"},
+                            {"type": "computer_call_output", "call_id": "c", "acknowledged_safety_checks": "x"}]},
+])
+def test_malformed_requests_get_a_structured_400(server, body):
+    s = server([{"actions": [{"type": "wait"}]}, {"message": "ok"}])
+    resp = httpx.post(f"{s.base_url}/responses", json=body, timeout=10)
+    assert resp.status_code == 400, resp.text
+    assert set(resp.json()["error"]) >= {"code", "message"}
+
+
+def test_deeply_nested_json_gets_a_structured_400(server):
+    s = server([{"message": "ok"}])
+    resp = httpx.post(f"{s.base_url}/responses", content=b"[" * 100000 + b"]" * 100000,
+                      headers={"content-type": "application/json"}, timeout=10)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pydantic
 import pytest
 
-from controller.tasks import FileCheck, SqliteCheck, load_task
+from controller.tasks import FileCheck, SqliteCheck, TaskError, load_task
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
@@ -15,7 +14,7 @@ TASKS = Path(__file__).resolve().parents[2] / "tasks"
 def test_pickup_task_loads_with_its_checks_and_script():
     task = load_task(TASKS / "pickup.toml")
     assert task.name == "pickup" and (task.screen.width, task.screen.height) == (1280, 800)
-    assert task.network.mode == "deny-all" and task.network.allow == []
+    assert task.network.mode == "deny-all" and list(task.network.allow) == []
     kinds = [type(c) for c in task.checks]
     assert kinds == [SqliteCheck, FileCheck, SqliteCheck]
     assert task.checks[2].bind_files == ["~/Documents/pickup.txt"]
@@ -34,21 +33,129 @@ def _write(tmp_path, text):
     return path
 
 
+BASE = 'name = "x"\ninstructions = "y"\n'
+CHECK = '[[checks]]\nkind = "file"\npath = "~/a"\nmatch = "text"\nvalue = "a"\n'
+
+
+def _file_check(match: str, value: str, path: str = '"~/a"') -> str:
+    return f'[[checks]]\nkind = "file"\npath = {path}\nmatch = "{match}"\nvalue = {value}\n'
+
+
+def _sqlite_check(query: str, extra: str = "") -> str:
+    return f'[[checks]]\nkind = "sqlite"\npath = "~/db"\nquery = "{query}"\nrows = [[1]]\n{extra}'
+
+
 @pytest.mark.parametrize("body, field", [
-    ('name = "x"\ninstructions = "y"\nsurprise = 1\n', "surprise"),
-    ('name = "x"\ninstructions = "y"\n[[checks]]\nkind = "file"\npath = "~/a"\nmatch = "glob"\nvalue = "*"\n', "match"),
-    ('name = "x"\ninstructions = "y"\n[[checks]]\nkind = "ftp"\npath = "~/a"\n', "kind"),
-    ('name = "x"\ninstructions = "y"\n[network]\nmode = "deny-all"\nallow = ["https://a.example"]\n', "allow"),
-    ('name = "x"\ninstructions = "y"\n[model]\ncrop = [0, 0, 0, 10]\n', "crop"),
-    ('instructions = "y"\n', "name"),
+    (BASE + CHECK + 'surprise = 1\n', "surprise"),
+    (BASE + _file_check("glob", '"*"'), "match"),
+    (BASE + '[[checks]]\nkind = "ftp"\npath = "~/a"\n', "kind"),
+    (BASE + CHECK + '[network]\nmode = "deny-all"\nallow = ["https://a.example"]\n', "allow"),
+    (BASE + CHECK + '[model]\ncrop = [0, 0, 0, 10]\n', "crop"),
+    ('instructions = "y"\n' + CHECK, "name"),
+    # a typo of the checks table must not silently drop the checks
+    (BASE + CHECK.replace("[[checks]]", "[[check]]"), "check"),
+    (BASE + CHECK.replace("[[checks]]", "[[Checks]]"), "Checks"),
+    # a task without checks can never be verified: refused, rather than counted as passed
+    (BASE, "checks"),
+    (BASE + "checks = []\n", "checks"),
+    ('name = ""\ninstructions = "y"\n' + CHECK, "name"),
+    ('name = "x"\ninstructions = "  \\n "\n' + CHECK, "instructions"),
+    # wrong types are refused, not coerced
+    (BASE + CHECK + '[screen]\nwidth = "1280"\n', "screen.width"),
+    (BASE + CHECK + '[screen]\nwidth = 1280.0\n', "screen.width"),
+    (BASE + CHECK + '[screen]\nheight = true\n', "screen.height"),
+    (BASE + CHECK + '[screen]\nwidth = -1280\n', "screen.width"),
+    (BASE + CHECK + '[screen]\nwidth = 100000\n', "screen.width"),
+    (BASE + CHECK + '[model]\nmax_width = "640"\n', "model.max_width"),
+    (BASE + CHECK + 'max_steps = true\n', "max_steps"),
+    (BASE + CHECK + 'max_steps = "5"\n', "max_steps"),
+    # the crop must lie inside the screen
+    (BASE + CHECK + '[model]\ncrop = [1200, 700, 200, 200]\n', "crop"),
+    (BASE + CHECK + '[screen]\nwidth = 800\nheight = 600\n[model]\ncrop = [0, 0, 801, 600]\n', "crop"),
+    # origins are parsed by the gateway's rules, not stored as strings
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://example.com/path"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://example.com?q=1"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://user@example.com"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://*.example.com"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["ftp://example.com"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["example.com"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = ["https://::1"]\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "allowlist"\nallow = "https://example.com"\n', "network.allow"),
+    (BASE + CHECK + '[network]\nmode = "denyall"\n', "network.mode"),
+    # file check values: strings for exact/text/regex, a compiling regex, valid JSON text
+    (BASE + _file_check("regex", '"(["'), "value"),
+    (BASE + _file_check("regex", "5"), "value"),
+    (BASE + _file_check("text", "5"), "value"),
+    (BASE + _file_check("exact", "[1, 2]"), "value"),
+    (BASE + _file_check("json", '"{not json"'), "value"),
+    # guest paths: absolute or ~/..., no .. segments
+    (BASE + _file_check("text", '"a"', path='"Documents/a.txt"'), "path"),
+    (BASE + _file_check("text", '"a"', path='"~/../../etc/passwd"'), "path"),
+    (BASE + _file_check("text", '"a"', path='"/home/sandbox/x/../../../etc/shadow"'), "path"),
+    (BASE + _file_check("text", '"a"', path='"~root/.bashrc"'), "path"),
+    (BASE + _file_check("text", '"a"', path='""'), "path"),
+    (BASE + _sqlite_check("SELECT ?", 'bind_files = ["notes.txt"]\n'), "bind_files"),
+    (BASE + CHECK + '[[ready]]\nfile = "ready-flag"\n', "ready"),
+    # sqlite checks only read: one SELECT (or WITH ... SELECT) statement
+    (BASE + _sqlite_check("DELETE FROM pickups"), "query"),
+    (BASE + _sqlite_check("UPDATE t SET x = 1"), "query"),
+    (BASE + _sqlite_check("ATTACH 'x.db' AS y"), "query"),
+    (BASE + _sqlite_check("PRAGMA writable_schema = 1"), "query"),
+    (BASE + _sqlite_check("SELECT 1; DROP TABLE t"), "query"),
+    (BASE + _sqlite_check(""), "query"),
+    (BASE + CHECK + '[offline]\nscript = ""\n', "offline.script"),
+    # the file's origin is set by the loader, never by the file
+    (BASE + CHECK + 'source = "/etc/passwd"\n', "source"),
 ])
 def test_malformed_tasks_are_refused(tmp_path, body, field):
-    with pytest.raises(pydantic.ValidationError, match=field):
-        load_task(_write(tmp_path, body))
+    path = _write(tmp_path, body)
+    with pytest.raises(TaskError, match=field) as info:
+        load_task(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert isinstance(info.value, ValueError)
+
+
+def test_error_names_the_value_that_was_refused(tmp_path):
+    with pytest.raises(TaskError) as info:
+        load_task(_write(tmp_path, BASE + CHECK + '[network]\nmode = "denyall"\n'))
+    assert "'denyall'" in str(info.value)
+
+
+@pytest.mark.parametrize("body, where", [
+    (BASE + "[[checks\n", "line 3"),
+    ("name = \"x\n", "line 1"),
+    (b"name = \"\xff\"\n", "UTF-8"),
+])
+def test_unreadable_task_files_are_task_errors(tmp_path, body, where):
+    path = tmp_path / "t.toml"
+    path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    with pytest.raises(TaskError, match=where) as info:
+        load_task(path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TaskError, match="cannot read"):
+        load_task(tmp_path / "missing.toml")
+    with pytest.raises(TaskError, match="cannot read"):
+        load_task(tmp_path)
+
+
+def test_accepted_spellings_are_canonical(tmp_path):
+    task = load_task(_write(tmp_path, BASE + CHECK + '[network]\nmode = "allowlist"\n'
+                            'allow = ["HTTPS://Bücher.Example:443/", "http://[::1]:8080"]\n'
+                            '[model]\nmax_width = 4000\ncrop = [0, 0, 1280, 800]\n'))
+    assert list(task.network.allow) == ["https://xn--bcher-kva.example", "http://[::1]:8080"]
+    assert task.model.max_width == 4000  # larger than the screen: never up-scaled, so harmless
+    assert task.network.model_dump(mode="json")["allow"] == ["https://xn--bcher-kva.example", "http://[::1]:8080"]
+
+
+def test_sqlite_with_clause_and_comments_are_reads(tmp_path):
+    task = load_task(_write(tmp_path, BASE + _sqlite_check("  -- count\\n WITH x AS (SELECT 1) SELECT * FROM x;")))
+    assert task.checks[0].query.strip().endswith("FROM x;")
 
 
 def test_defaults(tmp_path):
-    task = load_task(_write(tmp_path, 'name = "x"\ninstructions = "y"\n'))
-    assert task.max_steps == 20 and task.model.max_width == 1280 and task.checks == []
+    task = load_task(_write(tmp_path, BASE + CHECK))
+    assert task.max_steps == 20 and task.model.max_width == 1280 and len(task.checks) == 1
     with pytest.raises(ValueError, match="no \\[offline\\]"):
         task.offline_script_path()

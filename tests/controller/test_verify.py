@@ -124,3 +124,84 @@ def test_run_checks_reports_each_result_in_order(reader, home):
     seen = []
     results = run_checks([fc("text", "hello"), fc("text", "bye")], reader, home=str(home), on_result=seen.append)
     assert [r["passed"] for r in results] == [True, False] and seen == results
+
+
+@pytest.mark.parametrize("query", [
+    "DELETE FROM t",
+    "WITH gone AS (SELECT 1) DELETE FROM t",
+    "UPDATE t SET x = 2",
+    "INSERT INTO t VALUES (3)",
+    "DROP TABLE t",
+    "PRAGMA writable_schema = 1",
+    "CREATE TABLE u (y)",
+])
+def test_sqlite_queries_that_write_are_refused_and_nothing_changes(reader, home, query):
+    """The loader refuses these; verification refuses them again (read-only authorizer), even on the copy."""
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+    check = SqliteCheck.model_construct(kind="sqlite", path="~/app.db", query=query, rows=[], bind_files=[])
+    result = check_sqlite(check, reader, str(home))
+    assert not result["passed"] and "sqlite error" in result["detail"], result
+    with sqlite3.connect(home / "app.db") as conn:
+        assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+
+
+def test_sqlite_attach_cannot_reach_host_files(reader, home, tmp_path):
+    """ATTACH would open a file on the host running verification; the authorizer refuses it."""
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE TABLE t (x)")
+    host_db = tmp_path / "host-secret.db"
+    with sqlite3.connect(host_db) as conn:
+        conn.execute("CREATE TABLE secret (v)")
+        conn.execute("INSERT INTO secret VALUES ('s3cr3t')")
+    for query in (f"ATTACH '{host_db}' AS h", f"SELECT v FROM h.secret"):
+        check = SqliteCheck.model_construct(kind="sqlite", path="~/app.db", query=query, rows=[], bind_files=[])
+        result = check_sqlite(check, reader, str(home))
+        assert not result["passed"] and "s3cr3t" not in str(result)
+
+
+def test_a_check_that_raises_fails_alone_and_the_others_still_run(reader, home):
+    """Checks built without validation (model_construct) that cannot be evaluated fail with a detail."""
+    (home / "Documents/out.txt").write_text("hello")
+    relative = FileCheck.model_construct(kind="file", path="Documents/out.txt", match="text", value="hello")
+    bad_json = FileCheck.model_construct(kind="file", path="~/Documents/out.txt", match="json", value="{nope")
+    results = run_checks([relative, bad_json, fc("text", "hello")], reader, home=str(home))
+    assert [r["passed"] for r in results] == [False, False, True]
+    assert "absolute" in results[0]["detail"] and "JSON" in results[1]["detail"]
+
+
+def _in_thread(fn, timeout_s: float = 120.0):
+    """Run fn in a thread; fail (instead of hanging the suite) if it does not return."""
+    import threading
+
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(result=fn()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), "verification did not return"
+    return box["result"]
+
+
+def test_a_hostile_database_cannot_hang_verification(reader, home, monkeypatch):
+    """The guest controls the database: a table replaced by an endless view must fail the check, not
+    stall the run."""
+    import controller.verify as verify
+
+    monkeypatch.setattr(verify, "QUERY_TIME_LIMIT_S", 1.0)
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE VIEW pickups AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+                     "SELECT i AS id FROM n")
+    check = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT count(*) FROM pickups", rows=[[1]])
+    result = _in_thread(lambda: check_sqlite(check, reader, str(home)))
+    assert not result["passed"] and "time limit" in result["detail"], result
+
+
+def test_a_huge_result_is_not_read_whole(reader, home):
+    """Only as many rows as can decide the comparison (and be shown) are fetched."""
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE VIEW many AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+                     "SELECT i FROM n")
+    check = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT i FROM many", rows=[[1], [2]])
+    result = _in_thread(lambda: check_sqlite(check, reader, str(home)))
+    assert not result["passed"] and result["observed"][:3] == [[1], [2], [3]]

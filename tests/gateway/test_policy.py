@@ -444,3 +444,23 @@ def test_policy_file_top_level_and_default(tmp_path):
 def test_malformed_policies_are_rejected(data):
     with pytest.raises(ValidationError):
         NetworkPolicy.model_validate(data)
+
+
+@pytest.mark.parametrize("body", [
+    'mode = "allowlist"\nalow = ["https://a.test"]\n',  # a typo must not silently leave the list empty
+    'mode = "allowlist"\nallow = ["https://a.test"]\nallow_adresses = ["10.0.0.1"]\n',
+    'Mode = "allowlist"\n',
+    'network = "allowlist"\n',
+])
+def test_policy_file_with_unknown_keys_is_rejected(tmp_path, body):
+    path = tmp_path / "p.toml"
+    path.write_text(body)
+    with pytest.raises(ValueError):
+        NetworkPolicy.from_toml(path)
+
+
+@pytest.mark.parametrize("text", ["https://example.com\u3002", "https://example\u3002com\uff0e", "https://EXAMPLE.com."])
+def test_trailing_dot_in_any_spelling_is_stripped(text):
+    """A full stop that IDNA maps to '.' at the end of a name is the same trailing dot."""
+    assert str(Origin.parse(text)) == "https://example.com"
+    assert canonical_host(text.split("//", 1)[1]) == "example.com"

@@ -1,0 +1,129 @@
+"""run_task with bad input on a local desktop (Xvfb + the real agent, no window manager): whatever goes
+wrong, the record is complete (run_started ... run_finished), the sandbox is torn down, typed text
+never enters the record, and only a task whose checks all passed counts as passed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.record import read_record
+from controller.runner import RunOptions, run_task
+from controller.tasks import FileCheck, Launch, Task
+from tests.loop.local_sandbox import LocalSandbox
+
+SECRET = "s3cret-Passw0rd"
+
+
+def _task(**update) -> Task:
+    base = Task(name="hostile", instructions="x",
+                checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="seed")])
+    return base.model_copy(update=update)
+
+
+def _script(tmp_path: Path, *turns: dict) -> Path:
+    path = tmp_path / "script.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    return path
+
+
+def _run(tmp_path: Path, task: Task, script: Path, **options):
+    with LocalSandbox() as sb:
+        (sb.home / "Documents/seed.txt").write_text("seed\n")
+        options.setdefault("asker", None)
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, script=script,
+                                                          **options))
+        agent_pid = sb.agent_proc.proc.pid if sb.agent_proc else None
+    entries = read_record(outcome.record_dir)
+    assert entries[0]["type"] == "run_started" and entries[-1]["type"] == "run_finished"
+    assert entries[-1]["status"] == outcome.status
+    assert sb.agent_proc is None and sb._agent is None  # closed by the runner
+    if agent_pid is not None:
+        with pytest.raises(ProcessLookupError):
+            os.kill(agent_pid, 0)
+    return outcome, entries
+
+
+def test_launch_of_an_app_outside_the_allowlist_is_an_error_with_a_complete_record(tmp_path):
+    task = _task(launch=[Launch(app="rm", args=["-rf", "/"])])
+    script = _script(tmp_path, {"message": "done"})
+    outcome, entries = _run(tmp_path, task, script)
+    assert outcome.status == "error" and outcome.exit_code == 1
+    assert "rm" in outcome.reason and "400" in outcome.reason, outcome.reason
+    assert [e for e in entries if e["type"] == "model_response"] == []  # the model was never asked
+
+
+def test_a_task_without_checks_never_passes(tmp_path):
+    task = Task.model_construct(**{**_task().__dict__, "checks": []})  # bypasses the loader's refusal
+    outcome, entries = _run(tmp_path, task, _script(tmp_path, {"message": "done"}))
+    assert outcome.status == "failed" and "no checks" in outcome.reason
+    assert outcome.exit_code == 1
+
+
+def test_point_outside_the_model_image_stops_the_run_and_names_the_model_size(tmp_path):
+    script = _script(tmp_path, {"actions": [{"type": "move", "x": 10, "y": 10},
+                                            {"type": "click", "x": 1280, "y": 5, "button": "left"}]},
+                     {"message": "done"})
+    outcome, entries = _run(tmp_path, _task(), script)
+    assert outcome.status == "error" and "1280x800 model image" in outcome.reason, outcome.reason
+    actions = [e for e in entries if e["type"] == "action"]
+    assert [a["action"] for a in actions] == ["move", "click"]
+    assert actions[0]["error"] is None and "outside the 1280x800" in actions[1]["error"]
+    assert [c["passed"] for c in entries if c["type"] == "check"] == [True]  # verification still ran
+
+
+def test_a_script_that_never_answers_stops_at_max_steps(tmp_path):
+    script = _script(tmp_path, *[{"actions": [{"type": "wait"}]}] * 5)
+    outcome, entries = _run(tmp_path, _task(max_steps=3), script)
+    assert outcome.status == "error" and "max_steps" in outcome.reason, outcome.reason
+    assert len([e for e in entries if e["type"] == "model_response"]) == 3
+
+
+def test_typed_text_never_enters_the_record_nor_the_unattended_approval_display(tmp_path, capsys):
+    script = _script(
+        tmp_path,
+        {"actions": [{"type": "type", "text": SECRET}]},
+        {"actions": [{"type": "click", "x": 5, "y": 5, "button": "left"}, {"type": "type", "text": SECRET}],
+         "pending_safety_checks": [{"id": "sc_1", "code": "sensitive_action", "message": "Sign-in."}]},
+        {"message": "done"},
+    )
+    outcome, entries = _run(tmp_path, _task(), script)
+    assert outcome.status == "failed" and "approv" in outcome.reason  # nobody to ask: denied
+    calls = [e for e in entries if e["type"] == "computer_call"]
+    assert calls[0]["actions"] == [{"type": "type", "text_length": len(SECRET)}]
+    record_text = (outcome.record_dir / "record.jsonl").read_text()
+    assert SECRET not in record_text
+    shown = capsys.readouterr()
+    assert SECRET not in shown.out + shown.err
+    assert "text_length" in shown.out + shown.err  # the display says that text would be typed
+
+
+def test_typed_text_is_shown_to_a_person_who_is_asked(tmp_path):
+    asked: list[str] = []
+
+    def asker(question: str) -> str:
+        asked.append(question)
+        return "n"
+
+    script = _script(tmp_path, {"actions": [{"type": "type", "text": SECRET}]}, {"message": "done"})
+    outcome, entries = _run(tmp_path, _task(), script, asker=asker, confirm_actions=["type"])
+    assert outcome.status == "failed" and asked and SECRET in asked[0]
+    assert SECRET not in (outcome.record_dir / "record.jsonl").read_text()
+
+
+def test_markup_in_the_model_message_and_guest_files_cannot_break_the_run(tmp_path):
+    """A final message or an observed file holding console markup ('[/]' makes rich raise) is text."""
+    task = _task(checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="seed"),
+                         FileCheck(kind="file", path="~/Documents/markup.txt", match="text", value="x")])
+    script = _script(tmp_path, {"message": "[/] done [link=https://evil.test]x[/link]"})
+    with LocalSandbox() as sb:
+        (sb.home / "Documents/seed.txt").write_text("seed\n")
+        (sb.home / "Documents/markup.txt").write_text("[/bold] [/]\n")
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+                                                          script=script))
+    assert outcome.status == "failed" and outcome.reason == "1 of 2 checks failed", outcome.reason
+    assert outcome.final_message.startswith("[/] done")
+    assert read_record(outcome.record_dir)[-1]["type"] == "run_finished"
