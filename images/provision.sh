@@ -8,7 +8,7 @@
 # Usage:
 #   provision.sh packages          apt packages and the `sandbox` user (uid 1000, no sudo)
 #   provision.sh configure SRC     system-wide configuration from the project tree SRC
-#                                  (SRC/images/...): browser policies
+#                                  (SRC/images/...): browser policies, window manager
 #   provision.sh all SRC           both
 set -eu
 
@@ -64,6 +64,10 @@ configure() {
   install -m 0644 "$src/images/firefox/policies.json" /usr/lib/firefox-esr/distribution/policies.json
   # Default preferences that stop background requests to Mozilla services.
   install -m 0644 "$src/images/firefox/desktop-sandbox.js" /usr/lib/firefox-esr/defaults/pref/desktop-sandbox.js
+  # Window manager: the desktop's fixed tiled layout (browser on top, terminal
+  # strip below), no key bindings, click-to-focus only (images/openbox/rc.xml).
+  install -d /etc/xdg/openbox
+  install -m 0644 "$src/images/openbox/rc.xml" /etc/xdg/openbox/rc.xml
   # The gateway's address is given as the name `gateway` (an /etc/hosts entry
   # written by the sandbox backend), so no DNS is needed to find it.
 }

@@ -4,9 +4,12 @@ A form (name, date, time window, items) books a pickup and issues a confirmation
 ``PU-NNNNNN``. Records live in SQLite (WAL mode) at ``$PICKUP_DATA_DIR/pickup.db``, default
 ``~/.local/share/pickup/pickup.db`` of the user running it.
 
-The layout is fixed (absolute positions, no scrolling) for a 1280x800 kiosk browser window, so a
-scripted run can rely on coordinates: see ``LAYOUT``. The confirmation number is shown large with
-``user-select: all``, so a double-click selects the whole number (into the X PRIMARY selection).
+The layout is fixed (absolute positions, no scrolling) for the guest desktop's browser window (the
+top of the 1280x800 screen, above the terminal strip; see ``VIEWPORT``, ``CHROME_PX``), so a scripted
+run can rely on coordinates: see ``LAYOUT``. Booking happens in the page (``POST /api/book``) with a
+moving progress bar until the confirmation replaces it, so the screen does not rest while a booking
+is in flight: a client that waits for the screen to settle sees the result. The confirmation number is shown large with ``user-select: all``, so one click selects the
+whole number (into the X PRIMARY selection) and the page then shows it white on blue.
 
 When a page has loaded and painted, it posts to ``/api/seen`` and the app touches
 ``page-loaded`` next to the database: the controller waits for that file before a run starts.
@@ -17,6 +20,7 @@ Started by the image's supervisor (``images/session/pickup.py``) as
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import re
@@ -33,15 +37,32 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 WINDOWS = ("09:00-12:00", "12:00-15:00", "15:00-18:00")
 
-# Page coordinates (CSS px == screen px in a 1280x800 kiosk window) of what a script clicks.
+# The page is laid out for the guest's fixed desktop (images/openbox/rc.xml): on the 1280x800 screen
+# the browser window covers x 0..1279, y 0..579 and its tab strip and navigation bar take the top
+# CHROME_PX, so the page's viewport is VIEWPORT (CSS px == screen px at 100 % zoom) with its origin at
+# screen (0, CHROME_PX). The terminal strip below (y 580..799) is left to the terminal.
+VIEWPORT = (1280, 494)
+CHROME_PX = 86  # firefox-esr (Debian bookworm), default theme and density, no notification bars
+
+# Page coordinates (CSS px, viewport origin) of what a script clicks; on screen, y + CHROME_PX.
 LAYOUT = {
-    "name": (640, 250),
-    "date": (640, 330),
-    "window": {w: (530 + 180 * i, 412) for i, w in enumerate(WINDOWS)},
-    "items": (640, 490),
-    "book": (640, 580),
-    "confirmation": (640, 330),
+    "name": (640, 108),
+    "date": (640, 166),
+    "window": {w: (530 + 180 * i, 222) for i, w in enumerate(WINDOWS)},
+    "items": (640, 276),
+    "book": (640, 342),
+    "confirmation": (640, 175),
 }
+
+
+def on_screen(point: tuple[int, int]) -> tuple[int, int]:
+    """Screen px (1280x800 guest desktop) of a page point from ``LAYOUT``."""
+    return point[0], point[1] + CHROME_PX
+
+
+#: Seconds each in-page booking request takes (``$PICKUP_BOOK_DELAY_S``, default 0): a slow server,
+#: to show that a client waiting for the screen to settle still sees the booking's result.
+BOOK_DELAY_S = float(os.environ.get("PICKUP_BOOK_DELAY_S") or 0)
 
 
 def data_dir() -> Path:
@@ -74,25 +95,35 @@ def connect() -> sqlite3.Connection:
 
 STYLE = """
 * { box-sizing: border-box; }
-html, body { margin: 0; width: 1280px; height: 800px; overflow: hidden; background: #f4f1ea;
+html, body { margin: 0; width: 1280px; height: 494px; overflow: hidden; background: #f4f1ea;
   font-family: 'DejaVu Sans', sans-serif; color: #222; }
-#top { position: absolute; left: 0; top: 0; width: 1280px; height: 110px; background: #23395d; color: #fff; }
-#top h1 { position: absolute; left: 60px; top: 22px; margin: 0; font-size: 44px; }
-#top p { position: absolute; left: 700px; top: 40px; margin: 0; font-size: 22px; }
-label.f { position: absolute; left: 100px; width: 320px; font-size: 24px; text-align: right; }
-input.t { position: absolute; left: 440px; width: 400px; height: 50px; font-size: 24px; padding: 0 12px;
+#top { position: absolute; left: 0; top: 0; width: 1280px; height: 64px; background: #23395d; color: #fff; }
+#top h1 { position: absolute; left: 40px; top: 11px; margin: 0; font-size: 34px; }
+#top p { position: absolute; left: 700px; top: 20px; margin: 0; font-size: 20px; }
+label.f { position: absolute; left: 100px; width: 320px; font-size: 22px; text-align: right; }
+input.t { position: absolute; left: 440px; width: 400px; height: 44px; font-size: 22px; padding: 0 12px;
   border: 2px solid #888; border-radius: 6px; background: #fff; }
-.win { position: absolute; top: 390px; width: 170px; height: 44px; font-size: 20px; }
+input.t:focus { border-color: #1d5fd1; outline: 3px solid #9bbcf0; }
+.win { position: absolute; top: 204px; width: 170px; height: 36px; font-size: 19px; }
 .win input { width: 22px; height: 22px; vertical-align: middle; margin: 0 6px 0 0; }
-#book { position: absolute; left: 540px; top: 550px; width: 200px; height: 60px; font-size: 26px;
+#book { position: absolute; left: 540px; top: 316px; width: 200px; height: 52px; font-size: 24px;
   background: #2f7d32; color: #fff; border: 0; border-radius: 8px; }
-#err { position: absolute; left: 200px; top: 640px; width: 880px; font-size: 22px; color: #b00020; }
-#done { position: absolute; left: 340px; top: 180px; width: 600px; font-size: 28px; text-align: center; }
-#conf { position: absolute; left: 390px; top: 280px; width: 500px; height: 100px; line-height: 100px;
-  font: bold 56px 'DejaVu Sans Mono', monospace; line-height: 94px; text-align: center; background: #fff;
+#err { position: absolute; left: 200px; top: 384px; width: 880px; font-size: 20px; color: #b00020; text-align: center; }
+#busy { display: none; position: absolute; left: 440px; top: 384px; width: 400px; height: 40px;
+  font-size: 18px; text-align: center; }
+#busy div { height: 8px; margin-top: 6px; border-radius: 4px; background-size: 40px 8px;
+  background-image: repeating-linear-gradient(90deg, #23395d 0 20px, #c9d3e3 20px 40px);
+  animation: busy 0.4s linear infinite; }
+@keyframes busy { from { background-position: 0 0; } to { background-position: 40px 0; } }
+body.busy #busy { display: block; }
+body.busy #err { display: none; }
+#done { position: absolute; left: 340px; top: 84px; width: 600px; font-size: 26px; text-align: center; }
+#conf { position: absolute; left: 390px; top: 130px; width: 500px; height: 90px;
+  font: bold 52px 'DejaVu Sans Mono', monospace; line-height: 84px; text-align: center; background: #fff;
   border: 3px solid #23395d; border-radius: 10px; user-select: all; -moz-user-select: all; }
-#details { position: absolute; left: 340px; top: 420px; width: 600px; font-size: 22px; text-align: center; }
-#again { position: absolute; left: 540px; top: 560px; width: 200px; font-size: 22px; text-align: center; }
+#conf.selected { background: #1d5fd1; border-color: #1d5fd1; color: #fff; }
+#details { position: absolute; left: 340px; top: 240px; width: 600px; font-size: 20px; text-align: center; }
+#again { position: absolute; left: 540px; top: 320px; width: 200px; font-size: 20px; text-align: center; }
 """
 
 SEEN = """<script>
@@ -100,12 +131,52 @@ window.addEventListener('load', () => requestAnimationFrame(() => requestAnimati
   fetch('/api/seen', {method: 'POST'}))));
 </script>"""
 
+# The confirmation number turns white on blue while the selection holds exactly that number, so a
+# screenshot shows plainly that it is selected. (It is ``user-select: all``: one click selects it all,
+# and a click inside a selection clears it, so a double-click ends with nothing selected.)
+SELECTED = """<script>
+document.addEventListener('selectionchange', () => {
+  const conf = document.getElementById('conf');
+  if (conf) conf.classList.toggle('selected', document.getSelection().toString().trim() === conf.textContent.trim());
+});
+</script>"""
 
-def page(body: str, title: str = "Pickup desk") -> HTMLResponse:
+# Booking without a page load: from the submit until the result is in the page, the progress bar in
+# #busy moves (so the screen keeps changing), and the result replaces it in the same frame. A client
+# that waits for the screen to settle after the Return that books therefore sees the confirmation (or
+# the error), never the form while the booking is in flight, however long the booking takes. Without
+# script the form posts to /book as usual.
+BOOK_SCRIPT = """<script>
+const form = document.getElementById('book-form');
+form.addEventListener('submit', async (event) => {
+  event.preventDefault();
+  if (document.body.classList.contains('busy')) return;
+  document.body.classList.add('busy');
+  let data;
+  try {
+    const resp = await fetch('/api/book', {method: 'POST', body: new URLSearchParams(new FormData(form))});
+    data = await resp.json();
+  } catch (e) {
+    data = {error: {code: 'unreachable', message: 'The booking could not be sent. Try again.'}};
+  }
+  if (data.error) {
+    document.getElementById('err').textContent = data.error.message;
+  } else {
+    document.getElementById('main').innerHTML = data.html;
+    document.title = data.title;
+    history.replaceState(null, '', data.url);
+  }
+  document.body.classList.remove('busy');
+});
+</script>"""
+
+
+def page(body: str, title: str = "Pickup desk", script: str = "") -> HTMLResponse:
     return HTMLResponse(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body>"
-        f"<div id='top'><h1>Pickup desk</h1><p>Book a parcel pickup</p></div>{body}{SEEN}</body></html>"
+        f"<div id='top'><h1>Pickup desk</h1><p>Book a parcel pickup</p></div>"
+        f"<div id='main'>{body}</div>{script}{SELECTED}{SEEN}</body></html>"
     )
 
 
@@ -118,19 +189,30 @@ def form(error: str = "", values: dict[str, str] | None = None) -> HTMLResponse:
         for w in WINDOWS
     )
     body = f"""
-<form method='post' action='/book' autocomplete='off'>
-  <label class='f' style='top:237px' for='name'>Name</label>
-  <input class='t' style='top:225px' id='name' name='name' value='{v.get("name", "")}'>
-  <label class='f' style='top:317px' for='date'>Date</label>
-  <input class='t' style='top:305px' id='date' name='date' placeholder='YYYY-MM-DD' value='{v.get("date", "")}'>
-  <label class='f' style='top:398px'>Time window</label>
+<form id='book-form' method='post' action='/book' autocomplete='off'>
+  <label class='f' style='top:95px' for='name'>Name</label>
+  <input class='t' style='top:86px' id='name' name='name' value='{v.get("name", "")}' autofocus>
+  <label class='f' style='top:153px' for='date'>Date</label>
+  <input class='t' style='top:144px' id='date' name='date' placeholder='YYYY-MM-DD' value='{v.get("date", "")}'>
+  <label class='f' style='top:208px'>Time window</label>
   {radios}
-  <label class='f' style='top:477px' for='items'>Items</label>
-  <input class='t' style='top:465px' id='items' name='items' value='{v.get("items", "")}'>
+  <label class='f' style='top:263px' for='items'>Items</label>
+  <input class='t' style='top:254px' id='items' name='items' value='{v.get("items", "")}'>
   <button id='book' type='submit'>Book</button>
 </form>
+<div id='busy'>Booking&hellip;<div></div></div>
 <div id='err'>{html.escape(error)}</div>"""
-    return page(body)
+    return page(body, script=BOOK_SCRIPT)
+
+
+def confirmation_html(row: tuple[str, str, str, str, str]) -> str:
+    """The confirmation view's markup for a ``(confirmation, name, date, time_window, items)`` row."""
+    conf, name, day, window, items = (html.escape(x) for x in row)
+    return f"""
+<div id='done'>Pickup booked. Your confirmation number:</div>
+<div id='conf'>{conf}</div>
+<div id='details'>{name} &middot; {day} &middot; {window}<br>{items}</div>
+<div id='again'><a href='/'>Book another</a></div>"""
 
 
 def validate(name: str, day: str, window: str, items: str) -> str:
@@ -165,18 +247,42 @@ def index() -> HTMLResponse:
     return form()
 
 
-@app.post("/book", response_model=None)
-async def book(request: Request) -> HTMLResponse | RedirectResponse:
-    # application/x-www-form-urlencoded, parsed with the stdlib (no multipart dependency).
+async def _fields(request: Request) -> tuple[str, str, str, str]:
+    """name, date, time_window, items of an application/x-www-form-urlencoded body (stdlib parser,
+    no multipart dependency); missing fields are ''."""
     fields = parse_qs((await request.body()).decode("utf-8", errors="replace"), keep_blank_values=True)
     name, day, time_window, items = (fields.get(k, [""])[0] for k in ("name", "date", "time_window", "items"))
-    return _book(name, day, time_window, items)
+    return name, day, time_window, items
 
 
-def _book(name: str, date: str, time_window: str, items: str) -> HTMLResponse | RedirectResponse:
-    error = validate(name, date, time_window, items)
+@app.post("/book", response_model=None)
+async def book(request: Request) -> HTMLResponse | RedirectResponse:
+    """The form's plain POST (without script): the form again with the error, or 303 to the booking."""
+    name, day, time_window, items = await _fields(request)
+    error = validate(name, day, time_window, items)
     if error:
-        return form(error, {"name": name, "date": date, "time_window": time_window, "items": items})
+        return form(error, {"name": name, "date": day, "time_window": time_window, "items": items})
+    return RedirectResponse(f"/pickups/{_insert(name, day, time_window, items)}", status_code=303)
+
+
+@app.post("/api/book")
+async def api_book(request: Request) -> JSONResponse:
+    """The page's booking request (form-encoded fields). 200 ``{"confirmation", "url", "title", "html"}``
+    (``html``: the confirmation view); 400 ``{"error": {"code": "invalid_booking", "message"}}``."""
+    name, day, time_window, items = await _fields(request)
+    if BOOK_DELAY_S:
+        await asyncio.sleep(BOOK_DELAY_S)
+    error = validate(name, day, time_window, items)
+    if error:
+        return JSONResponse({"error": {"code": "invalid_booking", "message": error}}, status_code=400)
+    confirmation = _insert(name, day, time_window, items)
+    row = (confirmation, name.strip(), day.strip(), time_window, items.strip())
+    return JSONResponse({"confirmation": confirmation, "url": f"/pickups/{confirmation}",
+                         "title": f"Pickup {confirmation}", "html": confirmation_html(row)})
+
+
+def _insert(name: str, day: str, time_window: str, items: str) -> str:
+    """Store a validated booking under a fresh unique confirmation number ``PU-NNNNNN``; returns it."""
     with _lock:
         conn = connect()
         try:
@@ -186,14 +292,13 @@ def _book(name: str, date: str, time_window: str, items: str) -> HTMLResponse | 
                     with conn:
                         conn.execute(
                             "INSERT INTO pickups (confirmation, name, date, time_window, items) VALUES (?,?,?,?,?)",
-                            (confirmation, name.strip(), date.strip(), time_window, items.strip()),
+                            (confirmation, name.strip(), day.strip(), time_window, items.strip()),
                         )
-                    break
+                    return confirmation
                 except sqlite3.IntegrityError:
                     continue
         finally:
             conn.close()
-    return RedirectResponse(f"/pickups/{confirmation}", status_code=303)
 
 
 @app.get("/pickups/{confirmation}", response_class=HTMLResponse)
@@ -209,13 +314,7 @@ def show(confirmation: str) -> HTMLResponse:
             conn.close()
     if row is None:
         return HTMLResponse(page("<div id='done'>No such pickup.</div>").body, status_code=404)
-    conf, name, day, window, items = (html.escape(x) for x in row)
-    body = f"""
-<div id='done'>Pickup booked. Your confirmation number:</div>
-<div id='conf'>{conf}</div>
-<div id='details'>{name} &middot; {day} &middot; {window}<br>{items}</div>
-<div id='again'><a href='/'>Book another</a></div>"""
-    return page(body, title=f"Pickup {conf}")
+    return page(confirmation_html(row), title=f"Pickup {html.escape(row[0])}")
 
 
 @app.post("/api/seen")

@@ -68,7 +68,7 @@ def test_a_wrong_script_makes_the_checks_fail(open_sandbox, docker_client, tmp_p
     # Wrong on purpose: the booking is made for another date, and the paste into the terminal is missing.
     text = (TASKS / "pickup.offline.jsonl").read_text()
     wrong = text.replace('"2030-05-17"', '"2030-05-18"').replace(
-        '{"type": "click", "x": 300, "y": 300, "button": "wheel"}, ', "")
+        ', {"type": "click", "x": 640, "y": 700, "button": "wheel"}', "")
     assert wrong != text
     script = tmp_path / "wrong.jsonl"
     script.write_text(wrong)

@@ -61,7 +61,9 @@ class LocalSandbox:
         env = self.env()
         log = open(Path(self._tmp.name) / "session.log", "ab")
         if self.want_openbox:
-            self.procs.append(subprocess.Popen(["openbox"], env=env, stdout=log, stderr=subprocess.STDOUT))
+            # the guest's own configuration: the tiled browser/terminal layout the task scripts rely on
+            self.procs.append(subprocess.Popen(["openbox", "--config-file", str(REPO / "images/openbox/rc.xml")],
+                                               env=env, stdout=log, stderr=subprocess.STDOUT))
         if self.want_pickup:
             self.pickup_port = free_port()
             self.procs.append(subprocess.Popen(

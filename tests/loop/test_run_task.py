@@ -69,7 +69,7 @@ def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
     # Deliberately wrong: the paste is missing, so the file holds no confirmation number.
     lines = (TASKS / "pickup.offline.jsonl").read_text().splitlines()
     wrong = tmp_path / "wrong.jsonl"
-    wrong.write_text("\n".join(l.replace('{"type": "click", "x": 300, "y": 300, "button": "wheel"}, ', "")
+    wrong.write_text("\n".join(l.replace(', {"type": "click", "x": 640, "y": 700, "button": "wheel"}', "")
                                for l in lines) + "\n")
     assert wrong.read_text() != "\n".join(lines) + "\n"
     with LocalSandbox(openbox=True, pickup=True) as sb:
@@ -113,12 +113,13 @@ CANCEL_CHILD = r"""
 import json, sys
 from pathlib import Path
 from controller.runner import run_task, RunOptions
-from controller.tasks import Task
+from controller.tasks import FileCheck, Task
 from tests.loop.local_sandbox import LocalSandbox
 runs, script = Path(sys.argv[1]), Path(sys.argv[2])
 sb = LocalSandbox().start()
 print(json.dumps({"xvfb": sb.xvfb.proc.pid, "agent": sb.agent_proc.proc.pid}), flush=True)
-task = Task(name="cancel", instructions="wait forever")
+task = Task(name="cancel", instructions="wait forever",
+            checks=[FileCheck(kind="file", path="~/never", match="text", value="x")])
 out = run_task(task, lambda t: sb, RunOptions(runs_dir=runs, live=False, asker=None, script=script, max_steps=50))
 print(json.dumps({"status": out.status, "dir": str(out.record_dir)}), flush=True)
 sys.exit(out.exit_code)
@@ -161,7 +162,7 @@ def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1, err
+    assert proc.returncode == 130, err  # cancelled: the shell's code for an interrupted command
     result = json.loads(out.strip().splitlines()[-1])
     assert result["status"] == "cancelled"
     entries = read_record(result["dir"])
@@ -177,14 +178,16 @@ def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path
     """With OPENAI_API_KEY set the runner takes the live path: the real client built from the
     environment (here its base URL is pointed at a loopback scripted server, so no key is needed)."""
     from controller.scripted_server import ScriptedModel, ScriptedServer
-    from controller.tasks import Task
+    from controller.tasks import FileCheck, Task
 
     model = ScriptedModel([{"actions": [{"type": "move", "x": 5, "y": 6}]}, {"message": "ok"}])
     with ScriptedServer(model) as server, LocalSandbox() as sb:
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.delenv("OPENAI_MODEL", raising=False)
-        task = Task(name="live-path", instructions="move the pointer")
+        (sb.home / "Documents/seed.txt").write_text("present\n")
+        task = Task(name="live-path", instructions="move the pointer",
+                    checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])
         outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, asker=None))
     assert outcome.status == "passed", outcome.reason
     first = model.requests[0]
@@ -198,12 +201,13 @@ def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path
 
 
 def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):
-    from controller.tasks import Task
+    from controller.tasks import FileCheck, Task
 
     def broken(task):
         raise RuntimeError("image desktop-sandbox:latest missing")
 
-    outcome = run_task(Task(name="nostart", instructions="x"), broken,
+    task = Task(name="nostart", instructions="x", checks=[FileCheck(kind="file", path="~/x", match="text", value="")])
+    outcome = run_task(task, broken,
                        RunOptions(runs_dir=tmp_path, live=False, asker=None, script=TASKS / "pickup.offline.jsonl"))
     assert outcome.status == "error" and "image desktop-sandbox:latest missing" in outcome.reason
     assert outcome.exit_code == 1
