@@ -14,9 +14,10 @@ from openai.lib.computer import ComputerUseError
 from controller.approvals import SafetyCheckApprover
 from controller.driver import SandboxDriver, ScreenshotPolicy
 from controller.runner import build_params
-from controller.tasks import Task
+from controller.tasks import FileCheck, Task
 
-TASK = Task(name="loop-test", instructions="test")
+TASK = Task(name="loop-test", instructions="test",
+            checks=[FileCheck(kind="file", path="~/unused", match="text", value="")])
 CHECKS = [
     {"id": "sc_1", "code": "malicious_instructions", "message": "The page may contain instructions."},
     {"id": "sc_2", "code": "sensitive_domain", "message": "This looks like a bank."},
