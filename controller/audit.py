@@ -762,18 +762,40 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
             targets.close()
 
 
+NARROW_COLUMNS = 120
+"""Below this console width the audit prints one line per probe instead of a table."""
+
+
 def render_table(report: AuditReport, console: Any) -> None:
-    """Print the report as a rich table (one row per probe) and a verdict line."""
+    """Print the report as a rich table (one row per probe) and a verdict line; on a console narrower
+    than :data:`NARROW_COLUMNS`, one line per probe (``pass name (category) target: expected ...,
+    observed ...``) so that names are never split."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"network audit of {report.sandbox} ({report.policy.get('mode')})")
-    for column in ("probe", "category", "target", "expected", "observed", "result"):
-        table.add_column(column, overflow="fold")
-    for p in report.probes:
-        verdict = "[green]pass[/]" if p.passed else ("[bold red]ESCAPED[/]" if p.escaped else "[red]fail[/]")
-        table.add_row(escape(p.name), p.category, escape(p.target), p.expected, escape(p.observed), verdict)
-    console.print(table)
+    title = escape(f"network audit of {report.sandbox} ({report.policy.get('mode')})")
+
+    def verdict(p: ProbeResult) -> str:
+        return "[green]pass[/]" if p.passed else ("[bold red]ESCAPED[/]" if p.escaped else "[red]fail[/]")
+
+    if console.width < NARROW_COLUMNS:
+        console.print(title)
+        for p in report.probes:
+            console.print(f"{verdict(p)} {escape(p.name)} ({escape(p.category)}) {escape(p.target)}: "
+                          f"expected {escape(p.expected)}, observed {escape(p.observed)}", highlight=False)
+    else:
+        table = Table(title=title)
+        # Short words never wrap; long targets and observations fold (a piped console is wide, see
+        # controller.progress.make_console).
+        for column in ("probe", "category", "target", "expected", "observed", "result"):
+            if column in ("target", "observed"):
+                table.add_column(column, overflow="fold")
+            else:
+                table.add_column(column, no_wrap=True)
+        for p in report.probes:
+            table.add_row(escape(p.name), escape(p.category), escape(p.target), p.expected, escape(p.observed),
+                          verdict(p))
+        console.print(table)
     failed = [p.name for p in report.probes if not p.passed]
     if not failed:
         console.print(f"[green]all {len(report.probes)} probes passed[/]")

@@ -7,20 +7,29 @@ Commands: ``build`` (controller.image), ``up`` / ``down`` (controller.sandbox.do
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import tomllib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from controller.progress import make_console
+
+if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.get("TERMINAL_WIDTH"):
+    # --help piped (into less, a file): typer's help console would default to 80 columns and split words.
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = 120
+
 app = typer.Typer(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
                   no_args_is_help=True, add_completion=False)
-console = Console(stderr=True, soft_wrap=True)
+console = make_console(stderr=True)
 
 ACTION_TYPES = ("click", "double_click", "drag", "keypress", "move", "scroll", "type", "wait", "screenshot")
 
@@ -79,6 +88,47 @@ def build(
     )
 
 
+def policy_toml(policy: Any) -> str:
+    """The policy as the ``[network]`` table of a task file (canonical origins), e.g.
+    ``mode = "allowlist"`` / ``allow = ["https://example.com:443"]`` on separate lines."""
+    data = policy.model_dump(mode="json") if hasattr(policy, "model_dump") else dict(policy)
+    lines = [f"mode = {json.dumps(data.get('mode', 'deny-all'))}"]
+    for key in ("allow", "allow_addresses"):
+        if data.get(key):
+            lines.append(f"{key} = [{', '.join(json.dumps(v) for v in data[key])}]")
+    return "\n".join(lines)
+
+
+def _write_token(sandbox_id: str, token: str) -> Path:
+    """Write the agent token to ``_token_path(sandbox_id)`` (directory 0700, file 0600)."""
+    token_file = _token_path(sandbox_id)
+    token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token_file
+
+
+def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy: Any, token_file: Path,
+                  detached: bool) -> Table:
+    """What ``up`` prints: id, agent URL, readiness time, the policy in TOML form, the token file
+    (0600) with an example ``curl`` line, and how to remove the sandbox."""
+    table = Table(show_header=False)
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_row("sandbox", escape(sandbox_id))
+    table.add_row("agent", escape(agent_url))
+    if ready_s is not None:
+        table.add_row("ready in", f"{ready_s:.1f}s")
+    table.add_row(escape("policy [network]"), escape(policy_toml(policy)))
+    kept = "kept until `down`" if detached else "removed on exit"
+    table.add_row("token file", escape(f"{token_file} (0600, {kept})"))
+    table.add_row("try", escape(f'curl -s -H "Authorization: Bearer $(cat {token_file})" {agent_url}/v1/display'))
+    remove = f"desktop-sandbox down {sandbox_id}"
+    table.add_row("remove", escape(remove if detached else f"Ctrl-C here, or {remove} from another shell"))
+    return table
+
+
 @app.command()
 def up(
     image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image."),
@@ -87,37 +137,39 @@ def up(
     allow: list[str] = typer.Option([], help="Allowlisted origin (repeatable); none: deny all."),
     detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
 ) -> None:
-    """Start a sandbox, print how to reach its agent, and keep it until Ctrl-C (or `down`, when detached)."""
+    """Start a sandbox, print how to reach its agent (token file, example curl line), and keep it until
+    Ctrl-C (or `down ID`, when detached)."""
+    from pydantic import ValidationError
+
+    from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import SandboxInterrupted, SandboxSpec
     from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from controller.validation import describe_validation_error
 
-    policy = {"mode": "allowlist" if allow else "deny-all", "allow": list(allow)}
-    spec = SandboxSpec(screen_width=width, screen_height=height, policy=policy)
+    try:
+        network = NetworkPolicy(mode="allowlist" if allow else "deny-all", allow=list(allow))
+    except ValidationError as exc:
+        _refuse(f"--allow: {describe_validation_error(exc, known_keys=NetworkPolicy.model_fields)}")
+    spec = SandboxSpec(screen_width=width, screen_height=height, policy=network.model_dump(mode="json"))
     with console.status("starting sandbox"):
         sandbox = DockerSandbox.start(spec, DockerOptions(image=image_tag, detached=detach))
-    table = Table(show_header=False)
-    table.add_row("sandbox", sandbox.id)
-    table.add_row("agent", sandbox.agent_url)
-    table.add_row("ready in", f"{sandbox.timings['display_ready']:.1f}s")
-    table.add_row("policy", str(policy))
+    token_file = _write_token(sandbox.id, sandbox.agent_token)
+    table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.timings.get("display_ready"), network,
+                          token_file, detach)
     if detach:
-        token_file = _token_path(sandbox.id)
-        token_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(sandbox.agent_token)
-        table.add_row("token file", str(token_file))
         console.print(table)
         typer.echo(sandbox.id)
         return
-    console.print(table)
-    with sandbox:
-        console.print("Ctrl-C stops and removes it.")
-        try:
-            while True:
-                signal.pause()  # until Ctrl-C (KeyboardInterrupt) or SIGTERM (SandboxInterrupted)
-        except (KeyboardInterrupt, SandboxInterrupted):
-            console.print("removing sandbox")
+    try:
+        console.print(table)
+        with sandbox:
+            try:
+                while True:
+                    signal.pause()  # until Ctrl-C (KeyboardInterrupt) or SIGTERM (SandboxInterrupted)
+            except (KeyboardInterrupt, SandboxInterrupted):
+                console.print("removing sandbox")
+    finally:
+        token_file.unlink(missing_ok=True)
 
 
 @app.command()
@@ -160,14 +212,18 @@ def run_task_cmd(
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
-    Exit status 0 only when every check passed; 2 when the task, its offline script or an option is
-    refused (one line on stderr, before anything is started).
-    """
-    import docker.errors
+    Prints the run as it goes (sandbox start, each model step and its actions, approvals, network
+    decisions, checks), then the summary table; the record path goes to stdout.
 
-    from controller.runner import RunOptions, run_task
-    from controller.sandbox import SandboxSpec
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    \b
+    Exit status:
+      0    passed: the loop completed and every check passed
+      1    failed (a check failed, an approval was denied) or error (the loop or the sandbox failed)
+      2    bad input: the task, its offline script or an option was refused (one line on stderr,
+           before anything is started)
+      130  cancelled (Ctrl-C or SIGTERM): inputs released, sandbox removed, no verification
+    """
+    from controller.runner import EXIT_CODES, RunOptions, run_task
     from controller.scripted_server import load_script
     from controller.tasks import load_task
 
@@ -194,29 +250,11 @@ def run_task_cmd(
             load_script(script or task.offline_script_path())
         except ValueError as exc:  # ScriptError, or a task without [offline]
             _refuse(f"cannot use the offline script: {exc}")
-    if backend == "vm":
-        from controller.sandbox.vm import VMOptions, VMSandbox, ensure_image
-
-        vm_image = ensure_image(console.print)
-
-        def open_sandbox(t):  # noqa: ANN001, ANN202
-            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                               policy=t.network.model_dump(mode="json"), ready_timeout=600.0)
-            with console.status("starting VM sandbox"):
-                return VMSandbox.start(spec, VMOptions(image=vm_image))
-    else:
-        client = _docker_client()
-        try:
-            client.images.get(image_tag)
-        except docker.errors.ImageNotFound:
-            console.print(f"image {image_tag} missing: building it first (make desktop)")
-            build(tag=image_tag, base="debian:bookworm-slim", no_cache=False, wheelhouse=True, verbose=False)
-
-        def open_sandbox(t):  # noqa: ANN001, ANN202
-            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                               policy=t.network.model_dump(mode="json"))
-            with console.status("starting sandbox"):
-                return DockerSandbox.start(spec, DockerOptions(image=image_tag), client=client)
+    try:
+        open_sandbox = sandbox_opener(backend, image_tag)
+    except KeyboardInterrupt:  # e.g. during the image build: nothing was started
+        console.print("cancelled (SIGINT)", markup=False)
+        raise typer.Exit(EXIT_CODES["cancelled"]) from None
 
     options = RunOptions(
         runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
@@ -228,12 +266,53 @@ def run_task_cmd(
     raise typer.Exit(outcome.exit_code)
 
 
+def sandbox_opener(backend: str, image_tag: str) -> Callable[[Any], Any]:
+    """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh Docker sandbox from ``image_tag``
+    (built first when missing) or a QEMU VM sandbox (``backend="vm"``), sized and policed by the task."""
+    import docker.errors
+
+    from controller.sandbox import SandboxSpec
+
+    if backend == "vm":
+        from controller.sandbox.vm import VMOptions, VMSandbox, ensure_image
+
+        vm_image = ensure_image(console.print)
+
+        def open_vm(t):  # noqa: ANN001, ANN202
+            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
+                               policy=t.network.model_dump(mode="json"), ready_timeout=600.0)
+            with console.status("starting VM sandbox"):
+                return VMSandbox.start(spec, VMOptions(image=vm_image))
+
+        return open_vm
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    client = _docker_client()
+    try:
+        client.images.get(image_tag)
+    except docker.errors.ImageNotFound:
+        console.print(f"image {image_tag} missing: building it first (make desktop)")
+        build(tag=image_tag, base="debian:bookworm-slim", no_cache=False, wheelhouse=True, verbose=False)
+
+    def open_docker(t):  # noqa: ANN001, ANN202
+        spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
+                           policy=t.network.model_dump(mode="json"))
+        with console.status("starting sandbox"):
+            return DockerSandbox.start(spec, DockerOptions(image=image_tag), client=client)
+
+    return open_docker
+
+
 @app.command()
 def report(
     run: Path = typer.Argument(..., help="A run directory (runs/<id>) or its record.jsonl."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """Print the summary table of a recorded run (exit 0 only if it passed)."""
+    """Print the summary table of a recorded run (exit 0 only if it passed).
+
+    ``--json``: the summary as JSON, with ``checks`` (kind, target, rule, expected, observed, passed and
+    detail when there is one) so a script can tell why a run failed.
+    """
     import json as _json
 
     from controller.record import print_summary, read_record, summarize
@@ -247,7 +326,7 @@ def report(
         if as_json:
             typer.echo(_json.dumps(summary, indent=2))
         else:
-            print_summary(entries, run, console=Console())
+            print_summary(entries, run, console=make_console())
     except (AttributeError, TypeError, ValueError) as exc:  # entries that are objects but not run entries
         _refuse(f"cannot read {run}: not a run record ({type(exc).__name__}: {exc})")
     raise typer.Exit(0 if summary["status"] == "passed" else 1)
@@ -309,7 +388,7 @@ def audit(
     except (AuditError, SandboxError, docker.errors.DockerException) as exc:
         console.print(f"[red]audit could not run:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
-    render_table(result, Console())
+    render_table(result, make_console())
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(result.to_json() + "\n", encoding="utf-8")

@@ -5,7 +5,9 @@ One JSON object a line, each with ``ts`` (UTC ISO-8601) and ``type`` among ``run
 ``check``, ``run_finished``. Typed text never enters the record: ``type`` actions are stored with
 ``text_length`` only, and nothing here ever sees the API key.
 
-:func:`summarize` reads a record back into the numbers of the summary table.
+:func:`summarize` reads a record back into the numbers of the summary table (and the checks'
+detail). A listener (``on_entry``, e.g. :class:`controller.progress.RunPrinter`) sees each entry as
+it is written: the console's progress lines come from the record.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import json
 import secrets
 import threading
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from controller.progress import observed_text
 
 RECORD_TYPES = {
     "run_started", "model_response", "computer_call", "approval", "action", "screenshot", "network",
@@ -52,10 +56,12 @@ class RunRecord:
     """Appends entries to ``<runs_dir>/<run_id>/record.jsonl`` (line-buffered, thread-safe).
 
     ``write(type, **fields)`` adds one entry; ``save_screenshot`` stores the image beside the record
-    and adds a ``screenshot`` entry; ``finish`` adds ``run_finished`` once.
+    and adds a ``screenshot`` entry; ``finish`` adds ``run_finished`` once. ``on_entry`` (optional)
+    is called with each entry after it is written (outside the lock; its exceptions are ignored).
     """
 
-    def __init__(self, runs_dir: str | Path, run_id: str) -> None:
+    def __init__(self, runs_dir: str | Path, run_id: str,
+                 on_entry: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.run_id = run_id
         self.dir = Path(runs_dir) / run_id
         self.dir.mkdir(parents=True, exist_ok=False)
@@ -65,6 +71,7 @@ class RunRecord:
         self._shots = 0
         self.started = False
         self.finished: dict[str, Any] | None = None
+        self.on_entry = on_entry
 
     def write(self, type: str, **fields: Any) -> dict[str, Any]:
         """Append one entry; raises ValueError for a type outside the contract."""
@@ -76,6 +83,11 @@ class RunRecord:
             if self._file.closed:
                 raise ValueError("record is closed")
             self._file.write(line + "\n")
+        if self.on_entry is not None:
+            try:
+                self.on_entry(entry)
+            except Exception:  # noqa: BLE001 - showing an entry must not break the record
+                pass
         return entry
 
     def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
@@ -142,15 +154,31 @@ def _parse_ts(ts: str) -> _dt.datetime:
     return _dt.datetime.fromisoformat(ts)
 
 
+CHECK_FIELDS = ("kind", "target", "rule", "expected", "observed", "passed", "detail")
+"""The fields of each check in :func:`summarize`'s ``checks`` (``detail`` only when the check has one)."""
+
+
 def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers for the summary table: steps (model responses), actions (ok / failed), approvals
-    (approved / denied), network decisions (allowed / denied), checks (passed / total), usage,
-    verdict and wall time in seconds (the whole run, sandbox start and teardown included, when
-    ``run_finished`` carries ``wall_s``)."""
+    """The summary of a record (``report --json`` prints it).
+
+    Counts: ``steps`` (model responses), ``actions`` / ``actions_failed`` (input actions: every driver
+    call except the SDK's screenshot actions), ``screenshot_actions`` / ``screenshot_actions_failed``
+    (the SDK's screenshot calls after each computer_call), ``screenshots`` (images sent, the first
+    included), ``approvals_approved`` / ``approvals_denied`` (decisions on safety checks and actions),
+    ``approvals_opt_in`` (the codes opted in with ``--approve-safety-check``: not decisions),
+    ``network_allowed`` / ``network_denied``, ``checks_passed`` / ``checks_total``; ``usage``; the
+    verdict (``status``, ``reason``); ``checks``: one object per check with :data:`CHECK_FIELDS` (why a
+    run failed); wall time in seconds (the whole run, sandbox start and teardown included, when
+    ``run_finished`` carries ``wall_s``) and the phase ``timings``.
+    """
     entries = list(entries)
     by = lambda t: [e for e in entries if e.get("type") == t]  # noqa: E731
     actions = by("action")
+    inputs = [a for a in actions if a.get("action") != "screenshot"]
+    shot_actions = [a for a in actions if a.get("action") == "screenshot"]
     approvals = by("approval")
+    decisions = [a for a in approvals if a.get("what") != "opt-in"]
+    opt_ins = [code for a in approvals if a.get("what") == "opt-in" for code in (a.get("codes") or [])]
     network = by("network")
     checks = by("check")
     finished = by("run_finished")
@@ -169,15 +197,20 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "mode": started[0].get("mode") if started else None,
         "steps": len(responses),
         "computer_calls": len(by("computer_call")),
-        "actions": len([a for a in actions if a.get("action") != "screenshot"]),
-        "actions_failed": len([a for a in actions if a.get("error")]),
+        "actions": len(inputs),
+        "actions_failed": len([a for a in inputs if a.get("error")]),
+        "screenshot_actions": len(shot_actions),
+        "screenshot_actions_failed": len([a for a in shot_actions if a.get("error")]),
         "screenshots": len(by("screenshot")),
-        "approvals_approved": len([a for a in approvals if a.get("decision") == "approved"]),
-        "approvals_denied": len([a for a in approvals if a.get("decision") == "denied"]),
+        "approvals_approved": len([a for a in decisions if a.get("decision") == "approved"]),
+        "approvals_denied": len([a for a in decisions if a.get("decision") == "denied"]),
+        "approvals_opt_in": opt_ins,
         "network_allowed": len([n for n in network if n.get("decision") == "allow"]),
         "network_denied": len([n for n in network if n.get("decision") != "allow"]),
         "checks_passed": len([c for c in checks if c.get("passed")]),
         "checks_total": len(checks),
+        "checks": [{k: c.get(k) for k in CHECK_FIELDS if k != "detail" or c.get("detail") is not None}
+                   for c in checks],
         "usage": {**totals, "complete": usage_missing == 0, "missing": usage_missing},
         "status": finished[-1].get("status") if finished else "unfinished",
         "reason": finished[-1].get("reason") if finished else "",
@@ -186,33 +219,47 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | None = None) -> Table:
     """The summary table printed at the end of a run (and by ``desktop-sandbox report``)."""
     entries = list(entries)
     s = summarize(entries)
     # Names, reasons and observed file contents come from tasks, models and the guest: shown literally.
     table = Table(title=escape(f"run {s['task'] or ''} ({s['mode'] or '?'})"), show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("what", style="bold", overflow="fold")
+    table.add_column("value", overflow="fold")
     table.add_row("steps (model responses)", str(s["steps"]))
-    table.add_row("actions", f"{s['actions']} ({s['actions_failed']} failed), {s['screenshots']} screenshots")
-    table.add_row("approvals", f"{s['approvals_approved']} approved, {s['approvals_denied']} denied")
+    shots = _count(s["screenshot_actions"], "screenshot action")
+    if s["screenshot_actions_failed"]:
+        shots += f" ({s['screenshot_actions_failed']} failed)"
+    table.add_row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed), not counting "
+                             f"{shots}; {_count(s['screenshots'], 'screenshot')} sent")
+    approvals = f"{s['approvals_approved']} approved, {s['approvals_denied']} denied"
+    if s["approvals_opt_in"]:
+        approvals += "; opt-in: --approve-safety-check " + ", ".join(str(c) for c in s["approvals_opt_in"])
+    table.add_row("approvals", escape(approvals))
     table.add_row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
     u = s["usage"]
     usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
     if not u["complete"]:
         usage += f" - incomplete: {u['missing']} response(s) without usage"
     table.add_row("usage", usage)
-    for c in [e for e in entries if e.get("type") == "check"]:
+    for c in s["checks"]:
         mark = "[green]pass[/]" if c.get("passed") else "[red]FAIL[/]"
         detail = f"{c.get('rule')}"
         if not c.get("passed"):
-            detail += f": expected {c.get('expected')!r}, observed {c.get('observed')!r}"
-        table.add_row(escape(f"check {c.get('kind')} {c.get('target')}"), f"{mark} {escape(detail)}")
+            observed = observed_text(c) if c.get("observed") is None else f"observed {c.get('observed')!r}"
+            detail += f": expected {c.get('expected')!r}, {observed}"
+        # a short label keeps the value column wide: paths and the record path stay on one line
+        table.add_row("check", f"{mark} {escape(str(c.get('kind')))} {escape(str(c.get('target')))} {escape(detail)}")
     table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
-    table.add_row("verdict", f"[{color}]{escape(str(verdict))}[/] {escape(str(s['reason'] or ''))}")
+    reason = f" ({escape(str(s['reason']))})" if s["reason"] else ""
+    table.add_row("verdict", f"[{color}]{escape(str(verdict))}[/]{reason}")
     if s["wall_s"] is not None:
         t = f"{s['wall_s']:.1f} s"
         if s["timings"]:

@@ -8,7 +8,13 @@ the guest's files -> collect network decisions -> tear down -> ``run_finished``.
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
 the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
 (a check failed, the task has no checks, or a safety check / action was denied), ``passed`` (loop
-completed and every check passed -- at least one). Exit code 0 only for ``passed``.
+completed and every check passed -- at least one). Exit code: 0 ``passed``, 1 ``failed`` or
+``error``, 130 ``cancelled`` (the shell's convention for an interrupted command).
+
+The console shows the run as it goes: the record's listener (:class:`controller.progress.RunPrinter`)
+prints one line per record entry (sandbox start, model steps, computer_calls with their actions
+summarised -- typed text only as a length --, approvals, network decisions, checks), the runner adds
+the launch and readiness lines, and the summary table ends the run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rich.markup import escape
 from controller.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
 from controller.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
 from controller.model_client import RequestUsage, UsageMeter, live_client, offline_client
+from controller.progress import RunPrinter, clean, make_console
 from controller.record import RunRecord, new_run_id, read_record, redact_action, print_summary
 from controller.scripted_server import ScriptedModel, ScriptedServer, load_script
 from controller.tasks import Task
@@ -40,6 +47,8 @@ from controller.verify import GuestFileMissing, guest_path, run_checks
 
 DEFAULT_MODEL = "gpt-6-astra"
 GUEST_HOME = "/home/sandbox"
+EXIT_CODES = {"passed": 0, "failed": 1, "error": 1, "cancelled": 130}
+"""Exit status of ``run-task`` per run status (130: cancelled, as a shell reports an interrupted command)."""
 
 _UNSET: Any = object()
 
@@ -83,7 +92,8 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.status == "passed" else 1
+        """0 passed, 1 failed or error, 130 cancelled (:data:`EXIT_CODES`)."""
+        return EXIT_CODES.get(self.status, 1)
 
 
 class _Cancel:
@@ -153,6 +163,14 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str
     observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0)
     observed["screen_stable_s"] = round(time.monotonic() - started, 3)
     return observed
+
+
+def _ready_line(observed: dict[str, Any], took_s: float) -> str:
+    """``ready in 0.3s: /home/sandbox/.cache/terminal-ready 0.11s, screen stable 0.22s``."""
+    parts = [f"{path} {s:.2f}s" for path, s in observed.items() if path not in ("screen_stable", "screen_stable_s")]
+    stable = "screen stable" if observed.get("screen_stable") else "screen still changing"
+    parts.append(f"{stable} {observed.get('screen_stable_s', 0.0):.2f}s")
+    return f"ready in {took_s:.1f}s: " + ", ".join(parts)
 
 
 def build_params(task: Task, model: str, first: SentScreenshot, legacy: bool) -> dict[str, Any]:
@@ -260,7 +278,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
     """
     run_t0 = time.monotonic()
     options = options or RunOptions()
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     live = options.live if options.live is not None else bool(os.environ.get("OPENAI_API_KEY"))
     model = options.model or os.environ.get("OPENAI_MODEL") or DEFAULT_MODEL
     if options.legacy is not None:
@@ -271,7 +289,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
         legacy = bool(task.offline and task.offline.legacy)
     asker: Asker | None = terminal_asker(console) if options.asker is _UNSET else options.asker
     max_steps = options.max_steps or task.max_steps
-    record = RunRecord(options.runs_dir, new_run_id(task.name))
+    record = RunRecord(options.runs_dir, new_run_id(task.name), on_entry=RunPrinter(console))
     timings: dict[str, float] = {}
     checks: list[dict[str, Any]] = []
     status, reason, final_message = "error", "", None
@@ -299,7 +317,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
             image=getattr(sb, "image_id", None), sandbox=getattr(sb, "id", None),
             policy=task.network.model_dump(mode="json"), max_steps=max_steps,
             screen=task.screen.model_dump(), model_view=task.model.model_dump(mode="json"),
-            script=str(script) if script else None,
+            script=str(script) if script else None, sandbox_start_s=timings.get("sandbox_start"),
         )
 
     try:
@@ -321,10 +339,10 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
             t = time.monotonic()
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
-                console.print(f"launched {launch.app} (pid {pid})", markup=False)
+                console.print(f"launched {launch.app} (pid {pid})", markup=False, highlight=False)
             ready = _wait_ready(agent, task, home, options.ready_timeout_s)
             phase("launch_ready", t)
-            console.print(f"ready: {ready}", markup=False)
+            console.print(_ready_line(ready, timings["launch_ready"]), markup=False, highlight=False)
             if cancel():
                 raise _Cancelled()
             policy = ScreenshotPolicy(format=task.model.format, quality=task.model.quality,
@@ -369,8 +387,8 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                 phase("loop", t)
                 with contextlib.suppress(Exception):
                     driver.release()
-            console.print(f"loop: {reason}" + (f" - model said: {final_message!r}" if final_message else ""),
-                          markup=False, highlight=False)
+            said = f"; model said: {clean(repr(final_message), 200)}" if final_message else ""
+            console.print(f"{clean(reason, 400)}{said}", markup=False, highlight=False)
             if cancel():
                 raise _Cancelled()
             t = time.monotonic()
@@ -383,7 +401,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                 status = "failed"
                 reason = f"{sum(not c['passed'] for c in checks)} of {len(checks)} checks failed"
             elif status == "passed":
-                reason = f"all {len(checks)} checks passed"
+                reason = f"{len(checks)} of {len(checks)} checks"
     except (_Cancelled, KeyboardInterrupt) as exc:
         status, reason = "cancelled", f"cancelled by {cancel.signal or 'SIGINT'}"
         if isinstance(exc, KeyboardInterrupt):
@@ -424,6 +442,8 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
                              via=d.get("via"), at=d.get("ts"))
         except Exception as exc:  # noqa: BLE001
             console.print(f"[yellow]could not read the gateway decision log: {escape(str(exc))}[/]")
+        if isinstance(record.on_entry, RunPrinter):
+            record.on_entry.flush()  # the decisions, deduplicated, before any teardown message
     t = time.monotonic()
     for closer in (getattr(client, "close", None), getattr(sandbox, "close", None),
                    getattr(server, "stop", None)):
