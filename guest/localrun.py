@@ -20,6 +20,18 @@ import urllib.request
 from pathlib import Path
 
 
+
+def terminate(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
+    """Stop ``proc`` if it still runs: SIGTERM, then SIGKILL after ``timeout`` seconds; always reaped."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
 class Xvfb:
     """A private ``Xvfb`` at ``width`` x ``height`` x ``depth``; ``display`` is its name (``":N"``)."""
 
@@ -78,13 +90,7 @@ class Xvfb:
 
     def stop(self) -> None:
         """Terminate the server and wait for it."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.proc = None
 
     def restart(self) -> None:
@@ -163,12 +169,6 @@ class AgentProcess:
 
     def stop(self) -> None:
         """Terminate the agent and remove its token file."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.proc = None
         self._dir.cleanup()

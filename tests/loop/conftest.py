@@ -3,9 +3,13 @@ real agent on a private Xvfb, observed by the probe window (what real X clients 
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +61,28 @@ class Desk:
         self.xvfb.stop()
         self._tmp.cleanup()
 
+
+
+def interrupt_after_first_action(proc: subprocess.Popen, runs: Path, timeout: float = 60) -> tuple[str, str]:
+    """Send SIGINT to ``proc`` once a run record under ``runs`` holds an ``action``; return its output.
+
+    Fails the test when no action is recorded within ``timeout`` seconds; the process is always reaped.
+    """
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            records = list(runs.glob("*/record.jsonl"))
+            if records and '"type": "action"' in records[0].read_text():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never got to an action")
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 @pytest.fixture(scope="module")
 def desk() -> Iterator[Desk]:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from controller.record import read_record
+from tests.loop.conftest import interrupt_after_first_action
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "Tr0ub4dor&3-horse-battery"
@@ -145,21 +144,7 @@ def test_ctrl_c_during_run_task_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", CLI_CHILD, "run-task", str(task), "--offline", "--runs-dir",
                              str(runs)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(), stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            records = list(runs.glob("*/record.jsonl"))
-            if records and '"type": "action"' in records[0].read_text():
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the run never got to an action")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = interrupt_after_first_action(proc, runs)
     assert proc.returncode == 130, err
     assert "cancelled (cancelled by SIGINT)" in err
     entries = read_record(Path(out.strip()))

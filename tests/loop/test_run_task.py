@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from controller.record import read_record, summarize
 from controller.runner import RunOptions, run_task
 from controller.tasks import load_task
+from tests.loop.conftest import interrupt_after_first_action
 from tests.loop.local_sandbox import LocalSandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +113,7 @@ import json, sys
 from pathlib import Path
 from controller.runner import run_task, RunOptions
 from controller.tasks import FileCheck, Task
+from tests.loop.conftest import interrupt_after_first_action
 from tests.loop.local_sandbox import LocalSandbox
 runs, script = Path(sys.argv[1]), Path(sys.argv[2])
 sb = LocalSandbox().start()
@@ -147,21 +147,8 @@ def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", CANCEL_CHILD, str(runs), str(script)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    try:
-        pids = json.loads(proc.stdout.readline())
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            records = list(runs.glob("*/record.jsonl"))
-            if records and '"type": "action"' in records[0].read_text():
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the run never got to an action")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    pids = json.loads(proc.stdout.readline())
+    out, err = interrupt_after_first_action(proc, runs)
     assert proc.returncode == 130, err  # cancelled: the shell's code for an interrupted command
     result = json.loads(out.strip().splitlines()[-1])
     assert result["status"] == "cancelled"
