@@ -16,7 +16,7 @@ help:
 	@echo "make run-task   run TASK=$(TASK): offline exercise without OPENAI_API_KEY, live model with it"
 	@echo "make test       run every test (needs Xvfb, Docker, QEMU; see README)"
 	@echo "make audit      probe the sandbox's network policy from inside the guest [POLICY=file]"
-	@echo "make bench      measure action and screenshot latency against xdotool/import"
+	@echo "make bench      measure action, screenshot and settle latency (loopback vs xdotool/import, Docker sandbox vs its floor)"
 	@echo "make down       remove every sandbox container and network left behind"
 
 $(VENV)/.installed: pyproject.toml
@@ -44,7 +44,7 @@ audit: deps
 	$(PYTHON) -m controller.cli audit --image $(IMAGE) $(if $(POLICY),--policy $(POLICY)) --json $(or $(AUDIT_JSON),runs/audit.json)
 
 bench: deps
-	$(PYTHON) -m controller.cli bench
+	$(PYTHON) -m controller.cli bench --image $(IMAGE)
 
 down: deps
 	$(PYTHON) -m controller.cli down --all

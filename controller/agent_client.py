@@ -3,20 +3,81 @@
 ``AgentClient(base_url, token)`` wraps one keep-alive ``httpx.Client``. Coordinates it sends are
 **screen pixels** (mapping from model space is the driver's job). Every non-2xx answer raises
 :class:`AgentError` carrying the HTTP status and the agent's ``code``, ``message`` and ``index``.
+
+The guest is untrusted: a process in it can stop the agent and answer on its port. So every answer is
+streamed and held to two limits (the rule is stated once, in ARCHITECTURE.md, contract 1):
+
+* a **size cap** per call -- :data:`JSON_MAX_BYTES` for the JSON endpoints and every error body,
+  :func:`screenshot_cap` for ``GET /v1/screenshot``, ``max_file_bytes`` (default
+  :data:`FILE_MAX_BYTES`) for ``GET /v1/files``. A ``Content-Length`` over the cap is refused before
+  any of the body is read, and bytes are counted as they arrive, so a lying or absent
+  ``Content-Length`` (chunked, close-delimited) is caught too: ``AgentError`` code ``too_large``.
+* an **overall deadline** per call (the client's ``timeout``): wall clock from sending the request to
+  the last byte of the answer, headers included. Every socket operation waits at most the time left,
+  so a peer that trickles one byte just inside each read timeout, or stalls mid-answer, is cut off
+  at the deadline: ``AgentError`` code ``deadline``.
+
+Answers must also have the shape the contract promises (parseable JSON, ``X-Frame`` etc. headers,
+integer ``executed``/``pid``, no ``Content-Encoding``); anything else is code ``bad_response``. Text
+the guest supplies (its error ``code`` and ``message``, a non-JSON error body) reaches messages only
+with control and format characters escaped and its length capped (:func:`guest_text`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import httpcore
 import httpx
+
+from controller.text import clean
+
+from guest.files import DEFAULT_MAX_BYTES as _AGENT_FILE_MAX_BYTES
+
+JSON_MAX_BYTES = 1024 * 1024
+"""Cap in bytes on the answer of every JSON endpoint (``/livez``, ``/v1/display``, ``/v1/actions``,
+``/v1/release``, ``/v1/launch``) and on every error body. The agent's real answers are under 1 KiB."""
+
+FILE_MAX_BYTES = _AGENT_FILE_MAX_BYTES
+"""Default cap in bytes on ``GET /v1/files``: the agent's own default ``--max-file-bytes`` (16 MiB,
+``guest.files.DEFAULT_MAX_BYTES``), above which the agent refuses with 413 itself. Pass
+``max_file_bytes`` to :class:`AgentClient` when the agent runs with another value."""
+
+MAX_SCREEN_PX = 8192
+"""Largest screen width or height in px the controller ever gives a guest (a task's ``[screen]`` is
+at most 8192x8192, ``controller.tasks``); bounds a screenshot answer when the request does not."""
+
+SCREENSHOT_BYTES_PER_PX = 4
+"""Bytes per image px a screenshot answer may take: an uncompressed RGBA frame. The agent's PNG is
+8-bit RGB with one filter byte a row and deflate framing (under 3.01 bytes/px even when nothing
+compresses); its JPEG is smaller still."""
+
+SCREENSHOT_HEADROOM_BYTES = 1024 * 1024
+"""Bytes allowed on top of the pixels: PNG chunk and JPEG table overhead, which dominate tiny images."""
+
+MAX_GUEST_TEXT = 200
+"""Most characters of guest-supplied text (error messages) put into an :class:`AgentError` message."""
+
+_SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")
+_FRAME = re.compile(r"([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6})")
+_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class AgentError(RuntimeError):
     """A failed agent call: ``status`` (HTTP), ``code`` (e.g. ``unknown_key``), ``message``,
     ``index`` (the failing action's position, when the agent names one), ``body`` (parsed JSON).
-    ``status`` 0 means the agent could not be reached (``code`` ``unreachable``)."""
+
+    ``status`` 0 means no usable answer arrived; ``code`` then says why: ``unreachable`` (no
+    connection, or it broke), ``deadline`` (no complete answer within the call's deadline),
+    ``too_large`` (the answer is over the call's size cap) or ``bad_response`` (the answer is not what
+    the contract promises: malformed JSON, headers or fields, or a ``Content-Encoding``).
+    """
 
     def __init__(self, status: int, code: str, message: str, index: int | None = None,
                  body: dict[str, Any] | None = None) -> None:
@@ -40,25 +101,212 @@ class AgentScreenshot:
     image_size: tuple[int, int]
 
 
-def _pair(value: str) -> tuple[int, int]:
-    w, _, h = value.partition("x")
-    return int(w), int(h)
+def screenshot_cap(max_width: int | None = None, max_height: int | None = None,
+                   crop: tuple[int, int, int, int] | None = None) -> int:
+    """Cap in bytes on a ``GET /v1/screenshot`` answer for these request parameters.
+
+    The image is never larger than the crop (screen px), nor than ``max_width`` x ``max_height``
+    (image px), nor than :data:`MAX_SCREEN_PX` square; the cap is that many px times
+    :data:`SCREENSHOT_BYTES_PER_PX` plus :data:`SCREENSHOT_HEADROOM_BYTES`. The default 1280x800
+    model image gets 5 MiB; an unbounded request 257 MiB.
+    """
+    w, h = screenshot_bounds(max_width, max_height, crop)
+    return w * h * SCREENSHOT_BYTES_PER_PX + SCREENSHOT_HEADROOM_BYTES
+
+
+def screenshot_bounds(max_width: int | None = None, max_height: int | None = None,
+                      crop: tuple[int, int, int, int] | None = None) -> tuple[int, int]:
+    """Largest (w, h) in image px the agent may answer a screenshot request with (see
+    :func:`screenshot_cap`); at least 1 x 1."""
+    w = h = MAX_SCREEN_PX
+    if crop is not None:
+        w, h = min(w, int(crop[2])), min(h, int(crop[3]))
+    if max_width is not None:
+        w = min(w, int(max_width))
+    if max_height is not None:
+        h = min(h, int(max_height))
+    return max(w, 1), max(h, 1)
+
+
+# -- the deadline at the socket: every read, write and connect waits at most the time left ------------
+
+class _Deadlines:
+    """The deadline (``time.monotonic()`` seconds) of the call running in each thread, if any."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def until(self, deadline: float) -> Iterator[None]:
+        previous = getattr(self._local, "deadline", None)
+        self._local.deadline = deadline
+        try:
+            yield
+        finally:
+            self._local.deadline = previous
+
+    def clamp(self, timeout: float | None, expired: type[Exception]) -> float | None:
+        """``timeout`` shortened to the time left; raises ``expired`` when none is left."""
+        deadline = getattr(self._local, "deadline", None)
+        if deadline is None:
+            return timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise expired("the call's deadline has passed")
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream, deadlines: _Deadlines) -> None:
+        self._stream, self._deadlines = stream, deadlines
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, self._deadlines.clamp(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, self._deadlines.clamp(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        stream = self._stream.start_tls(ssl_context, server_hostname,
+                                        self._deadlines.clamp(timeout, httpcore.ConnectTimeout))
+        return _DeadlineStream(stream, self._deadlines)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    def __init__(self, deadlines: _Deadlines) -> None:
+        self._inner, self._deadlines = httpcore.SyncBackend(), deadlines
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(host, port, self._deadlines.clamp(timeout, httpcore.ConnectTimeout),
+                                         local_address, socket_options)
+        return _DeadlineStream(stream, self._deadlines)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore.NetworkStream:
+        stream = self._inner.connect_unix_socket(path, self._deadlines.clamp(timeout, httpcore.ConnectTimeout),
+                                                 socket_options)
+        return _DeadlineStream(stream, self._deadlines)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _to_httpx(exc: Exception) -> httpx.TransportError:
+    """The httpx exception of the same name (ReadTimeout, ConnectError, RemoteProtocolError, ...)."""
+    cls = getattr(httpx, type(exc).__name__, None)
+    if not (isinstance(cls, type) and issubclass(cls, httpx.TransportError)):
+        cls = httpx.TimeoutException if isinstance(exc, httpcore.TimeoutException) else httpx.TransportError
+    return cls(str(exc))
+
+
+class _CoreBody(httpx.SyncByteStream):
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._stream
+        except httpcore.TimeoutException as exc:
+            raise _to_httpx(exc) from exc
+        except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
+            raise _to_httpx(exc) from exc
+
+    def close(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+
+class _DeadlineTransport(httpx.BaseTransport):
+    """An HTTP/1.1 transport (httpcore's pool, no proxies from the environment) whose every socket
+    operation is bounded by the calling thread's deadline in ``deadlines``."""
+
+    def __init__(self, deadlines: _Deadlines) -> None:
+        self._pool = httpcore.ConnectionPool(network_backend=_DeadlineBackend(deadlines), max_connections=16,
+                                             max_keepalive_connections=8, keepalive_expiry=5.0)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        req = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
+                             target=request.url.raw_path),
+            headers=request.headers.raw, content=request.stream, extensions=request.extensions,
+        )
+        try:
+            resp = self._pool.handle_request(req)
+        except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
+            raise _to_httpx(exc) from exc
+        return httpx.Response(status_code=resp.status, headers=resp.headers, stream=_CoreBody(resp.stream),
+                              extensions=resp.extensions)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    def json(self, what: str) -> Any:
+        try:
+            return json.loads(self.body)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+            raise AgentError(0, "bad_response", f"{what}: the answer is not JSON ({clean(exc, MAX_GUEST_TEXT)})") from None
+
+
+def _int_field(body: Any, name: str, what: str, minimum: int) -> int:
+    value = body.get(name) if isinstance(body, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AgentError(0, "bad_response", f"{what}: {name!r} must be an integer >= {minimum}, "
+                                            f"got {clean(repr(value), 60)}")
+    return value
+
+
+def _header(headers: httpx.Headers, name: str, pattern: re.Pattern[str], what: str) -> tuple[int, ...]:
+    value = headers.get(name)
+    match = pattern.fullmatch(value) if value is not None else None
+    if match is None:
+        shown = "missing" if value is None else clean(repr(value), 60)
+        raise AgentError(0, "bad_response", f"{what}: header {name} is malformed ({shown})")
+    return tuple(int(v) for v in match.groups())
 
 
 class AgentClient:
     """Synchronous client for one agent. Thread-safe as far as ``httpx.Client`` is.
 
-    ``timeout`` (seconds) bounds each call; keep it above the agent's ``--request-timeout`` plus its
-    ``--busy-timeout`` (20 + 5 s by default) for action calls, so the agent's own ``timeout`` or
-    ``busy`` answer arrives first.
+    ``timeout`` (seconds): the overall deadline of each call, from sending the request to the last
+    byte of the answer; keep it above the agent's ``--request-timeout`` plus its ``--busy-timeout``
+    (20 + 5 s by default) for action calls, so the agent's own ``timeout`` or ``busy`` answer arrives
+    first. ``max_file_bytes``: cap on a ``read_file`` answer (default :data:`FILE_MAX_BYTES`, the
+    agent's default ``--max-file-bytes``). ``transport``: for tests; a custom transport keeps the size
+    caps and the deadline checked between body chunks, but its socket waits are its own.
+    Raises ValueError for a ``timeout`` or ``max_file_bytes`` that is not positive.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 max_file_bytes: int = FILE_MAX_BYTES, transport: httpx.BaseTransport | None = None) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if max_file_bytes < 1:
+            raise ValueError(f"max_file_bytes must be at least 1, got {max_file_bytes!r}")
         self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        self.max_file_bytes = int(max_file_bytes)
+        self._deadlines = _Deadlines()
         self._http = httpx.Client(
-            base_url=self.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
-            transport=transport,
+            base_url=self.base_url, timeout=self.timeout,
+            headers={"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"},
+            transport=transport if transport is not None else _DeadlineTransport(self._deadlines),
         )
 
     def close(self) -> None:
@@ -72,38 +320,96 @@ class AgentClient:
         self.close()
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, cap: int, **kwargs: Any) -> _Answer:
+        """One call: the status, headers and whole body of a 2xx answer of at most ``cap`` bytes,
+        complete within ``self.timeout`` seconds. Raises AgentError: the agent's own error for a
+        non-2xx answer (its body capped at :data:`JSON_MAX_BYTES`), or status 0 with ``unreachable``,
+        ``deadline``, ``too_large`` or ``bad_response``."""
+        what = f"{method} {path}"
+        deadline = time.monotonic() + self.timeout
         try:
-            resp = self._http.request(method, path, **kwargs)
+            with self._deadlines.until(deadline), \
+                    self._http.stream(method, path, **kwargs) as resp:
+                ok = 200 <= resp.status_code < 300
+                body = self._read_body(resp, cap if ok else JSON_MAX_BYTES, deadline, what)
+                status, headers = resp.status_code, resp.headers
+        except httpx.TimeoutException:
+            raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
+                                            "deadline of the call") from None
         except httpx.TransportError as exc:
-            raise AgentError(0, "unreachable", f"{method} {path}: {exc}") from exc
-        if resp.status_code >= 400:
+            raise AgentError(0, "unreachable", f"{what}: {clean(exc, MAX_GUEST_TEXT)}") from exc
+        if not ok:
             try:
-                body = resp.json()
-                err = body.get("error", {}) if isinstance(body, dict) else {}
-            except ValueError:
-                body, err = {}, {}
-            raise AgentError(resp.status_code, str(err.get("code", "http_error")),
-                             str(err.get("message", resp.text[:200])), err.get("index"), body)
-        return resp
+                parsed = json.loads(body)
+            except (ValueError, RecursionError):
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise AgentError(status, "http_error", clean(body.decode("utf-8", "replace"), MAX_GUEST_TEXT))
+            err = parsed.get("error")
+            err = err if isinstance(err, dict) else {}
+            code = err.get("code")
+            code = code if isinstance(code, str) and _CODE.fullmatch(code) else "http_error"
+            message = err.get("message")
+            message = clean(message if message is not None else body.decode("utf-8", "replace"), MAX_GUEST_TEXT)
+            index = err.get("index")
+            index = index if isinstance(index, int) and not isinstance(index, bool) else None
+            raise AgentError(status, code, message, index, parsed)
+        return _Answer(status, headers, body)
+
+    def _read_body(self, resp: httpx.Response, cap: int, deadline: float, what: str) -> bytes:
+        """The raw body, refused past ``cap`` bytes (declared or counted) or past ``deadline``."""
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise AgentError(0, "bad_response", f"{what}: unexpected Content-Encoding {clean(encoding, 40)!s}")
+        declared = resp.headers.get("content-length", "").strip()
+        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
+            raise AgentError(0, "too_large", f"{what}: the answer declares {clean(declared, 40)} bytes; "
+                                             f"the cap for this call is {cap} bytes")
+        chunks: list[bytes] = []
+        total = 0
+        for chunk in resp.iter_raw():
+            total += len(chunk)
+            if total > cap:
+                raise AgentError(0, "too_large", f"{what}: the answer is larger than the {cap}-byte cap "
+                                                 "for this call")
+            if time.monotonic() > deadline:
+                raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
+                                                f"deadline of the call ({total} bytes received)")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     # -- API -----------------------------------------------------------------------------------
+    # Every method below raises AgentError: the agent's refusal (its status and code), or status 0
+    # with unreachable, deadline (over ``timeout`` s), too_large (over the call's cap) or bad_response.
+
     def livez(self) -> bool:
-        """True when ``GET /livez`` answers 200."""
-        return self._request("GET", "/livez").status_code == 200
+        """True when ``GET /livez`` answers 200 (answer capped at :data:`JSON_MAX_BYTES`)."""
+        return self._request("GET", "/livez", JSON_MAX_BYTES).status == 200
 
     def display(self) -> dict[str, int]:
-        """``{"width", "height", "depth"}`` of the guest screen (screen px, bits)."""
-        return self._request("GET", "/v1/display").json()
+        """``{"width", "height", "depth"}`` of the guest screen (screen px, bits); each a positive int,
+        else ``bad_response``. Answer capped at :data:`JSON_MAX_BYTES`."""
+        what = "GET /v1/display"
+        body = self._request("GET", "/v1/display", JSON_MAX_BYTES).json(what)
+        return {name: _int_field(body, name, what, 1) for name in ("width", "height", "depth")}
 
     def actions(self, actions: Sequence[dict[str, Any]]) -> int:
-        """Run Responses computer actions (screen px) in one request; returns ``executed``."""
-        return int(self._request("POST", "/v1/actions", json={"actions": list(actions)}).json()["executed"])
+        """Run Responses computer actions (screen px) in one request; returns ``executed`` (an int
+        >= 0, else ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
+        what = "POST /v1/actions"
+        body = self._request("POST", "/v1/actions", JSON_MAX_BYTES, json={"actions": list(actions)}).json(what)
+        return _int_field(body, "executed", what, 0)
 
     def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
                    max_height: int | None = None,
                    crop: tuple[int, int, int, int] | None = None) -> AgentScreenshot:
-        """Capture the screen (optionally ``crop`` in screen px, bounded to max_width/max_height)."""
+        """Capture the screen (optionally ``crop`` in screen px, bounded to max_width/max_height image px).
+
+        The answer is capped at :func:`screenshot_cap` of these parameters. ``X-Screen-Size``,
+        ``X-Frame`` and ``X-Image-Size`` must be decimal ``WxH`` / ``x,y,w,h`` and the image no larger
+        than the request allows (:func:`screenshot_bounds`), else ``bad_response``.
+        """
+        what = "GET /v1/screenshot"
         params: dict[str, Any] = {"format": format}
         if quality is not None:
             params["quality"] = quality
@@ -113,24 +419,34 @@ class AgentClient:
             params["max_height"] = max_height
         if crop is not None:
             params["crop"] = ",".join(str(int(v)) for v in crop)
-        resp = self._request("GET", "/v1/screenshot", params=params)
-        fx, fy, fw, fh = (int(v) for v in resp.headers["X-Frame"].split(","))
+        answer = self._request("GET", "/v1/screenshot", screenshot_cap(max_width, max_height, crop), params=params)
+        frame = _header(answer.headers, "X-Frame", _FRAME, what)
+        screen = _header(answer.headers, "X-Screen-Size", _SIZE, what)
+        image = _header(answer.headers, "X-Image-Size", _SIZE, what)
+        bound = screenshot_bounds(max_width, max_height, crop)
+        if not (1 <= image[0] <= bound[0] and 1 <= image[1] <= bound[1]):
+            raise AgentError(0, "bad_response", f"{what}: X-Image-Size {image[0]}x{image[1]} is outside "
+                                                f"1x1..{bound[0]}x{bound[1]}, what the request allows")
         return AgentScreenshot(
-            data=resp.content,
-            mime=resp.headers.get("content-type", ""),
-            screen_size=_pair(resp.headers["X-Screen-Size"]),
-            frame=(fx, fy, fw, fh),
-            image_size=_pair(resp.headers["X-Image-Size"]),
+            data=answer.body,
+            mime=clean(answer.headers.get("content-type", ""), 100),
+            screen_size=(screen[0], screen[1]),
+            frame=(frame[0], frame[1], frame[2], frame[3]),
+            image_size=(image[0], image[1]),
         )
 
     def release(self) -> None:
-        """Release every key and button the guest reports down."""
-        self._request("POST", "/v1/release")
+        """Release every key and button the guest reports down (answer capped at :data:`JSON_MAX_BYTES`)."""
+        self._request("POST", "/v1/release", JSON_MAX_BYTES)
 
     def read_file(self, path: str) -> bytes:
-        """Bytes of a guest file under the agent's allowed roots."""
-        return self._request("GET", "/v1/files", params={"path": path}).content
+        """Bytes of a guest file under the agent's allowed roots; at most ``max_file_bytes``, else
+        ``too_large`` (the agent itself answers 413 ``too_large`` for a file over its limit)."""
+        return self._request("GET", "/v1/files", self.max_file_bytes, params={"path": path}).body
 
     def launch(self, app: str, args: Sequence[str] = ()) -> int:
-        """Start an allowlisted guest app with extra argv entries; returns its pid."""
-        return int(self._request("POST", "/v1/launch", json={"app": app, "args": list(args)}).json()["pid"])
+        """Start an allowlisted guest app with extra argv entries; returns its pid (an int >= 1, else
+        ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
+        what = "POST /v1/launch"
+        body = self._request("POST", "/v1/launch", JSON_MAX_BYTES, json={"app": app, "args": list(args)}).json(what)
+        return _int_field(body, "pid", what, 1)

@@ -1,24 +1,51 @@
-"""Benchmark: the guest agent over HTTP against the usual per-action-process baseline, same run.
+"""Benchmark: the guest agent against the usual per-action-process baseline, and the controller's real
+path into a Docker sandbox, each beside its floor, all measured in one run.
 
-``python -m controller.bench [--iterations N] [--baseline-iterations M] [--json FILE]`` starts a
-private Xvfb 1280x800x24 with a few terminals full of text (a realistic, compressible screen), the
-agent as a real subprocess on loopback, and measures wall time per operation (ms, p50/p95):
+``python -m controller.bench [--iterations N] [--baseline-iterations M] [--no-baseline] [--image TAG]
+[--no-docker] [--json FILE]``
 
+**Loopback.** A private Xvfb 1280x800x24 with a few terminals full of text (a realistic, compressible
+screen), the agent as a real subprocess on 127.0.0.1, wall time per operation in ms:
+
+- ``floor``: grab + PNG encode in this process (:class:`guest.capture.Capture`), no HTTP;
 - ``click+screenshot png`` / ``jpeg``: ``POST /v1/actions`` (one click) then ``GET /v1/screenshot``;
 - ``screenshot png``: ``GET /v1/screenshot`` alone;
-- ``type 100 ascii`` / ``type 100 unicode``: one ``type`` action into a terminal.
+- ``type 100 ascii`` / ``type 100 unicode``: one ``type`` action into a terminal;
+- ``wait (idle screen)``: one ``wait`` action on a screen nothing draws on;
+- ``settled step``: what the controller does per model step, through :class:`controller.driver.SandboxDriver`:
+  a click, then the screenshot, which the driver precedes with a ``wait`` because input happened.
 
 Baseline, the way many tools do it: one ``xdotool`` process per action (``mousemove X Y click 1``,
 ``type`` with its default per-character delay) and ImageMagick ``import -window root png:-`` /
 ``jpeg:-`` per screenshot. ``ratio`` = baseline p50 / agent p50.
 
-Targets checked: click+screenshot PNG p50 <= 20 ms and ratio >= 10.
+**Docker sandbox** (skipped, with the reason on one line, without a Docker engine or the image): a
+sandbox from ``--image`` with the demo app's page in the browser and a terminal, as ``tasks/pickup.toml``
+lays them out, the page's input unfocused so nothing blinks (an idle screen). Measured through the
+controller's real path, driver -> ``AgentClient`` -> gateway relay -> agent:
+
+- ``in-guest floor``: grab + PNG encode inside the guest, no HTTP (a script run in the guest with
+  ``exec_in_guest``, the same :class:`guest.capture.Capture` and screenshot size the driver asks for);
+- ``driver click+screenshot``: ``SandboxDriver.click`` then ``SandboxDriver.screenshot`` (no settle);
+- ``settled step``: the same with the driver's settle (``wait`` before the screenshot).
+
+``settle cost`` = settled step p50 - click+screenshot p50 (same path), what the settle adds per step.
+
+Sampling: every case of a group is sampled round-robin (sample i of each case before sample i+1 of
+any), agent and baseline alike, so load on the machine spreads over all of them; the in-guest floor runs
+in blocks between rounds of driver samples. p50 is the median; p95 is the nearest-rank percentile
+(the ceil(0.95 n)-th smallest sample).
+
+Targets checked: loopback click+screenshot PNG p50 <= 20 ms and >= 10x the baseline; settled step p50
+< 150 ms (loopback, and through the relay); driver click+screenshot through the relay <= 3x the
+in-guest floor (p50s).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import subprocess
@@ -28,6 +55,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.agent_client import AgentClient
+from controller.driver import SandboxDriver, ScreenshotPolicy
+from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
 from guest.localrun import AgentProcess, Xvfb
 
 ASCII_100 = ("The quick brown fox jumps over the lazy dog; 0123456789 <>&\"'$ ~!@#%^*()_+{}|:? "
@@ -37,25 +66,67 @@ UNICODE_100 = ("café naïve – 日本語のテキスト 😀 Ωμέγα straß
 UNICODE_100 = UNICODE_100[:100]
 TARGET_P50_MS = 20.0
 TARGET_RATIO = 10.0
+TARGET_SETTLED_MS = 150.0
+TARGET_FLOOR_RATIO = 3.0
+DEFAULT_IMAGE = "desktop-sandbox:latest"
+GUEST_PYTHON = "/opt/desktop-sandbox/bin/python"
+SETTLE_RULE = (f"wait settles once the X server reported no drawing for {WAIT_QUIET_S * 1000:g} ms "
+               f"(DAMAGE; frame comparison only without it), capped at {WAIT_CAP_S:g} s")
+
+#: Screenshot request of the driver's default policy (what the model is sent).
+POLICY = ScreenshotPolicy()
+
+#: Runs in the guest: ``python -c FLOOR_SCRIPT N W H`` prints the grab+encode times (ms) of N shots as
+#: a JSON list, after two unmeasured ones. Same Capture, size bound and allocator setting as the agent.
+FLOOR_SCRIPT = """\
+import json, os, sys, time
+from guest import capture
+n, w, h = (int(a) for a in sys.argv[1:4])
+getattr(capture, "retain_frame_buffers", lambda: False)()
+cap = capture.Capture(os.environ.get("DISPLAY", ":99"))
+out = []
+for i in range(n + 2):
+    t = time.perf_counter()
+    cap.screenshot(fmt="png", max_width=w, max_height=h)
+    out.append((time.perf_counter() - t) * 1000.0)
+print(json.dumps(out[2:]))
+"""
+
+#: Screen px of a spot on the demo page with nothing on it (a click there unfocuses the page's input).
+BLANK_SPOT = (1100, 520)
+DEMO_URL = "http://127.0.0.1:8080/"
+PAGE_LOADED = "~/.local/share/pickup/page-loaded"
+TERMINAL_ARGS = ["-T", "Terminal", "-fa", "DejaVu Sans Mono", "-fs", "11", "-e", "bash", "-c",
+                 "mkdir -p ~/.cache && touch ~/.cache/terminal-ready && exec bash -i"]
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
-    """p50 and p95 (nearest rank) of ``samples`` in ms, rounded to 0.01 ms."""
+    """p50 (median) and p95 (nearest rank: the ceil(0.95 n)-th smallest) of ``samples`` in ms, rounded
+    to 0.01 ms; ``n`` the number of samples."""
     ordered = sorted(samples)
-    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
-    return {"p50": round(statistics.median(ordered), 2), "p95": round(p95, 2), "n": len(ordered)}
+    rank = max(1, math.ceil(0.95 * len(ordered)))
+    return {"p50": round(statistics.median(ordered), 2), "p95": round(ordered[rank - 1], 2), "n": len(ordered)}
+
+
+def interleave(cases: dict[Any, tuple[Callable[[int], Any], int]], warmup: int = 1) -> dict[Any, list[float]]:
+    """Time ``fn(i)`` of every case round-robin: ``warmup`` unmeasured rounds, then sample i of each case
+    (that wants more than i samples) before sample i + 1 of any. Returns the samples (ms) per case."""
+    for i in range(warmup):
+        for fn, _ in cases.values():
+            fn(i)
+    samples: dict[Any, list[float]] = {key: [] for key in cases}
+    for i in range(max((n for _, n in cases.values()), default=0)):
+        for key, (fn, n) in cases.items():
+            if i < n:
+                start = time.perf_counter()
+                fn(i)
+                samples[key].append((time.perf_counter() - start) * 1000.0)
+    return samples
 
 
 def measure(fn: Callable[[int], Any], iterations: int, warmup: int = 2) -> dict[str, float]:
-    """Run ``fn(i)`` ``warmup`` + ``iterations`` times; percentiles of the timed runs."""
-    for i in range(warmup):
-        fn(i)
-    samples = []
-    for i in range(iterations):
-        start = time.perf_counter()
-        fn(i)
-        samples.append((time.perf_counter() - start) * 1000.0)
-    return percentiles(samples)
+    """Percentiles of ``iterations`` timed runs of ``fn(i)`` after ``warmup`` unmeasured ones."""
+    return percentiles(interleave({0: (fn, iterations)}, warmup)[0])
 
 
 def _decorate(server: Xvfb) -> list[subprocess.Popen[bytes]]:
@@ -73,70 +144,89 @@ def _decorate(server: Xvfb) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
-def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
-              baseline: bool = True) -> dict[str, Any]:
-    """Start Xvfb + agent, run every case; returns the results dict (see module doc)."""
+def _click(i: int, x: int = 1000, y: int = 100) -> dict[str, Any]:
+    """A left click near (x, y), a little further each sample, on a spot where nothing changes."""
+    return {"type": "click", "x": x + i % 40, "y": y + i % 40, "button": "left"}
+
+
+def _rows(samples: dict[tuple[str, str], list[float]]) -> dict[str, dict[str, Any]]:
+    """``{(operation, "agent"|"baseline"): samples}`` -> ``{operation: {"agent", "baseline"?, "ratio"?}}``."""
+    rows: dict[str, dict[str, Any]] = {}
+    for (name, side), values in samples.items():
+        rows.setdefault(name, {})[side] = percentiles(values)
+    for row in rows.values():
+        if "baseline" in row and "agent" in row and row["agent"]["p50"] > 0:
+            row["ratio"] = round(row["baseline"]["p50"] / row["agent"]["p50"], 1)
+    return rows
+
+
+def run_loopback(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
+                 baseline: bool = True) -> dict[str, dict[str, Any]]:
+    """The loopback section (module doc): rows by operation."""
+    from guest.capture import Capture, retain_frame_buffers
+
+    retain_frame_buffers()  # the floor gets the allocator setting the agent has
     server = Xvfb(1280, 800, 24).start()
     procs = _decorate(server)
     agent = AgentProcess(server.display).start()
     client = AgentClient(agent.base_url, agent.token, timeout=60)
-    results: dict[str, dict[str, Any]] = {}
+    capture = Capture(server.display)
     try:
         client.actions([{"type": "wait"}])
         focus = {"type": "click", "x": 300, "y": 660, "button": "left"}  # the typing terminal
+        driver = SandboxDriver(client, POLICY)
+        driver.capture()
+        with_baseline = baseline and shutil.which("xdotool") and shutil.which("import")
+        env = server.env()
 
-        def click(i: int) -> dict[str, Any]:
-            return {"type": "click", "x": 1000 + i % 50, "y": 100 + i % 50, "button": "left"}
+        def run(argv: list[str]) -> bytes:
+            return subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL).stdout
 
-        agent_cases: dict[str, Callable[[int], Any]] = {
-            "click+screenshot png": lambda i: (client.actions([click(i)]), client.screenshot("png")),
-            "click+screenshot jpeg": lambda i: (client.actions([click(i)]), client.screenshot("jpeg")),
-            "screenshot png": lambda i: client.screenshot("png"),
+        def xclick(i: int) -> None:
+            c = _click(i)
+            run(["xdotool", "mousemove", str(c["x"]), str(c["y"]), "click", "1"])
+
+        def settled_step(i: int) -> None:
+            driver.click(_click(i))
+            driver.screenshot()
+
+        cases: dict[tuple[str, str], tuple[Callable[[int], Any], int]] = {
+            ("floor: grab+encode png, in process", "agent"): (
+                lambda i: capture.screenshot(fmt="png", max_width=POLICY.max_width, max_height=POLICY.max_height),
+                iterations),
+            ("click+screenshot png", "agent"): (
+                lambda i: (client.actions([_click(i)]), client.screenshot("png")), iterations),
+            ("click+screenshot jpeg", "agent"): (
+                lambda i: (client.actions([_click(i)]), client.screenshot("jpeg")), iterations),
+            ("screenshot png", "agent"): (lambda i: client.screenshot("png"), iterations),
+            ("wait (idle screen)", "agent"): (lambda i: client.actions([{"type": "wait"}]), iterations),
+            ("settled step (driver)", "agent"): (settled_step, iterations),
         }
-        for name, fn in agent_cases.items():
-            results[name] = {"agent": measure(fn, iterations)}
-        client.actions([focus])
-        results["type 100 ascii"] = {"agent": measure(
-            lambda i: client.actions([{"type": "type", "text": ASCII_100}]), iterations)}
-        results["type 100 unicode"] = {"agent": measure(
-            lambda i: client.actions([{"type": "type", "text": UNICODE_100}]), iterations)}
+        if with_baseline:
+            cases[("click+screenshot png", "baseline")] = (
+                lambda i: (xclick(i), run(["import", "-window", "root", "png:-"])), baseline_iterations)
+            cases[("click+screenshot jpeg", "baseline")] = (
+                lambda i: (xclick(i), run(["import", "-window", "root", "jpeg:-"])), baseline_iterations)
+            cases[("screenshot png", "baseline")] = (
+                lambda i: run(["import", "-window", "root", "png:-"]), baseline_iterations)
+        samples = interleave(cases)
 
-        if baseline and shutil.which("xdotool") and shutil.which("import"):
-            env = server.env()
-
-            def run(argv: list[str]) -> bytes:
-                return subprocess.run(argv, env=env, check=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL).stdout
-
-            def xclick(i: int) -> None:
-                run(["xdotool", "mousemove", str(1000 + i % 50), str(100 + i % 50), "click", "1"])
-
-            base_cases: dict[str, tuple[Callable[[int], Any], int]] = {
-                "click+screenshot png": (lambda i: (xclick(i), run(["import", "-window", "root", "png:-"])),
-                                         baseline_iterations),
-                "click+screenshot jpeg": (lambda i: (xclick(i), run(["import", "-window", "root", "jpeg:-"])),
-                                          baseline_iterations),
-                "screenshot png": (lambda i: run(["import", "-window", "root", "png:-"]), baseline_iterations),
-            }
-            for name, (fn, n) in base_cases.items():
-                results[name]["baseline"] = measure(fn, n, warmup=1)
-            client.actions([focus])
-            results["type 100 ascii"]["baseline"] = measure(
-                lambda i: run(["xdotool", "type", "--", ASCII_100]), type_iterations, warmup=1)
-            results["type 100 unicode"]["baseline"] = measure(
-                lambda i: run(["xdotool", "type", "--", UNICODE_100]), type_iterations, warmup=1)
-            for row in results.values():
-                if "baseline" in row and row["agent"]["p50"] > 0:
-                    row["ratio"] = round(row["baseline"]["p50"] / row["agent"]["p50"], 1)
-        png = results["click+screenshot png"]
-        checks = {
-            f"click+screenshot png p50 <= {TARGET_P50_MS:g} ms": png["agent"]["p50"] <= TARGET_P50_MS,
+        client.actions([focus])  # typing goes to the terminal under the pointer from here on
+        typing: dict[tuple[str, str], tuple[Callable[[int], Any], int]] = {
+            ("type 100 ascii", "agent"): (lambda i: client.actions([{"type": "type", "text": ASCII_100}]), iterations),
+            ("type 100 unicode", "agent"): (
+                lambda i: client.actions([{"type": "type", "text": UNICODE_100}]), iterations),
         }
-        if "ratio" in png:
-            checks[f"click+screenshot png >= {TARGET_RATIO:g}x baseline"] = png["ratio"] >= TARGET_RATIO
-        return {"screen": "1280x800x24", "transport": "HTTP on 127.0.0.1", "iterations": iterations,
-                "results": results, "checks": checks}
+        if with_baseline:
+            typing[("type 100 ascii", "baseline")] = (lambda i: run(["xdotool", "type", "--", ASCII_100]),
+                                                      type_iterations)
+            typing[("type 100 unicode", "baseline")] = (lambda i: run(["xdotool", "type", "--", UNICODE_100]),
+                                                        type_iterations)
+        samples.update(interleave(typing))
+        return _rows(samples)
     finally:
+        capture.close()
         client.close()
         agent.stop()
         for p in procs:
@@ -145,17 +235,170 @@ def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iteratio
         server.stop()
 
 
+def _docker_unavailable(image: str) -> str | None:
+    """Why the Docker section cannot run here (no engine, no image), or None."""
+    try:
+        import docker
+        import docker.errors
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        return f"no Docker engine ({' '.join(str(exc).split())[:160]})"
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return f"image {image} missing (build it with `make desktop`)"
+    except Exception as exc:  # noqa: BLE001
+        return f"cannot inspect image {image} ({' '.join(str(exc).split())[:160]})"
+    return None
+
+
+def _guest_floor(sandbox: Any, n: int) -> list[float]:
+    """``n`` in-guest grab+encode times (ms), from :data:`FLOOR_SCRIPT` run in the guest."""
+    argv = [GUEST_PYTHON, "-c", FLOOR_SCRIPT, str(n), str(POLICY.max_width), str(POLICY.max_height)]
+    result = sandbox.exec_in_guest(argv, timeout=120)
+    if result.exit_code != 0:
+        raise RuntimeError(f"in-guest floor script failed: {result.stderr.decode('utf-8', 'replace')[-400:]}")
+    return [float(v) for v in json.loads(result.stdout)]
+
+
+def _ready(agent: AgentClient, path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            agent.read_file(path)
+            return
+        except Exception:  # noqa: BLE001 - not there yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path} did not appear within {timeout:g} s") from None
+            time.sleep(0.5)
+
+
+def run_docker(image: str, iterations: int = 50, rounds: int = 5) -> dict[str, Any]:
+    """The Docker section (module doc): ``{"image", "rows", "idle_wait_settled"}``, or ``{"skipped": why}``."""
+    why = _docker_unavailable(image)
+    if why:
+        return {"skipped": why}
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    with DockerSandbox.start(SandboxSpec(), DockerOptions(image=image)) as sandbox:
+        agent = sandbox.agent
+        home = "/home/sandbox"
+        agent.launch("terminal", TERMINAL_ARGS)
+        agent.launch("browser", [DEMO_URL])
+        _ready(agent, PAGE_LOADED.replace("~", home, 1), 90)
+        plain = SandboxDriver(agent, ScreenshotPolicy(settle=False))
+        settling = SandboxDriver(agent, POLICY)
+        plain.capture()
+        settling.capture()
+        # Unfocus the page's input (its caret would blink), then let the screen come to rest.
+        # Two waits: the first returns once the click's repaint is over, the second proves the screen
+        # then stays quiet (a screen still changing would run it to the cap instead).
+        agent.actions([{"type": "click", "x": BLANK_SPOT[0], "y": BLANK_SPOT[1], "button": "left"},
+                       {"type": "wait"}, {"type": "wait"}])
+        settled = [_wait_settled(sandbox) for _ in range(3)]
+
+        def step(driver: SandboxDriver) -> Callable[[int], Any]:
+            def run(i: int) -> None:
+                driver.click(_click(i, *BLANK_SPOT))
+                driver.screenshot()
+            return run
+
+        per = max(1, math.ceil(iterations / rounds))
+        samples: dict[tuple[str, str], list[float]] = {}
+        for r in range(rounds):
+            samples.setdefault(("in-guest floor: grab+encode png", "agent"), []).extend(_guest_floor(sandbox, per))
+            cases = {
+                ("driver click+screenshot", "agent"): (step(plain), per),
+                ("settled step (driver)", "agent"): (step(settling), per),
+            }
+            for key, values in interleave(cases, warmup=1 if r == 0 else 0).items():
+                samples.setdefault(key, []).extend(values)
+        return {"image": image, "rows": _rows(samples), "idle_wait_settled": settled}
+
+
+def _wait_settled(sandbox: Any) -> bool | None:
+    """The ``settled`` answer of one ``wait`` (the agent client reports only ``executed``)."""
+    import httpx
+
+    resp = httpx.post(sandbox.agent_url + "/v1/actions", json={"actions": [{"type": "wait"}]},
+                      headers={"Authorization": f"Bearer {sandbox.agent_token}"}, timeout=30)
+    resp.raise_for_status()
+    return resp.json().get("settled")
+
+
+def _p50(rows: dict[str, dict[str, Any]], name: str) -> float | None:
+    row = rows.get(name)
+    return row["agent"]["p50"] if row and "agent" in row else None
+
+
+def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
+              baseline: bool = True, image: str | None = DEFAULT_IMAGE) -> dict[str, Any]:
+    """Every section (module doc; ``image`` None skips the Docker one); returns the report dict."""
+    results = run_loopback(iterations, baseline_iterations, type_iterations, baseline)
+    docker = run_docker(image, iterations) if image else {"skipped": "--no-docker"}
+    derived: dict[str, float] = {}
+    checks: dict[str, bool] = {}
+    png = results["click+screenshot png"]
+    checks[f"loopback click+screenshot png p50 <= {TARGET_P50_MS:g} ms"] = png["agent"]["p50"] <= TARGET_P50_MS
+    if "ratio" in png:
+        checks[f"loopback click+screenshot png >= {TARGET_RATIO:g}x baseline"] = png["ratio"] >= TARGET_RATIO
+    settled = _p50(results, "settled step (driver)")
+    shot = _p50(results, "click+screenshot png")
+    if settled is not None and shot is not None:
+        derived["loopback settle cost per step (ms)"] = round(settled - shot, 2)
+        checks[f"loopback settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
+    if "rows" in docker:
+        rows = docker["rows"]
+        floor = _p50(rows, "in-guest floor: grab+encode png")
+        step = _p50(rows, "driver click+screenshot")
+        settled = _p50(rows, "settled step (driver)")
+        assert floor is not None and step is not None and settled is not None
+        if floor > 0:
+            rows["driver click+screenshot"]["x_floor"] = round(step / floor, 2)
+            rows["settled step (driver)"]["x_floor"] = round(settled / floor, 2)
+        derived["docker settle cost per step (ms)"] = round(settled - step, 2)
+        checks[f"docker driver click+screenshot p50 <= {TARGET_FLOOR_RATIO:g}x in-guest floor p50"] = (
+            step <= TARGET_FLOOR_RATIO * floor)
+        checks[f"docker settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
+        checks["docker idle-screen waits settled"] = all(v is True for v in docker["idle_wait_settled"])
+    return {"screen": "1280x800x24", "iterations": iterations, "settle_rule": SETTLE_RULE,
+            "results": results, "docker": docker, "derived": derived, "checks": checks}
+
+
+def _fmt(value: float | None, width: int) -> str:
+    return f"{value:>{width}.2f}" if value is not None else f"{'-':>{width}}"
+
+
 def render(report: dict[str, Any]) -> str:
-    """The report as a plain-text table."""
-    lines = [f"desktop-sandbox bench — {report['screen']}, {report['transport']}, "
-             f"{report['iterations']} iterations",
-             f"{'operation':24} {'agent p50':>10} {'agent p95':>10} {'baseline p50':>13} {'baseline p95':>13} {'ratio':>7}"]
+    """The report as plain text: one table per section, the derived figures and the checks."""
+    head = (f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'baseline p50':>13} {'baseline p95':>13} "
+            f"{'ratio':>7}")
+    lines = [f"desktop-sandbox bench — {report['screen']}, {report['iterations']} iterations, samples interleaved",
+             f"settle rule: {report['settle_rule']}", "",
+             "loopback: agent on 127.0.0.1, private Xvfb with terminals", head]
     for name, row in report["results"].items():
         a, b = row["agent"], row.get("baseline")
-        lines.append(f"{name:24} {a['p50']:>10.2f} {a['p95']:>10.2f} "
-                     f"{(b['p50'] if b else float('nan')):>13.2f} {(b['p95'] if b else float('nan')):>13.2f} "
-                     f"{row.get('ratio', float('nan')):>6.1f}x")
-    lines.append("times in ms; ratio = baseline p50 / agent p50")
+        lines.append(f"{name:36} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4} "
+                     f"{_fmt(b['p50'] if b else None, 13)} {_fmt(b['p95'] if b else None, 13)} "
+                     f"{(str(row['ratio']) + 'x') if 'ratio' in row else '-':>7}")
+    lines.append("")
+    docker = report["docker"]
+    if "skipped" in docker:
+        lines.append(f"docker sandbox: skipped ({docker['skipped']})")
+    else:
+        lines.append(f"docker sandbox {docker['image']}: driver -> AgentClient -> relay -> agent, demo page, idle screen")
+        lines.append(f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8}")
+        for name, row in docker["rows"].items():
+            a = row["agent"]
+            lines.append(f"{name:36} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4} "
+                         f"{(str(row['x_floor']) + 'x') if 'x_floor' in row else '-':>8}")
+    for name, value in report["derived"].items():
+        lines.append(f"{name}: {value:.2f}")
+    lines.append("times in ms; p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; "
+                 "x floor = p50 / in-guest floor p50")
     for check, ok in report["checks"].items():
         lines.append(f"{'PASS' if ok else 'FAIL'}  {check}")
     return "\n".join(lines)
@@ -168,29 +411,49 @@ def _print(report: dict[str, Any]) -> None:
     except ImportError:
         print(render(report))
         return
-    table = Table(title=f"desktop-sandbox bench — {report['screen']}, {report['transport']}")
-    for col in ("operation", "agent p50 ms", "agent p95 ms", "baseline p50 ms", "baseline p95 ms", "ratio"):
+    console = Console(width=max(110, Console().width))
+    console.print(f"settle rule: {report['settle_rule']}", highlight=False)
+    table = Table(title=f"loopback — agent on 127.0.0.1, private Xvfb {report['screen']}, samples interleaved")
+    for col in ("operation", "p50 ms", "p95 ms", "n", "baseline p50 ms", "baseline p95 ms", "ratio"):
         table.add_column(col, justify="left" if col == "operation" else "right", no_wrap=True)
     for name, row in report["results"].items():
         a, b = row["agent"], row.get("baseline")
-        table.add_row(name, f"{a['p50']:.2f}", f"{a['p95']:.2f}", f"{b['p50']:.2f}" if b else "-",
+        table.add_row(name, f"{a['p50']:.2f}", f"{a['p95']:.2f}", str(a["n"]), f"{b['p50']:.2f}" if b else "-",
                       f"{b['p95']:.2f}" if b else "-", f"{row['ratio']:.1f}x" if "ratio" in row else "-")
-    console = Console(width=max(110, Console().width))
     console.print(table)
+    docker = report["docker"]
+    if "skipped" in docker:
+        console.print(f"docker sandbox: skipped ({docker['skipped']})", highlight=False)
+    else:
+        table = Table(title=f"docker sandbox {docker['image']} — driver -> relay -> agent, demo page, idle screen")
+        for col in ("operation", "p50 ms", "p95 ms", "n", "x floor"):
+            table.add_column(col, justify="left" if col == "operation" else "right", no_wrap=True)
+        for name, row in docker["rows"].items():
+            a = row["agent"]
+            table.add_row(name, f"{a['p50']:.2f}", f"{a['p95']:.2f}", str(a["n"]),
+                          f"{row['x_floor']:.2f}x" if "x_floor" in row else "-")
+        console.print(table)
+    for name, value in report["derived"].items():
+        console.print(f"{name}: {value:.2f}", highlight=False)
+    console.print("p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; x floor = p50 / in-guest floor p50",
+                  highlight=False)
     for check, ok in report["checks"].items():
         console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] {check}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse ``argv``, run the benchmark, print the table; returns the report dict."""
+    """Parse ``argv``, run the benchmark, print the tables; returns the report dict."""
     parser = argparse.ArgumentParser(prog="python -m controller.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--baseline-iterations", type=int, default=20)
     parser.add_argument("--type-iterations", type=int, default=10, help="baseline xdotool type runs")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="guest image of the Docker section")
+    parser.add_argument("--no-docker", action="store_true", help="skip the Docker sandbox section")
     parser.add_argument("--json", help="also write the report to this file")
     ns = parser.parse_args(argv)
-    report = run_bench(ns.iterations, ns.baseline_iterations, ns.type_iterations, baseline=not ns.no_baseline)
+    report = run_bench(ns.iterations, ns.baseline_iterations, ns.type_iterations, baseline=not ns.no_baseline,
+                       image=None if ns.no_docker else ns.image)
     _print(report)
     if ns.json:
         with open(ns.json, "w", encoding="utf-8") as fh:

@@ -138,11 +138,16 @@ def up(
     detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
 ) -> None:
     """Start a sandbox, print how to reach its agent (token file, example curl line), and keep it until
-    Ctrl-C (or `down ID`, when detached)."""
+    Ctrl-C (or `down ID`, when detached).
+
+    Ctrl-C or SIGTERM while it starts abandons the start (exit 130); afterwards it removes the sandbox
+    and the token file (exit 0). Either way nothing is left, also under a second signal.
+    """
     from pydantic import ValidationError
 
     from controller.gateway.policy import NetworkPolicy
-    from controller.sandbox import SandboxInterrupted, SandboxSpec
+    from controller.sandbox import (INTERRUPT_SIGNALS, SandboxInterrupted, SandboxSpec, raise_on_signals,
+                                    signals_deferred)
     from controller.sandbox.docker import DockerOptions, DockerSandbox
     from controller.validation import describe_validation_error
 
@@ -151,42 +156,78 @@ def up(
     except ValidationError as exc:
         _refuse(f"--allow: {describe_validation_error(exc, known_keys=NetworkPolicy.model_fields)}")
     spec = SandboxSpec(screen_width=width, screen_height=height, policy=network.model_dump(mode="json"))
-    with console.status("starting sandbox"):
-        sandbox = DockerSandbox.start(spec, DockerOptions(image=image_tag, detached=detach))
-    token_file = _write_token(sandbox.id, sandbox.agent_token)
-    table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.timings.get("display_ready"), network,
-                          token_file, detach)
-    if detach:
-        console.print(table)
-        typer.echo(sandbox.id)
-        return
-    try:
-        console.print(table)
-        with sandbox:
+    sandbox = None
+    token_file: Path | None = None
+    # From the start to the removal a signal never cuts a step in half: it is noted (the start itself
+    # abandons at its next step) and acted on where nothing is half done; only the wait for Ctrl-C
+    # below raises on it. Whatever exists is removed in `finally`.
+    with signals_deferred(redeliver=False) as noted:
+        try:
             try:
-                while True:
-                    signal.pause()  # until Ctrl-C (KeyboardInterrupt) or SIGTERM (SandboxInterrupted)
+                with console.status("starting sandbox"):
+                    sandbox = DockerSandbox.start(spec, DockerOptions(image=image_tag, detached=detach))
+            except (KeyboardInterrupt, SandboxInterrupted) as exc:
+                noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
+            else:
+                token_file = _write_token(sandbox.id, sandbox.agent_token)
+            if noted:
+                console.print(f"cancelled ({signal.Signals(noted[0]).name}): the sandbox start was abandoned",
+                              markup=False)
+                raise typer.Exit(130)
+            table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.timings.get("display_ready"), network,
+                                  token_file, detach)
+            console.print(table)
+            if detach:
+                typer.echo(sandbox.id)
+                sandbox = token_file = None  # both stay until `down`
+                return
+            try:
+                with raise_on_signals(INTERRUPT_SIGNALS):
+                    if noted:  # came while the table was printed
+                        raise SandboxInterrupted(noted[0])
+                    while True:
+                        signal.pause()  # until Ctrl-C or SIGTERM/SIGHUP
             except (KeyboardInterrupt, SandboxInterrupted):
                 console.print("removing sandbox")
-    finally:
-        token_file.unlink(missing_ok=True)
+        finally:
+            if token_file is not None:
+                token_file.unlink(missing_ok=True)
+            if sandbox is not None:
+                sandbox.close()
 
 
 @app.command()
 def down(
     sandbox_ids: list[str] = typer.Argument(None, help="Sandbox ids to remove."),
     all_: bool = typer.Option(False, "--all", help="Remove every container and network with our label."),
+    label: list[str] = typer.Option(
+        [], "--label", help="With --all: only sandboxes that also carry this label, KEY=VALUE (repeatable), "
+                            "e.g. desktop-sandbox.owner=HOST:PID for what one (killed) process started."),
 ) -> None:
-    """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox."""
-    from controller.sandbox.docker import remove_all, remove_sandbox
+    """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox (only
+    what also carries each --label, when given), and their token files."""
+    from controller.sandbox.docker import list_sandboxes, remove_all, remove_sandbox
 
     if not all_ and not sandbox_ids:
         _refuse("give sandbox ids or --all")
+    if label and not all_:
+        _refuse("--label goes with --all")
+    wanted = {}
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _refuse(f"--label {item!r}: give KEY=VALUE")
+        wanted[key] = value
     client = _docker_client()
-    removed = remove_all(client) if all_ else [n for s in sandbox_ids for n in remove_sandbox(client, s)]
+    if all_ and wanted:
+        sandbox_ids = [sid for sid, labels in list_sandboxes(client).items()
+                       if all(labels.get(k) == v for k, v in wanted.items())]
+        removed = [n for s in sandbox_ids for n in remove_sandbox(client, s)]
+    else:
+        removed = remove_all(client) if all_ else [n for s in sandbox_ids for n in remove_sandbox(client, s)]
     for sid in sandbox_ids or []:
         _token_path(sid).unlink(missing_ok=True)
-    if all_:
+    if all_ and not wanted:
         for path in _token_path("x").parent.glob("*.token"):
             path.unlink(missing_ok=True)
     console.print(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"))
@@ -222,48 +263,68 @@ def run_task_cmd(
       2    bad input: the task, its offline script or an option was refused (one line on stderr,
            before anything is started)
       130  cancelled (Ctrl-C or SIGTERM): inputs released, sandbox removed, no verification
+
+    \b
+    A signal (SIGINT, SIGTERM, SIGHUP) at any moment once the command runs, also twice or during
+    teardown, ends the run cancelled (130) with its record complete and nothing left behind; one
+    before the interpreter has loaded the command ends the process by that signal, before anything
+    was started or recorded.
     """
-    from controller.runner import EXIT_CODES, RunOptions, run_task
+    from controller.runner import RunOptions, run_task
+    from controller.sandbox import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals, signals_deferred
     from controller.scripted_server import load_script
     from controller.tasks import load_task
 
-    try:
-        task = load_task(task_file)
-    except ValueError as exc:  # TaskError: one line naming the file and the field
-        _refuse(f"cannot load task: {exc}")
-    if backend not in ("docker", "vm"):
-        _refuse(f"unknown backend {backend!r} (docker or vm)")
-    confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
-    unknown = [a for a in confirm if a not in ACTION_TYPES]
-    if unknown:
-        _refuse(f"--confirm-actions: unknown action type(s) {', '.join(unknown)} (one of {', '.join(ACTION_TYPES)})")
-    if any(not code.strip() for code in approve_safety_check):
-        _refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(runs_dir, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
-    except OSError as exc:
-        _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
-    if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
-        try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
-            load_script(script or task.offline_script_path())
-        except ValueError as exc:  # ScriptError, or a task without [offline]
-            _refuse(f"cannot use the offline script: {exc}")
-    try:
-        open_sandbox = sandbox_opener(backend, image_tag)
-    except KeyboardInterrupt:  # e.g. during the image build: nothing was started
-        console.print("cancelled (SIGINT)", markup=False)
-        raise typer.Exit(EXIT_CODES["cancelled"]) from None
+    # Until the run's record is finished no signal cuts a step in half: before the run begins they are
+    # noted here (the run then ends `cancelled` at once, with its record), from then on run_task handles
+    # them, and once it has returned there is nothing left to stop.
+    with signals_deferred(redeliver=False) as noted:
+        try:
+            task = load_task(task_file)
+        except ValueError as exc:  # TaskError: one line naming the file and the field
+            _refuse(f"cannot load task: {exc}")
+        if backend not in ("docker", "vm"):
+            _refuse(f"unknown backend {backend!r} (docker or vm)")
+        confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
+        unknown = [a for a in confirm if a not in ACTION_TYPES]
+        if unknown:
+            _refuse(f"--confirm-actions: unknown action type(s) {', '.join(unknown)} "
+                    f"(one of {', '.join(ACTION_TYPES)})")
+        if any(not code.strip() for code in approve_safety_check):
+            _refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
+        try:
+            runs_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(runs_dir, os.W_OK | os.X_OK):
+                raise PermissionError("not writable")
+        except OSError as exc:
+            _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+        if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
+            try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
+                load_script(script or task.offline_script_path())
+            except ValueError as exc:  # ScriptError, or a task without [offline]
+                _refuse(f"cannot use the offline script: {exc}")
+        open_sandbox = _not_opened
+        if not noted:
+            try:  # may build the image (minutes): a signal stops that at once, nothing else is started
+                with raise_on_signals(INTERRUPT_SIGNALS):
+                    open_sandbox = sandbox_opener(backend, image_tag)
+            except (KeyboardInterrupt, SandboxInterrupted) as exc:
+                noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
+                console.print(f"interrupted before the run ({signal.Signals(noted[-1]).name})", markup=False)
 
-    options = RunOptions(
-        runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
-        approve_codes=list(approve_safety_check),
-        confirm_actions=confirm, step=step,
-    )
-    outcome = run_task(task, open_sandbox, options, console=console)
-    typer.echo(str(outcome.record_dir / "record.jsonl"))
-    raise typer.Exit(outcome.exit_code)
+        options = RunOptions(
+            runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
+            approve_codes=list(approve_safety_check),
+            confirm_actions=confirm, step=step, signals_before=noted,
+        )
+        outcome = run_task(task, open_sandbox, options, console=console)
+        typer.echo(str(outcome.record_dir / "record.jsonl"))
+        raise typer.Exit(outcome.exit_code)
+
+
+def _not_opened(task: Any) -> Any:
+    """The opener of a run cancelled before it began (run_task never calls it then)."""
+    raise RuntimeError("the run was cancelled before its sandbox was opened")
 
 
 def sandbox_opener(backend: str, image_tag: str) -> Callable[[Any], Any]:
@@ -398,10 +459,12 @@ def audit(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(ctx: typer.Context) -> None:
-    """Measure the agent (p50/p95, ms) against xdotool + ImageMagick import on a private Xvfb.
+    """Measure the agent (p50/p95, ms) against xdotool + ImageMagick import on a private Xvfb, and the
+    driver's path through the relay into a Docker sandbox beside the in-guest floor, in one run.
 
     Options pass through to ``python -m controller.bench`` (--iterations N, --baseline-iterations N,
-    --type-iterations N, --no-baseline, --json FILE). Exit 0 only if every target was met.
+    --type-iterations N, --no-baseline, --image TAG, --no-docker, --json FILE). Exit 0 only if every
+    target was met.
     """
     from controller.bench import main as bench_main
 

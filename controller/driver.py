@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import io
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
 from PIL import Image

@@ -9,10 +9,12 @@ Lines (one each): the sandbox start with its time; each model response (step num
 id, token usage); each computer_call with its actions summarised and its pending safety checks; a
 failed or cancelled action; each approval decision and each ``--approve-safety-check`` opt-in; the
 network decisions, deduplicated by (decision, origin, reason) with a count; each check with what was
-observed. The verdict and the record path are in the summary table that follows.
+observed; each offline script turn's screen expectations (met, after how many inserted waits, or the
+one given up on with what was observed). The verdict and the record path are in the summary table
+that follows.
 
 Strings from the model, the guest or the gateway are printed literally (never console markup) with
-control characters escaped, and shortened to :data:`SHORT` characters.
+control characters escaped, and shortened to :data:`SHORT` characters (:func:`controller.text.clean`).
 
 :func:`make_console` gives a console that does not wrap mid-word when output is piped.
 """
@@ -24,8 +26,9 @@ from typing import Any
 
 from rich.console import Console
 
-SHORT = 60
-"""Longest shown value (observed file contents, messages) in characters, before ``...``."""
+from controller.text import SHORT, clean
+
+__all__ = ["PIPE_WIDTH", "SHORT", "RunPrinter", "clean", "make_console"]
 
 PIPE_WIDTH = 200
 """Console width (columns) when the output is not a terminal and ``COLUMNS`` is not set."""
@@ -39,14 +42,6 @@ def make_console(*, stderr: bool = False) -> Console:
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPE_WIDTH
     return console
-
-
-def clean(value: Any, limit: int = SHORT) -> str:
-    """``value`` as one printable line: control characters (ESC, newlines, ...) escaped as ``\\xNN``,
-    cut to ``limit`` characters with ``...``."""
-    text = value if isinstance(value, str) else str(value)
-    out = "".join(c if c.isprintable() else (c.encode("unicode_escape").decode("ascii")) for c in text)
-    return out if len(out) <= limit else out[: max(limit - 3, 1)] + "..."
 
 
 def _point(data: dict[str, Any], x: str = "x", y: str = "y") -> str:
@@ -102,9 +97,9 @@ def _usage(usage: Any) -> str:
     return f"{usage.get('total_tokens')} tokens (in {usage.get('input_tokens')}, out {usage.get('output_tokens')})"
 
 
-def _short_id(value: Any) -> str:
+def _short_id(value: Any, limit: int = 16) -> str:
     text = clean(value, 200)
-    return text if len(text) <= 16 else text[:15] + "…"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def describe_check(check: dict[str, Any]) -> str:
@@ -126,6 +121,24 @@ def observed_text(check: dict[str, Any]) -> str:
         return {"file does not exist": "file missing", "database does not exist": "database missing"}.get(
             detail, clean(detail))
     return clean(repr(check.get("observed")))
+
+
+def expectation_text(entry: dict[str, Any], limit: int = 300) -> str:
+    """An ``expectation`` record entry (or a summary's unmet detail) as one printable line:
+    ``turn 3: 2 expectations met after 2 waits (1.4s)`` or ``turn 5: deadline of 30s passed: expect[0]
+    not_color #ffffff ...; observed 0.0% ...`` (regions in model px; control characters escaped, cut
+    to ``limit`` characters)."""
+    turn = clean(entry.get("turn"), 12)
+    if entry.get("met") is True:
+        waits = entry.get("waits") or 0
+        count = len(entry.get("expected") or [])
+        after = f" after {waits} wait{'s' if waits != 1 else ''} ({entry.get('waited_s')}s)" if waits else ""
+        return clean(f"turn {turn}: {count} expectation{'s' if count != 1 else ''} met{after}", limit)
+    unmet = [u for u in entry.get("unmet") or [] if isinstance(u, dict)]
+    first = unmet[0] if unmet else {}
+    more = f" (and {len(unmet) - 1} more)" if len(unmet) > 1 else ""
+    return clean(f"turn {turn}: {entry.get('reason')}: expect[{first.get('index')}] {first.get('expected')}; "
+                 f"observed {first.get('observed')}{more}", limit)
 
 
 class RunPrinter:
@@ -162,6 +175,11 @@ class RunPrinter:
             times = f" (x{count})" if count > 1 else ""
             self.line(f"network {decision} {origin} {reason}{times}", style="red" if decision != "allow" else None)
 
+    def _on_network_log(self, e: dict[str, Any]) -> None:
+        if e.get("complete") is not True:
+            self.line(f"network decisions incomplete: the gateway's log could not be read "
+                      f"({clean(e.get('error'), 200)})", style="red")
+
     def _on_run_started(self, e: dict[str, Any]) -> None:
         took = e.get("sandbox_start_s")
         took_text = f" in {took:.1f}s" if isinstance(took, (int, float)) else ""
@@ -187,7 +205,7 @@ class RunPrinter:
         checks = [c for c in e.get("pending_checks") or [] if isinstance(c, dict)]
         if checks:
             text += f" [safety checks: {', '.join(clean(c.get('code') or '(no code)', 40) for c in checks)}]"
-        self.line(f"  call {_short_id(e.get('call_id'))}: {text}")
+        self.line(f"  call {_short_id(e.get('call_id'), 20)}: {text}")  # 20: whole call_0001_wait_001
 
     def _on_action(self, e: dict[str, Any]) -> None:
         if e.get("error"):
@@ -209,6 +227,12 @@ class RunPrinter:
     def _on_network(self, e: dict[str, Any]) -> None:
         key = (clean(e.get("decision"), 10), clean(e.get("origin"), 120), clean(e.get("reason") or "", 120))
         self._network[key] = self._network.get(key, 0) + 1
+
+    def _on_expectation(self, e: dict[str, Any]) -> None:
+        if e.get("met") is True:
+            self.line(f"  screen: {expectation_text(e)}")
+        else:
+            self.line(f"  screen expectation unmet: {expectation_text(e)}", style="red")
 
     def _on_check(self, e: dict[str, Any]) -> None:
         self.line(f"check {describe_check(e)}", style="green" if e.get("passed") else "red")

@@ -2,7 +2,8 @@
 
 One JSON object a line, each with ``ts`` (UTC ISO-8601) and ``type`` among ``run_started``,
 ``model_response``, ``computer_call``, ``approval``, ``action``, ``screenshot``, ``network``,
-``check``, ``run_finished``. Typed text never enters the record: ``type`` actions are stored with
+``check``, ``expectation`` (offline runs: a script turn's screen expectations met, or given up on),
+``run_finished``. Typed text never enters the record: ``type`` actions are stored with
 ``text_length`` only, and nothing here ever sees the API key.
 
 :func:`summarize` reads a record back into the numbers of the summary table (and the checks'
@@ -24,11 +25,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controller.progress import observed_text
+from controller.progress import expectation_text, observed_text
 
 RECORD_TYPES = {
     "run_started", "model_response", "computer_call", "approval", "action", "screenshot", "network",
-    "check", "run_finished",
+    "network_log", "check", "expectation", "run_finished",
 }
 RUN_STATUSES = {"passed", "failed", "cancelled", "error"}
 
@@ -166,10 +167,14 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     (the SDK's screenshot calls after each computer_call), ``screenshots`` (images sent, the first
     included), ``approvals_approved`` / ``approvals_denied`` (decisions on safety checks and actions),
     ``approvals_opt_in`` (the codes opted in with ``--approve-safety-check``: not decisions),
-    ``network_allowed`` / ``network_denied``, ``checks_passed`` / ``checks_total``; ``usage``; the
+    ``network_allowed`` / ``network_denied`` (and ``network_log_complete``: the gateway's decision log
+    was read in full at teardown), ``checks_passed`` / ``checks_total``; ``usage``; the
     verdict (``status``, ``reason``); ``checks``: one object per check with :data:`CHECK_FIELDS` (why a
-    run failed); wall time in seconds (the whole run, sandbox start and teardown included, when
-    ``run_finished`` carries ``wall_s``) and the phase ``timings``.
+    run failed); ``expectations_met`` / ``expectations_unmet`` (script turns whose screen expectations
+    held / were given up on), ``expectation_waits`` (the ``wait`` calls the scripted model inserted for
+    them) and ``expectations_unmet_detail`` (per given-up turn: ``turn``, ``reason`` and its ``unmet``
+    list with ``expected`` and ``observed``); wall time in seconds (the whole run, sandbox start and
+    teardown included, when ``run_finished`` carries ``wall_s``) and the phase ``timings``.
     """
     entries = list(entries)
     by = lambda t: [e for e in entries if e.get("type") == t]  # noqa: E731
@@ -181,6 +186,7 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     opt_ins = [code for a in approvals if a.get("what") == "opt-in" for code in (a.get("codes") or [])]
     network = by("network")
     checks = by("check")
+    expectations = by("expectation")
     finished = by("run_finished")
     started = by("run_started")
     responses = [r for r in by("model_response") if (r.get("http_status") or 200) < 400]
@@ -205,12 +211,19 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "approvals_approved": len([a for a in decisions if a.get("decision") == "approved"]),
         "approvals_denied": len([a for a in decisions if a.get("decision") == "denied"]),
         "approvals_opt_in": opt_ins,
+        "network_log_complete": all(n.get("complete") is True for n in by("network_log")) and bool(by("network_log")),
         "network_allowed": len([n for n in network if n.get("decision") == "allow"]),
         "network_denied": len([n for n in network if n.get("decision") != "allow"]),
         "checks_passed": len([c for c in checks if c.get("passed")]),
         "checks_total": len(checks),
         "checks": [{k: c.get(k) for k in CHECK_FIELDS if k != "detail" or c.get("detail") is not None}
                    for c in checks],
+        "expectations_met": len([e for e in expectations if e.get("met") is True]),
+        "expectations_unmet": len([e for e in expectations if e.get("met") is not True]),
+        "expectation_waits": sum(int(e.get("waits") or 0) for e in expectations),
+        "expectations_unmet_detail": [{"turn": e.get("turn"), "reason": e.get("reason"),
+                                       "unmet": e.get("unmet") or []}
+                                      for e in expectations if e.get("met") is not True],
         "usage": {**totals, "complete": usage_missing == 0, "missing": usage_missing},
         "status": finished[-1].get("status") if finished else "unfinished",
         "reason": finished[-1].get("reason") if finished else "",
@@ -256,6 +269,12 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
         # a short label keeps the value column wide: paths and the record path stay on one line
         table.add_row("check", f"{mark} {escape(str(c.get('kind')))} {escape(str(c.get('target')))} {escape(detail)}")
     table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
+    if s["expectations_met"] or s["expectations_unmet"]:
+        table.add_row("screen expectations",
+                      f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
+                      f"({_count(s['expectation_waits'], 'wait')} inserted)")
+        for failure in s["expectations_unmet_detail"]:
+            table.add_row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
     reason = f" ({escape(str(s['reason']))})" if s["reason"] else ""

@@ -7,7 +7,8 @@ the guest's files -> collect network decisions -> tear down -> ``run_finished``.
 
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
 the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
-(a check failed, the task has no checks, or a safety check / action was denied), ``passed`` (loop
+(a check failed, the task has no checks, a safety check / action was denied, or the offline scripted
+model gave up on a screen expectation: an ``expectation`` entry says which), ``passed`` (loop
 completed and every check passed -- at least one). Exit code: 0 ``passed``, 1 ``failed`` or
 ``error``, 130 ``cancelled`` (the shell's convention for an interrupted command).
 
@@ -76,6 +77,9 @@ class RunOptions:
     asker: Any = _UNSET
     home: str | None = None
     ready_timeout_s: float = 90.0
+    signals_before: list[int] = field(default_factory=list)
+    """Signals that came before the run (the CLI notes them while it prepares): when this list holds
+    one once run_task's own handlers are in place, the run ends ``cancelled`` before anything starts."""
 
 
 @dataclass
@@ -97,37 +101,55 @@ class RunOutcome:
 
 
 class _Cancel:
-    """Cooperative cancellation: first Ctrl-C (or SIGTERM) sets the flag the SDK polls; a second
-    Ctrl-C raises KeyboardInterrupt. Signal handlers are installed only in the main thread."""
+    """Cooperative cancellation: first Ctrl-C (or SIGTERM, SIGHUP) sets the flag the SDK polls; a second
+    Ctrl-C raises KeyboardInterrupt, but only while ``installed(interruptible=True)`` (the run's body):
+    before it and during teardown and the record every signal only sets the flag, so nothing is cut
+    short. Signal handlers are installed only in the main thread. The handler only notes; what it
+    has to say is printed at the next poll (``announce``)."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.is_set = False  # a plain flag, not a threading.Event: its lock could deadlock the handler
         self.signal: str | None = None
+        self.interruptible = False
+        self._notes: list[str] = []
+        self._console: Console | None = None
 
     def __call__(self) -> bool:
-        return self.event.is_set()
+        self.announce()
+        return self.is_set
+
+    def announce(self) -> None:
+        """Print the lines the handler noted. Never from the handler itself: printing there can re-enter
+        the console's stream or an import the main thread is in the middle of (rich's emoji table)."""
+        while self._notes and self._console is not None:
+            self._console.print(self._notes.pop(0), style="yellow", markup=False, highlight=False)
 
     def set(self, why: str) -> None:
         self.signal = self.signal or why
-        self.event.set()
+        self.is_set = True
 
     @contextlib.contextmanager
-    def installed(self, console: Console) -> Iterator[None]:
+    def installed(self, console: Console, interruptible: bool = True) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def handler(signum: int, _frame: object) -> None:
-            if self.event.is_set() and signum == signal.SIGINT:
+            name = signal.Signals(signum).name
+            if self.is_set and signum == signal.SIGINT and self.interruptible:
                 raise KeyboardInterrupt
-            self.set(signal.Signals(signum).name)
-            console.print(f"[yellow]{signal.Signals(signum).name}: cancelling after the current step "
-                          "(Ctrl-C again to stop now)[/]")
+            self.set(name)
+            self._notes.append(f"{name}: cancelling after the current step (Ctrl-C again to stop now)"
+                               if self.interruptible else
+                               f"{name}: cancelling; the sandbox is removed and the record finished first")
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._console = console
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        was, self.interruptible = self.interruptible, interruptible
         try:
             yield
         finally:
+            self.interruptible = was
             for s, h in previous.items():
                 signal.signal(s, h)
 
@@ -138,12 +160,13 @@ def _task_digest(task: Task) -> str | None:
     return None
 
 
-def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str, Any]:
-    """Wait for each ``[[ready]]`` file, then for a stable screen. Returns what was observed."""
+def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale: float = 1.0) -> dict[str, Any]:
+    """Wait for each ``[[ready]]`` file (its ``timeout_s``, at most ``timeout_s``, both times the
+    sandbox's ``time_scale``), then for a stable screen. Returns what was observed."""
     observed: dict[str, Any] = {}
     for ready in task.ready:
         path = guest_path(ready.file, home)
-        limit = min(ready.timeout_s, timeout_s)
+        limit = min(ready.timeout_s, timeout_s) * time_scale
         deadline = time.monotonic() + limit
         started = time.monotonic()
         while True:
@@ -160,7 +183,7 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float) -> dict[str
                 raise TimeoutError(f"ready file {path} did not appear within {limit:g}s")
             time.sleep(0.1)
     started = time.monotonic()
-    observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0)
+    observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0 * time_scale)
     observed["screen_stable_s"] = round(time.monotonic() - started, 3)
     return observed
 
@@ -274,8 +297,22 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
     already started) and return the outcome. Writes ``runs/<id>/record.jsonl`` and prints a summary.
 
     Never raises for a run that went wrong (the status says so); KeyboardInterrupt from a second
-    Ctrl-C still ends the run as ``cancelled`` after teardown.
+    Ctrl-C still ends the run as ``cancelled`` after teardown. SIGINT, SIGTERM and SIGHUP are handled
+    from the first line to the last: one that comes at any moment before ``run_finished`` is written
+    (also during verification or teardown, or in ``options.signals_before``) ends the run ``cancelled``,
+    and none cuts the teardown or the record short.
     """
+    options = options or RunOptions()
+    console = console or make_console(stderr=True)
+    cancel = _Cancel()
+    with cancel.installed(console, interruptible=False):
+        if options.signals_before:
+            cancel.set(signal.Signals(options.signals_before[0]).name)
+        return _run_task(task, open_sandbox, options, console, cancel)
+
+
+def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptions, console: Console,
+              cancel: _Cancel) -> RunOutcome:
     run_t0 = time.monotonic()
     options = options or RunOptions()
     console = console or make_console(stderr=True)
@@ -293,7 +330,6 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
     timings: dict[str, float] = {}
     checks: list[dict[str, Any]] = []
     status, reason, final_message = "error", "", None
-    cancel = _Cancel()
     sandbox = None
     server: ScriptedServer | None = None
     client = None
@@ -315,6 +351,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                                  "sha256": _task_digest(task)},
             mode=mode, model=model if live else "scripted", legacy=legacy,
             image=getattr(sb, "image_id", None), sandbox=getattr(sb, "id", None),
+            time_scale=getattr(sb, "time_scale", 1.0),
             policy=task.network.model_dump(mode="json"), max_steps=max_steps,
             screen=task.screen.model_dump(), model_view=task.model.model_dump(mode="json"),
             script=str(script) if script else None, sandbox_start_s=timings.get("sandbox_start"),
@@ -322,25 +359,33 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
 
     try:
         with cancel.installed(console):
+            if cancel():  # a signal before the run began: nothing is started
+                raise _Cancelled()
             t = time.monotonic()
             try:
                 if not live:
                     script_path = options.script or task.offline_script_path()
-                    scripted = ScriptedModel(load_script(script_path))
+                    scripted = ScriptedModel(load_script(script_path), on_expectation=_expectation_recorder(record))
                     server = ScriptedServer(scripted).start()
-                sandbox = open_sandbox(task)
+                if cancel():
+                    raise _Cancelled()
+                with cancel.installed(console, interruptible=False):  # no Ctrl-C between its start and here
+                    sandbox = open_sandbox(task)
             finally:
                 phase("sandbox_start", t)
             if cancel():
                 raise _Cancelled()
             write_started(sandbox)
+            time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
+            if scripted is not None:
+                scripted.time_scale = time_scale
             agent = sandbox.agent
             home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
             t = time.monotonic()
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
                 console.print(f"launched {launch.app} (pid {pid})", markup=False, highlight=False)
-            ready = _wait_ready(agent, task, home, options.ready_timeout_s)
+            ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale)
             phase("launch_ready", t)
             console.print(_ready_line(ready, timings["launch_ready"]), markup=False, highlight=False)
             if cancel():
@@ -365,7 +410,8 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                 first = driver.capture()
                 params = build_params(task, model, first, legacy)
                 response = ComputerToolset(driver).run(
-                    client, params, max_steps=max_steps, approve_safety_checks=approver,
+                    client, params, max_steps=max_steps + (scripted.wait_allowance if scripted else 0),
+                    approve_safety_checks=approver,
                     before_action=gate if gate.active else None, cancelled=cancel,
                     on_diagnostic=hooks.on_diagnostic,
                 )
@@ -387,6 +433,7 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
                 phase("loop", t)
                 with contextlib.suppress(Exception):
                     driver.release()
+            status, reason = _expectation_verdict(scripted, status, reason)
             said = f"; model said: {clean(repr(final_message), 200)}" if final_message else ""
             console.print(f"{clean(reason, 400)}{said}", markup=False, highlight=False)
             if cancel():
@@ -417,11 +464,12 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
             status, reason = "error", f"{name}: {exc}"
             if not isinstance(exc, Exception):
                 write_started(sandbox)
-                _finish(record, sandbox, server, client, status, reason, timings, final_message, console, run_t0)
+                _finish(record, sandbox, server, client, status, reason, timings, final_message, console, run_t0,
+                        cancel)
                 raise
     write_started(sandbox)
-    outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
-                             run_t0)
+    status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
+                                     console, run_t0, cancel)
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
                       final_message=final_message, timings=timings,
                       scripted_requests=scripted.requests if scripted else None)
@@ -431,17 +479,40 @@ class _Cancelled(Exception):
     """Internal: the run was cancelled (the flag was set)."""
 
 
+def _expectation_recorder(record: RunRecord) -> Callable[[dict[str, Any]], None]:
+    """The scripted model's ``on_expectation``: each resolved turn becomes an ``expectation`` entry."""
+    return lambda entry: record.write("expectation", **entry)
+
+
+def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: str) -> tuple[str, str]:
+    """``failed`` with the unmet screen expectation when the scripted model gave up on one (it then
+    answered a final message, so the loop itself completed); otherwise ``(status, reason)`` unchanged."""
+    unmet = scripted.unmet if scripted is not None else None
+    if unmet is None or status != "passed":
+        return status, reason
+    first = (unmet.get("unmet") or [{}])[0]
+    return "failed", (f"screen expectation unmet at turn {unmet.get('turn')} ({unmet.get('reason')}): "
+                      f"{first.get('expected')}; observed {first.get('observed')}")
+
+
 def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, client: Any, status: str,
             reason: str, timings: dict[str, float], final_message: str | None, console: Console,
-            run_t0: float) -> str:
-    """Network decisions, teardown, ``run_finished``, summary. Returns the final reason."""
+            run_t0: float, cancel: _Cancel | None = None) -> tuple[str, str]:
+    """Network decisions, teardown, ``run_finished``, summary. Returns the final status and reason:
+    ``cancelled`` when a signal came (``cancel``) before ``run_finished``, whatever the run had reached."""
     if sandbox is not None:
+        # The gateway's whole log, then one ``network_log`` entry saying whether it was read: a record
+        # whose decisions could not be collected says so instead of looking like a run without traffic.
         try:
-            for d in sandbox.decision_log():
+            decisions = sandbox.decision_log()
+        except Exception as exc:  # noqa: BLE001 - teardown goes on; the record keeps the failure
+            record.write("network_log", complete=False, decisions=0, error=clean(exc, 500))
+            console.print(f"[yellow]could not read the gateway decision log: {escape(clean(exc, 500))}[/]")
+        else:
+            for d in decisions:
                 record.write("network", origin=d.get("origin"), decision=d.get("decision"), reason=d.get("reason"),
                              via=d.get("via"), at=d.get("ts"))
-        except Exception as exc:  # noqa: BLE001
-            console.print(f"[yellow]could not read the gateway decision log: {escape(str(exc))}[/]")
+            record.write("network_log", complete=True, decisions=len(decisions))
         if isinstance(record.on_entry, RunPrinter):
             record.on_entry.flush()  # the decisions, deduplicated, before any teardown message
     t = time.monotonic()
@@ -453,8 +524,10 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
             except Exception as exc:  # noqa: BLE001 - teardown goes on
                 console.print(f"[yellow]teardown: {escape(str(exc))}[/]")
     timings["teardown"] = round(time.monotonic() - t, 3)
+    if cancel is not None and cancel() and status != "cancelled":
+        status, reason = "cancelled", f"cancelled by {cancel.signal} after the run had {status}: {reason}"
     record.finish(status, reason, final_message=final_message, timings=timings,
                   wall_s=round(time.monotonic() - run_t0, 3))
     record.close()
     print_summary(read_record(record.path), record.path, console=console)
-    return reason
+    return status, reason

@@ -9,7 +9,19 @@ listens on 127.0.0.1 only. Script format (contract, JSONL, one model turn a line
 - ``{"message": "..."}`` -> the final assistant message.
 
 Optional per line: ``"usage": null`` leaves usage out of that response (the run record then marks
-the token total incomplete). Coordinates in the script are model px, exactly as a live model sends.
+the token total incomplete); ``"comment"``; ``"expect": [...]`` and ``"expect_timeout_s"``, screen
+expectations (:mod:`controller.expectations`, the schema's one home). Coordinates in the script are
+model px, exactly as a live model sends.
+
+Screen expectations: before answering a turn that has them, the server checks each against the
+latest screenshot of the request. While one does not hold it answers a ``computer_call`` with one
+``wait`` action and no pending safety checks (call id ``call_NNNN_wait_MMM``: turn NNNN, wait MMM),
+and checks again on the next request; these waits are not script turns. Once the turn's
+``expect_timeout_s`` has passed since its first wait (or after :data:`MAX_WAITS_PER_TURN` waits, or at
+once when an expectation can never hold, e.g. its region is outside the image) it answers a final
+assistant message saying so and keeps the failure in :attr:`ScriptedModel.unmet`; the runner then
+ends the run ``failed``. ``on_expectation`` (optional) sees one entry per resolved turn (met, or
+given up), for the run record.
 
 Each line is checked when the script is loaded, so a typo is reported with its line rather than as a
 failed run: actions have a known ``type`` and only that type's fields, coordinates and scroll amounts
@@ -18,11 +30,13 @@ are integers (coordinates non-negative), keys are lists of strings, and pending 
 image is known only at run time; the driver refuses it then.
 
 The turn to answer is derived from the request itself (the number of ``computer_call_output``
-items in its input), so the server is stateless across runs. Like the real API, it refuses a
-request whose ``computer_call_output`` does not acknowledge exactly the pending safety checks of
-its call (ids, codes and messages, in order), or whose screenshot is not a well-formed
-``data:image/png|jpeg;base64,`` URL whose bytes match the mime. Refusals are HTTP 400
-``{"error": {"code", "message", "param", "type"}}``.
+items in its input that answer script turns, not waits), so the server is stateless across runs
+(except for the time each turn's first wait was answered, kept by that wait's item id). Like the
+real API, it refuses a request whose ``computer_call_output`` does not acknowledge exactly the
+pending safety checks of its call (ids, codes and messages, in order), or whose screenshot is not a
+well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the mime; and it refuses
+(``invalid_image``) a request for a turn with expectations that holds no screenshot it can decode.
+Refusals are HTTP 400 ``{"error": {"code", "message", "param", "type"}}``.
 """
 
 from __future__ import annotations
@@ -36,11 +50,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from controller import expectations as ex
+from controller.expectations import MAX_WAITS_PER_TURN
 
 
 IMAGE_TOKENS = 1105
@@ -74,10 +91,21 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
         except RecursionError:
             raise ScriptError(f"{path}:{number}: JSON nested too deeply") from None
         validate_turn(turn, where=f"{path}:{number}")
+        if not turns:
+            _validate_first_turn(turn, where=f"{path}:{number}")
         turns.append(turn)
     if not turns:
         raise ScriptError(f"{path}: empty script")
     return turns
+
+
+def _validate_first_turn(turn: dict[str, Any], where: str) -> None:
+    """Raise :class:`ScriptError` when the first turn expects a change: it has no earlier turn."""
+    parsed = ex.parse_turn(turn)
+    for i, exp in enumerate(parsed.expect if parsed else []):
+        if exp.kind == "changed":
+            raise ScriptError(f"{where}: expect[{i}]: changed needs an earlier turn to compare with; "
+                              "the first turn has none")
 
 
 def validate_turn(turn: Any, where: str = "turn") -> None:
@@ -88,9 +116,13 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
     if len(kinds) != 1:
         raise ScriptError(f"{where}: a turn needs exactly one of actions, action, message")
     allowed = {kinds[0], "usage", "comment"} | ({"pending_safety_checks"} if kinds[0] != "message" else set())
-    extra = set(turn) - allowed
+    extra = set(turn) - allowed - ex.TURN_FIELDS
     if extra:
         raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
+    try:
+        ex.parse_turn(turn)
+    except ValueError as exc:
+        raise ScriptError(f"{where}: {exc}") from None
     if kinds[0] == "actions" and (not isinstance(turn["actions"], list) or not turn["actions"]):
         raise ScriptError(f"{where}: actions must be a non-empty list")
     if kinds[0] == "action" and not isinstance(turn["action"], dict):
@@ -205,17 +237,46 @@ def _check_data_url(url: Any) -> str | None:
     return None
 
 
-class ScriptedModel:
-    """Turns requests into scripted responses. ``requests`` keeps every request body received."""
+_WAIT_CALL = re.compile(r"^call_(\d{4,})_wait_(\d{3,})$")
 
-    def __init__(self, turns: list[dict[str, Any]], *, model: str = "scripted-computer-use") -> None:
+
+class ScriptedModel:
+    """Turns requests into scripted responses. ``requests`` keeps every request body received.
+
+    ``on_expectation``: called (from the server's thread) with one dict per turn whose expectations
+    were resolved -- met (``met: True``, ``waits``, ``waited_s``, ``expected``) or given up
+    (``met: False`` plus ``reason``, ``timeout_s`` and ``unmet``: one ``{index, kind, expectation,
+    expected, observed}`` per expectation that did not hold, regions in model px). Its exceptions
+    are ignored. ``unmet``: the given-up entry once the scripted model gave up, else None.
+    ``clock``: seconds, monotonic (tests may pass their own).
+    """
+
+    def __init__(self, turns: list[dict[str, Any]], *, model: str = "scripted-computer-use",
+                 on_expectation: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         for i, turn in enumerate(turns):
             validate_turn(turn, where=f"turn {i}")
+        if turns:
+            _validate_first_turn(turns[0], where="turn 0")
         self.turns = turns
         self.model = model
         self.requests: list[dict[str, Any]] = []
         self.errors: list[dict[str, Any]] = []
+        self.on_expectation = on_expectation
+        self.unmet: dict[str, Any] | None = None
+        self._expect = [ex.parse_turn(turn) for turn in turns]
+        self._clock = clock
+        self.time_scale = 1.0
+        """Multiplies every turn's ``expect_timeout_s`` (the sandbox's ``time_scale``: a slower guest
+        gets proportionally longer to show what a turn expects)."""
+        self._wait_started: dict[str, float] = {}  # first wait's item id -> clock() when it was answered
         self._lock = threading.Lock()
+
+    @property
+    def wait_allowance(self) -> int:
+        """The most ``wait`` calls this script can insert in one run (:data:`MAX_WAITS_PER_TURN` for
+        each turn with expectations): requests a client's step limit should allow beyond the turns."""
+        return MAX_WAITS_PER_TURN * sum(1 for e in self._expect if e is not None)
 
     def _call_ids(self, index: int) -> tuple[str, str]:
         return f"cu_{index:04d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}"
@@ -233,14 +294,91 @@ class ScriptedModel:
             return status, payload
         items = body.get("input", [])
         items = items if isinstance(items, list) else []
-        index = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "computer_call_output")
+        index = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "computer_call_output"
+                    and not _WAIT_CALL.match(str(item.get("call_id", ""))))
         if index >= len(self.turns):
-            payload = {"error": {"code": "script_exhausted", "param": None, "type": "invalid_request_error",
-                                 "message": f"the script has {len(self.turns)} turns; turn {index} was requested"}}
-            with self._lock:
-                self.errors.append(payload["error"])
-            return 400, payload
+            return self._refuse("script_exhausted",
+                                f"the script has {len(self.turns)} turns; turn {index} was requested")
+        expected = self._expect[index]
+        if expected is not None:
+            try:
+                answer = self._expectations(index, expected, items, body)
+            except ValueError as exc:
+                return self._refuse("invalid_image", str(exc))
+            if answer is not None:
+                return 200, answer
         return 200, self._response(index, self.turns[index], body)
+
+    def _refuse(self, code: str, message: str) -> tuple[int, dict[str, Any]]:
+        payload = {"error": {"code": code, "message": message, "param": None, "type": "invalid_request_error"}}
+        with self._lock:
+            self.errors.append(payload["error"])
+        return 400, payload
+
+    def _emit(self, entry: dict[str, Any]) -> None:
+        if self.on_expectation is not None:
+            try:
+                self.on_expectation(entry)
+            except Exception:  # noqa: BLE001 - recording must not break the model
+                pass
+
+    def _expectations(self, index: int, expected: ex.TurnExpectations, items: list[Any],
+                      body: dict[str, Any]) -> dict[str, Any] | None:
+        """None when turn ``index``'s expectations hold on the request's latest screenshot (the turn is
+        answered as scripted); else the response to send: a ``wait`` call, or the final message that
+        gives up. Raises ValueError when the request holds no screenshot to check (or an unreadable one)."""
+        images, before_call = _screenshots(items)
+        if not images:
+            raise ValueError(f"turn {index} has screen expectations but the request holds no screenshot")
+        latest = ex.decode_image(images[-1])
+        baseline = None
+        if any(e.kind == "changed" for e in expected.expect):
+            seen = before_call.get(f"call_{index - 1:04d}", 0)
+            baseline = ex.decode_image(images[seen - 1]) if seen else None
+        outcomes = [ex.check(e, latest, baseline) for e in expected.expect]
+        waits = [item for item in items if isinstance(item, dict) and item.get("type") == "computer_call"
+                 and str(item.get("call_id", "")).startswith(f"call_{index:04d}_wait_")]
+        now = self._clock()
+        with self._lock:
+            started = self._wait_started.get(str(waits[0].get("id"))) if waits else None
+        waited = round(now - started, 3) if started is not None else 0.0
+        entry: dict[str, Any] = {"turn": index, "call_id": f"call_{index:04d}", "waits": len(waits),
+                                 "waited_s": waited}
+        if all(o.held for o in outcomes):
+            self._emit({**entry, "met": True, "expected": [ex.describe(e) for e in expected.expect]})
+            return None
+        unmet = [{"index": i, "kind": e.kind, "expectation": e.model_dump(), "expected": ex.describe(e),
+                  "observed": o.observed} for i, (e, o) in enumerate(zip(expected.expect, outcomes)) if not o.held]
+        reason = None
+        if not all(o.possible for o in outcomes):
+            reason = "cannot hold on this screenshot"
+        elif waited >= expected.expect_timeout_s * self.time_scale:
+            reason = f"deadline of {expected.expect_timeout_s * self.time_scale:g}s passed"
+        elif len(waits) >= MAX_WAITS_PER_TURN:
+            reason = f"{MAX_WAITS_PER_TURN} waits answered"
+        if reason is None:
+            return self._wait(index, len(waits) + 1, body, now)
+        failure = {**entry, "met": False, "reason": reason, "timeout_s": expected.expect_timeout_s * self.time_scale,
+                   "unmet": unmet}
+        with self._lock:
+            if self.unmet is None:
+                self.unmet = failure
+        self._emit(failure)
+        first = unmet[0]
+        more = f" (and {len(unmet) - 1} more)" if len(unmet) > 1 else ""
+        text = (f"scripted model gave up at turn {index} ({reason}, after {len(waits)} waits, {waited:g}s): "
+                f"expect[{first['index']}] {first['expected']}: observed {first['observed']}{more}")
+        return self._response(index, {"message": text}, body)
+
+    def _wait(self, index: int, number: int, body: dict[str, Any], now: float) -> dict[str, Any]:
+        """The ``wait`` call answering turn ``index`` for the ``number``-th time (1-based)."""
+        ids = (f"cu_{index:04d}_w{number:03d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_wait_{number:03d}")
+        legacy = (body.get("tools") or [{}])[0].get("type") == "computer_use_preview"
+        turn: dict[str, Any] = {"action": {"type": "wait"}} if legacy else {"actions": [{"type": "wait"}]}
+        if number == 1:
+            with self._lock:
+                self._wait_started[ids[0]] = now
+        return self._response(index, turn, body, ids=ids)
 
     def _validate_request(self, body: dict[str, Any]) -> tuple[str, str] | None:
         tools = body.get("tools")
@@ -287,8 +425,9 @@ class ScriptedModel:
                     return "invalid_image", why
         return None
 
-    def _response(self, index: int, turn: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-        item_id, call_id = self._call_ids(index)
+    def _response(self, index: int, turn: dict[str, Any], body: dict[str, Any],
+                  ids: tuple[str, str] | None = None) -> dict[str, Any]:
+        item_id, call_id = ids or self._call_ids(index)
         if "message" in turn:
             output: list[dict[str, Any]] = [{
                 "type": "message", "id": f"msg_{index:04d}_{uuid.uuid4().hex[:8]}", "role": "assistant",
@@ -339,6 +478,26 @@ class ScriptedModel:
                 "total_tokens": input_tokens + output_tokens,
             }
         return response
+
+
+def _screenshots(items: list[Any]) -> tuple[list[str], dict[str, int]]:
+    """The image URLs of a request's input, in order (``input_image`` parts of messages and
+    ``computer_call_output`` screenshots), and for each ``computer_call`` id how many came before it."""
+    images: list[str] = []
+    before_call: dict[str, int] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "computer_call":
+            before_call[str(item.get("call_id", ""))] = len(images)
+        elif item.get("type") == "computer_call_output":
+            output = item.get("output")
+            if isinstance(output, dict) and isinstance(output.get("image_url"), str):
+                images.append(output["image_url"])
+        elif isinstance(item.get("content"), list):
+            images += [part["image_url"] for part in item["content"] if isinstance(part, dict)
+                       and part.get("type") == "input_image" and isinstance(part.get("image_url"), str)]
+    return images, before_call
 
 
 def create_app(model: ScriptedModel) -> FastAPI:

@@ -2,7 +2,7 @@
 
 serve: ``--display :99 --bind 127.0.0.1:8000 --token-file PATH`` [``--files-root DIR`` (repeatable,
 default the user's home)] [``--max-file-bytes N`` (default 16 MiB)] [``--apps FILE`` (JSON
-``{name: [argv...]}``)] [``--busy-timeout S``] [``--wait-cap S``] [``--request-timeout S``]
+``{name: [argv...]}``)] [``--busy-timeout S``] [``--wait-cap S``] [``--wait-quiet S``] [``--request-timeout S``]
 [``--log-level LEVEL``] [``--no-access-log``]; startup checks and logging: :mod:`guest.serve`.
 
 probe: ``--log FILE`` [``--display :99``] [``--pattern``] [``--animate S``]: the event-logging probe window (:mod:`guest.probe`).
@@ -26,7 +26,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the exit status."""
-    from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S
+    from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, WAIT_QUIET_S
     from .files import DEFAULT_MAX_BYTES
     from .serve import LOG_LEVELS
 
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--busy-timeout", type=float, default=BUSY_TIMEOUT_S, metavar="S",
                        help="seconds a request waits for the input lock before 409 busy")
     serve.add_argument("--wait-cap", type=float, default=WAIT_CAP_S, metavar="S", help="longest 'wait' action, seconds")
+    serve.add_argument("--wait-quiet", type=float, default=WAIT_QUIET_S, metavar="S",
+                       help="a 'wait' settles once the X server reported no drawing for this long, seconds")
     serve.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
                        help="longest time one /v1/actions request may hold the input, seconds")
     serve.add_argument("--log-level", choices=LOG_LEVELS, default="info",

@@ -33,18 +33,21 @@ def terminate(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
         proc.wait()
 
 class Xvfb:
-    """A private ``Xvfb`` at ``width`` x ``height`` x ``depth``; ``display`` is its name (``":N"``)."""
+    """A private ``Xvfb`` at ``width`` x ``height`` x ``depth``; ``display`` is its name (``":N"``).
+    ``args``: more server options (e.g. ``("-extension", "DAMAGE")`` to leave an extension out)."""
 
-    def __init__(self, width: int = 1280, height: int = 800, depth: int = 24, timeout: float = 15.0) -> None:
+    def __init__(self, width: int = 1280, height: int = 800, depth: int = 24, timeout: float = 15.0,
+                 args: tuple[str, ...] = ()) -> None:
         self.width, self.height, self.depth = width, height, depth
         self.timeout = timeout
+        self.args = tuple(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.display = ""
 
     def start(self, display: str | None = None) -> "Xvfb":
         """Start the server (on ``display`` when given, e.g. to restart on the same number)."""
         screen = ["-screen", "0", f"{self.width}x{self.height}x{self.depth}"]
-        common = ["-nolisten", "tcp", "-noreset", "+extension", "XTEST"]
+        common = ["-nolisten", "tcp", "-noreset", "+extension", "XTEST", *self.args]
         if display:
             self.proc = subprocess.Popen(["Xvfb", display, *screen, *common],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

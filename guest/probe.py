@@ -5,14 +5,24 @@ whole screen, gives it the input focus and appends one JSON object per line to F
 event, so a test can read the log while the probe runs (locally, or through ``GET /v1/files``
 when the probe was started with ``POST /v1/launch``). Lines:
 
-- ``{"type": "ready", "width", "height", "window"}`` once the window is mapped and focused;
+- ``{"type": "ready", "width", "height", "window", "state"}`` once the window is mapped and has been
+  given the input focus (``state``: the modifier and button mask the server reports then, so a test
+  can check that no lock or button is left on from an earlier one);
+- ``FocusIn`` / ``FocusOut``: ``mode``, ``detail`` (the X protocol's names, e.g. ``NotifyNormal``,
+  ``NotifyNonlinear``) and, for ``FocusOut``, ``to``: the window that holds the focus now with its
+  ``WM_CLASS`` (``to_class``), so a test that sees no key events can say where they went;
 - ``KeyPress`` / ``KeyRelease``: ``keycode``, ``keysym`` (the probe's own lookup at the level the
   Shift state selects), ``keysym_name``, ``state`` (modifier mask), ``synthetic`` (SendEvent flag),
   ``time`` (server ms);
 - ``ButtonPress`` / ``ButtonRelease``: ``button``, ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MotionNotify``: ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MappingNotify``: ``first_keycode``, ``count`` (the probe refreshes its keymap on each);
-- ``{"type": "animation_done"}`` when ``--animate S`` ends.
+- ``{"type": "animation_done"}`` when ``--animate S`` ends;
+- ``{"type": "error", "message"}`` as the last line when the probe ends on an error (for example
+  when the X connection breaks), so a test that sees no events can say why.
+
+A button press on the probe gives it the input focus again (click-to-focus, as a managed window
+would get from the window manager; the probe is override-redirect, so no window manager does it).
 
 ``--pattern`` paints :data:`PATTERN` (solid rectangles of known colours, screen px) so screenshots
 can be checked pixel by pixel. ``--animate S`` repaints the window in alternating colours every
@@ -33,7 +43,14 @@ from Xlib import X, display
 from .keys import keysym_name
 
 _EVENT_NAMES = {X.KeyPress: "KeyPress", X.KeyRelease: "KeyRelease", X.ButtonPress: "ButtonPress",
-                X.ButtonRelease: "ButtonRelease", X.MotionNotify: "MotionNotify"}
+                X.ButtonRelease: "ButtonRelease", X.MotionNotify: "MotionNotify", X.FocusIn: "FocusIn",
+                X.FocusOut: "FocusOut"}
+_FOCUS_MODES = {X.NotifyNormal: "NotifyNormal", X.NotifyGrab: "NotifyGrab", X.NotifyUngrab: "NotifyUngrab",
+                X.NotifyWhileGrabbed: "NotifyWhileGrabbed"}
+_FOCUS_DETAILS = {X.NotifyAncestor: "NotifyAncestor", X.NotifyVirtual: "NotifyVirtual",
+                  X.NotifyInferior: "NotifyInferior", X.NotifyNonlinear: "NotifyNonlinear",
+                  X.NotifyNonlinearVirtual: "NotifyNonlinearVirtual", X.NotifyPointer: "NotifyPointer",
+                  X.NotifyPointerRoot: "NotifyPointerRoot", X.NotifyDetailNone: "NotifyDetailNone"}
 
 
 #: (x, y, w, h, 0xRRGGBB) rectangles painted by ``--pattern``, in screen px.
@@ -85,6 +102,19 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                 fill(rgb, x, y, w, h)
         dpy.flush()
 
+    def focus_holder() -> tuple[int, str | None]:
+        """(window id, WM_CLASS class or None) of the window holding the input focus (0: none,
+        1: PointerRoot)."""
+        focus = dpy.get_input_focus().focus
+        wid = focus if isinstance(focus, int) else focus.id
+        if wid in (X.NONE, X.PointerRoot):
+            return wid, None
+        try:
+            cls = focus.get_wm_class()
+        except Exception:  # noqa: BLE001 - the window may be gone already
+            cls = None
+        return wid, cls[1] if cls else None
+
     ready = False
     animate_until = 0.0
     frame = 0
@@ -114,7 +144,8 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                 paint()
                 dpy.sync()
                 ready = True
-                emit({"type": "ready", "width": width, "height": height, "window": win.id})
+                state = screen.root.query_pointer().mask
+                emit({"type": "ready", "width": width, "height": height, "window": win.id, "state": state})
                 if animate > 0:
                     animate_until = time.monotonic() + animate
             elif etype == X.Expose and ev.count == 0:
@@ -130,7 +161,15 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                 emit({"type": _EVENT_NAMES[etype], "keycode": ev.detail, "keysym": keysym,
                       "keysym_name": keysym_name(keysym) if keysym else None, "state": ev.state,
                       "synthetic": bool(ev.send_event), "time": ev.time})
+            elif etype in (X.FocusIn, X.FocusOut):
+                record = {"type": _EVENT_NAMES[etype], "mode": _FOCUS_MODES.get(ev.mode, ev.mode),
+                          "detail": _FOCUS_DETAILS.get(ev.detail, ev.detail)}
+                if etype == X.FocusOut:
+                    record["to"], record["to_class"] = focus_holder()
+                emit(record)
             elif etype in (X.ButtonPress, X.ButtonRelease):
+                if etype == X.ButtonPress:
+                    dpy.set_input_focus(win, X.RevertToParent, ev.time)
                 emit({"type": _EVENT_NAMES[etype], "button": ev.detail, "x": ev.event_x, "y": ev.event_y,
                       "state": ev.state, "synthetic": bool(ev.send_event), "time": ev.time})
             elif etype == X.MotionNotify:
@@ -138,7 +177,11 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                       "synthetic": bool(ev.send_event), "time": ev.time})
     except (SystemExit, KeyboardInterrupt):
         return 0
-    except Exception:  # noqa: BLE001 - the X server went away: the probe simply ends
+    except Exception as exc:  # noqa: BLE001 - the X server went away, or a bug: say which, then end
+        try:
+            emit({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
+        except Exception:  # noqa: BLE001 - the log itself is gone
+            pass
         return 0
     finally:
         log.close()

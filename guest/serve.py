@@ -4,7 +4,8 @@ Startup checks (each failure is :class:`StartupError`: one line on stderr, exit 
 traceback): the token file is readable UTF-8 and not empty; ``--bind`` is ``HOST:PORT`` and can be
 bound; every ``--files-root`` is an existing directory; the ``--apps`` file is readable and is a JSON
 object mapping names to non-empty argv lists; the numeric limits are positive. A display that is not
-up yet is not an error: the agent serves and answers 503 ``display_unavailable`` until it is.
+up yet is not an error: the agent serves and answers 503 ``display_unavailable`` until it is. Before
+serving it makes malloc keep freed screenshot buffers (:func:`guest.capture.retain_frame_buffers`).
 
 Logging (stderr, ``--log-level``, default ``info``): one start line,
 ``agent listening on http://HOST:PORT, display :N (WxHxD), ...`` (or ``display :N unavailable yet
@@ -153,7 +154,7 @@ def serve(ns: argparse.Namespace) -> int:
         bind = parse_bind(ns.bind)
         roots = check_roots(ns.files_root or ["~"])
         apps = read_apps(ns.apps)
-        for name in ("max_file_bytes", "busy_timeout", "wait_cap", "request_timeout"):
+        for name in ("max_file_bytes", "busy_timeout", "wait_cap", "wait_quiet", "request_timeout"):
             positive("--" + name.replace("_", "-"), getattr(ns, name))
         sock = bind_socket(bind)
     except StartupError as exc:
@@ -164,11 +165,14 @@ def serve(ns: argparse.Namespace) -> int:
 
     from .accesslog import AccessLog
     from .app import AgentConfig, create_app
+    from .capture import retain_frame_buffers
 
     configure_logging(ns.log_level)
+    if not retain_frame_buffers():
+        log.debug("malloc keeps no freed screenshot buffers here (no glibc mallopt); screenshots are slower")
     config = AgentConfig(display=ns.display, token=token, files_roots=roots, max_file_bytes=ns.max_file_bytes,
                          apps=apps, busy_timeout=ns.busy_timeout, wait_cap=ns.wait_cap,
-                         request_timeout=ns.request_timeout)
+                         wait_quiet=ns.wait_quiet, request_timeout=ns.request_timeout)
     app = create_app(config)
     port = sock.getsockname()[1]
     log.info("%s", start_line(bind.url(port), config.display, app.state.executor, apps, roots))

@@ -21,6 +21,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="module:factory building a conformance target from the desktop (repeatable); "
              "default: the guest agent over HTTP",
     )
+    parser.addoption(
+        "--conformance-desktop", default=None,
+        help="module:factory yielding the desktop the suite observes (an AgentDesktop, see "
+             "tests/conformance/harness.py), for a target whose desktop is not a local Xvfb; "
+             "default: a private Xvfb with the guest agent on it",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,11 @@ Use as a context manager; inside ``with`` SIGTERM and SIGHUP unwind like Ctrl-C,
     with DockerSandbox.start(SandboxSpec(policy={"mode": "deny-all", "allow": []})) as sb:
         sb.agent.screenshot()
 
+Signals never cut a start or a teardown step in half. During ``start`` SIGINT, SIGTERM and SIGHUP are
+noted and acted on between steps (``Sandbox._checkpoint``): the start is abandoned, what it created is
+removed, then KeyboardInterrupt (SIGINT) or ``SandboxInterrupted`` propagates. During ``close`` they are
+held until it is done and then handed to whatever handled them before (``signals_deferred``).
+
 Isolation model: ARCHITECTURE.md, "Isolation model (Docker)".
 """
 
@@ -95,6 +100,12 @@ class Sandbox(abc.ABC):
     id: str
     """Unique id of this sandbox (also the value of its ``desktop-sandbox.sandbox`` label)."""
 
+    time_scale: float = 1.0
+    """How many times slower than a native guest this one reacts (1.0: containers, a VM with KVM or
+    HVF; :data:`controller.sandbox.vm.TCG_TIME_SCALE` under plain emulation). Deadlines that wait for
+    the guest to react -- a task's ``[[ready]]`` files, the offline script's screen expectations -- are
+    multiplied by it; deadlines that bound a hostile guest (the agent client's) are not."""
+
     # set by the backend's start sequence; read through agent_url, agent_token, image_id
     _agent_url: str = ""
     _token: str = ""
@@ -140,7 +151,10 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Remove everything this sandbox created. Idempotent; never raises for already-gone parts."""
+        """Remove everything this sandbox created. Idempotent; never raises for already-gone parts.
+
+        Not cut short by a signal: backends run it under ``signals_deferred()``, so SIGINT/SIGTERM/SIGHUP
+        reach the caller's handlers only once everything is removed."""
 
     def __enter__(self) -> "Sandbox":
         self._signal_guard = raise_on_signals()
@@ -157,18 +171,39 @@ class Sandbox(abc.ABC):
 
     # -- for backends ---------------------------------------------------------------------------------
 
-    def _start_or_close(self, start: Callable[[], None]) -> None:
-        """Run ``start()`` (the backend's start sequence) with SIGTERM/SIGHUP raising ``SandboxInterrupted``.
+    _signals_noted: list[int] | None = None
 
-        On any failure (also Ctrl-C or a signal) ``close()`` removes what was created so far, then the
-        exception propagates.
+    def _start_or_close(self, start: Callable[[], None]) -> None:
+        """Run ``start()`` (the backend's start sequence) with SIGINT, SIGTERM and SIGHUP noted, not raised.
+
+        ``start()`` calls ``self._checkpoint()`` between its steps (and while it polls), which abandons the
+        start when a signal was noted: no Docker call or process start is cut off halfway, so ``close()``
+        finds everything the start created. On any failure (also a signal) ``close()`` removes what was
+        created so far, then the exception propagates: KeyboardInterrupt for SIGINT, ``SandboxInterrupted``
+        for SIGTERM/SIGHUP (also when the start failed otherwise and a signal came meanwhile). A signal
+        after the last checkpoint abandons a finished start the same way, so a start either returns with no
+        signal pending or leaves nothing behind.
         """
-        try:
-            with raise_on_signals():
+        with signals_deferred(redeliver=False) as noted:
+            self._signals_noted = noted
+            try:
                 start()
-        except BaseException:
+            except BaseException as exc:
+                self.close()
+                if noted and not isinstance(exc, (KeyboardInterrupt, SandboxInterrupted)):
+                    raise interruption(noted[0]) from exc
+                raise
+            finally:
+                self._signals_noted = None
+        if noted:  # after the last checkpoint, up to the handlers' restoration
             self.close()
-            raise
+            raise interruption(noted[0])
+
+    def _checkpoint(self) -> None:
+        """During ``_start_or_close``: raise the interruption for the first signal noted so far, if any."""
+        noted = self._signals_noted
+        if noted:
+            raise interruption(noted[0])
 
     def _close_agent_client(self) -> None:
         """Close the ``AgentClient`` made by ``agent``, if any (teardown: its errors are ignored)."""
@@ -178,6 +213,43 @@ class Sandbox(abc.ABC):
                 client.close()
             except Exception:  # noqa: BLE001 - teardown must go on
                 pass
+
+
+INTERRUPT_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run or a sandbox (Ctrl-C, ``kill``, a closed terminal)."""
+
+
+def interruption(signum: int) -> BaseException:
+    """What a noted signal turns into: KeyboardInterrupt for SIGINT, else ``SandboxInterrupted``."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else SandboxInterrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred(signums: Sequence[int] = INTERRUPT_SIGNALS, *, redeliver: bool = True) -> Iterator[list[int]]:
+    """Within the block, ``signums`` are only noted (appended to the list this yields), never acted on.
+
+    For steps that must not be cut in half (a teardown, a Docker call whose result must be known). On
+    exit the previous handlers come back and, with ``redeliver``, each signal noted is raised once more
+    (in the order first seen), so they handle it now; without it the caller acts on the list. Outside the
+    main thread it does nothing and yields an empty list (Python delivers signals to the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    noted: list[int] = []
+
+    def _note(signum: int, _frame: object) -> None:
+        noted.append(signum)
+
+    previous = {s: signal.signal(s, _note) for s in signums}
+    try:
+        yield noted
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if redeliver:
+            for s in dict.fromkeys(noted):
+                signal.raise_signal(s)
 
 
 @contextlib.contextmanager

@@ -48,6 +48,7 @@ from controller.sandbox import (
     SandboxSpec,
     parse_decision_log,
     pid_alive,
+    signals_deferred,
     wait_agent_ready,
     with_timeout,
 )
@@ -171,7 +172,6 @@ class DockerSandbox(Sandbox):
         spec = spec or SandboxSpec()
         options = options or DockerOptions()
         client = client or docker.from_env()
-        reap_orphans(client)
         sandbox = cls(client, f"ds-{secrets.token_hex(4)}")
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
@@ -208,9 +208,10 @@ class DockerSandbox(Sandbox):
     def close(self) -> None:
         if self._closed:
             return
-        self._close_agent_client()
-        remove_sandbox(self.client, self.id)
-        self._closed = True
+        with signals_deferred():  # a second Ctrl-C or a SIGTERM waits until everything is removed
+            self._close_agent_client()
+            remove_sandbox(self.client, self.id)
+            self._closed = True
 
     # -- start sequence -----------------------------------------------------------------------------
 
@@ -221,7 +222,11 @@ class DockerSandbox(Sandbox):
         return labels
 
     def _start(self, spec: SandboxSpec, options: DockerOptions) -> None:
+        """The start sequence. Runs under ``_start_or_close``: a signal is acted on only at the
+        ``_checkpoint()`` calls between Docker calls (and in readiness polls), never inside one."""
         t0 = time.monotonic()
+        reap_orphans(self.client)
+        self._checkpoint()
         try:
             image = self.client.images.get(options.image)
         except docker.errors.ImageNotFound:
@@ -237,11 +242,13 @@ class DockerSandbox(Sandbox):
             labels=self._labels("internal", options),
             options={"com.docker.network.bridge.inhibit_ipv4": "true"},
         )
+        self._checkpoint()
         egress = self.client.networks.create(
             f"{self.id}-egress", driver="bridge", internal=False, enable_ipv6=False,
             labels=self._labels("egress", options),
             options={"com.docker.network.bridge.enable_icc": "false"},
         )
+        self._checkpoint()
         internal.reload()
         subnets = [c["Subnet"] for c in internal.attrs["IPAM"]["Config"] if "." in c.get("Subnet", "")]
         if not subnets:
@@ -275,8 +282,11 @@ class DockerSandbox(Sandbox):
             **_hardening(f"{GATEWAY_UID}:{GATEWAY_UID}", gw_tmpfs, options.gateway_mem_limit,
                          options.gateway_pids_limit),
         )
+        self._checkpoint()
         internal.connect(self.gateway, aliases=[GATEWAY_HOSTNAME])
+        self._checkpoint()
         self.gateway.start()
+        self._checkpoint()
         self.gateway.reload()
         gw_ip = self.gateway.attrs["NetworkSettings"]["Networks"][internal.name]["IPAddress"]
         bindings = self.gateway.attrs["NetworkSettings"]["Ports"].get(f"{AGENT_PORT}/tcp") or []
@@ -286,6 +296,7 @@ class DockerSandbox(Sandbox):
         self._agent_url = f"http://127.0.0.1:{host_port}"
         self._write_file(self.gateway, GATEWAY_POLICY_FILE, policy_json.encode(), 0o444,
                          user=f"{GATEWAY_UID}:{GATEWAY_UID}")
+        self._checkpoint()
 
         proxy = f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}"
         desktop_tmpfs = {
@@ -320,11 +331,14 @@ class DockerSandbox(Sandbox):
             nano_cpus=options.nano_cpus or None,
             **_hardening(f"{DESKTOP_UID}:{DESKTOP_UID}", desktop_tmpfs, options.mem_limit, options.pids_limit),
         )
+        self._checkpoint()
         self.desktop.start()
+        self._checkpoint()
         self._token = secrets.token_urlsafe(32)
         self._write_file(self.desktop, AGENT_TOKEN_FILE, self._token.encode(), 0o400,
                          user=f"{DESKTOP_UID}:{DESKTOP_UID}")
         self.timings["containers_started"] = time.monotonic() - t0
+        self._checkpoint()
         self._wait_ready(spec.ready_timeout, t0)
 
     def _wait_ready(self, timeout: float, t0: float) -> None:
@@ -338,7 +352,9 @@ class DockerSandbox(Sandbox):
                          timings=self.timings, t0=t0)
 
     def _check_alive(self) -> None:
-        """Raise SandboxError (with its last output) when the gateway or the desktop container exited."""
+        """Raise SandboxError (with its last output) when the gateway or the desktop container exited; the
+        interruption when a signal came (``_checkpoint``: this runs after every unanswered readiness poll)."""
+        self._checkpoint()
         for container in (self.gateway, self.desktop):
             assert container is not None
             container.reload()

@@ -1,16 +1,21 @@
 """The network audit end to end: real targets, a real sandbox, probes run in the real guest.
 
 Skipped when the Docker engine or the desktop image is missing, unless DESKTOP_SANDBOX_REQUIRE_IMAGE=1.
+Each report is checked against docs/audit.md (tests/audit/report_shape.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from controller.audit import DENIED_NAME, FIXTURE_ORIGIN, TARGET_HTTP_PORT, audit
 from controller.gateway.policy import NetworkPolicy
+from tests.require import unavailable
+
+from .report_shape import check_report, expected_probe_names, record_probe_list
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -27,23 +32,17 @@ def docker_client():
         client = docker.from_env()
         client.ping()
     except Exception as exc:  # noqa: BLE001
-        _unavailable(f"no Docker engine: {exc}")
+        unavailable("IMAGE", f"no Docker engine: {exc}")
     try:
         client.images.get(IMAGE)
     except Exception:  # noqa: BLE001
-        _unavailable(f"image {IMAGE} missing; run `make desktop`")
+        unavailable("IMAGE", f"image {IMAGE} missing; run `make desktop`")
     yield client
     from controller.sandbox import LABEL_SANDBOX
 
     leftovers = [c.name for c in client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
                  if c.name.startswith("ds-audit-")]
     assert leftovers == [], f"audit left containers behind: {leftovers}"
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("DESKTOP_SANDBOX_REQUIRE_IMAGE") == "1":
-        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_IMAGE=1)")
-    pytest.skip(reason)
 
 
 def _failures(report) -> list[str]:
@@ -56,21 +55,25 @@ def _no_audit_networks(client) -> None:
     assert left == [], left
 
 
-def test_deny_all_blocks_every_probe(docker_client):
+def test_deny_all_blocks_every_probe(docker_client, monkeypatch):
+    built = record_probe_list(monkeypatch)
     report = audit(NetworkPolicy(), image=IMAGE, client=docker_client)
+    check_report(json.loads(report.to_json()))
     assert report.passed, "\n".join(_failures(report))
     assert {p.category for p in report.probes} >= REQUIRED_CATEGORIES
     assert all(p.expected == "blocked" for p in report.probes)
     assert report.target_hits == [] and report.host_hits == []
     assert report.decisions and all(d["decision"] == "deny" for d in report.decisions)
     assert {d["reason"] for d in report.decisions} == {"deny-all"}
-    assert len(report.probes) > 80
+    # one result for every probe the audit built for this sandbox, in order, then the summary probes
+    assert [p.name for p in report.probes] == expected_probe_names(built)
     _no_audit_networks(docker_client)
 
 
 def test_allowlist_reaches_exactly_the_allowed_origin(docker_client):
     policy = NetworkPolicy(mode="allowlist", allow=[FIXTURE_ORIGIN])
     report = audit(policy, image=IMAGE, client=docker_client)
+    check_report(json.loads(report.to_json()))
     assert report.passed, "\n".join(_failures(report))
     allowed = [p for p in report.probes if p.expected == "allowed"]
     assert [p.name for p in allowed] == ["allowed-origin"]
@@ -92,6 +95,7 @@ def test_audit_reports_an_escape_when_the_policy_lets_the_recorder_through(docke
     leaky = NetworkPolicy(mode="allowlist", allow=[f"http://{DENIED_NAME}:{TARGET_HTTP_PORT}"],
                           allow_addresses=["0.0.0.0/0", "::/0"])
     report = audit(leaky, image=IMAGE, client=docker_client)
+    check_report(json.loads(report.to_json()))
     assert not report.passed
     assert "denied-origin" in report.escaped
     assert "recorder-saw-nothing" in report.escaped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import struct
@@ -111,7 +112,43 @@ def test_unknown_kind_is_an_error_observation_and_cli_prints_json():
     )
     data = json.loads(out.stdout)
     assert data["results"][0]["observed"] == "error"
-    assert data["results"][1]["observed"] in ("ipv6-on", "ipv6-off")
+    # This machine's own IPv6 state, read independently: "on" with any address or any route off loopback.
+    addresses = _proc_lines("/proc/net/if_inet6")
+    routes = [line for line in _proc_lines("/proc/net/ipv6_route") if line.split()[-1] != "lo"]
+    ipv6 = data["results"][1]
+    assert ipv6["observed"] == ("ipv6-on" if addresses or routes else "ipv6-off"), ipv6
+    assert ipv6["detail"]["addresses"] == [line.split()[0] for line in addresses]
+    assert ipv6["detail"]["routes"] == len(routes)
+
+
+def _proc_lines(path: str) -> list[str]:
+    try:
+        return [line for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+#: A /proc/net/ipv6_route line: the route to ::1 on the loopback device.
+LO_ROUTE = ("00000000000000000000000000000001 80 " + "0" * 32 + " 00 " + "0" * 32
+            + " 00000000 00000002 00000000 80200001 lo\n")
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({}, "ipv6-off"),  # a kernel without IPv6: no such files
+    ({"/proc/net/if_inet6": "", "/proc/net/ipv6_route": LO_ROUTE}, "ipv6-off"),
+    ({"/proc/net/if_inet6": "00000000000000000000000000000001 01 80 10 80 lo\n", "/proc/net/ipv6_route": ""},
+     "ipv6-on"),
+    ({"/proc/net/if_inet6": "", "/proc/net/ipv6_route": LO_ROUTE + LO_ROUTE.replace(" lo", " eth0")}, "ipv6-on"),
+])
+def test_ipv6_is_off_only_without_any_address_or_route_off_loopback(monkeypatch, files, expected):
+    def fake_open(path, *args, **kwargs):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(netprobe, "open", fake_open, raising=False)
+    [result] = netprobe.run([{"name": "v6", "kind": "ipv6"}])
+    assert result["observed"] == expected, result
 
 
 @pytest.mark.parametrize("address", ["169.254.169.254", "127.0.0.1", "172.23.0.3", "10.1.2.3"])

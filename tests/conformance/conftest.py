@@ -1,7 +1,9 @@
 """Fixtures for the conformance suite: the desktop (Xvfb + agent + probe/xterm) and the targets.
 
 Targets are parametrised: by default the guest agent over HTTP; ``--conformance-target
-module:factory`` (repeatable) adds targets built by ``factory(desktop)``.
+module:factory`` (repeatable) adds targets built by ``factory(desktop)``. The desktop is a private
+Xvfb with the agent on it, or what ``--conformance-desktop module:factory`` yields (a sandbox's guest,
+observed through its agent).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from controller.agent_client import AgentClient
 from guest.localrun import AgentProcess
 
-from .fixtures import probe, sink  # noqa: F401 - per-module fixtures, shared with tests/docker, tests/vm
+from .fixtures import _nothing_left_pressed, probe, sink  # noqa: F401 - shared with tests/docker, tests/vm
 from .harness import AgentDesktop, AgentTarget
 
 #: Longest ``wait`` of the agent under test (seconds); short so the cap test stays quick.
@@ -40,8 +42,7 @@ def target_factory(request: pytest.FixtureRequest):
     spec = request.param
     if spec == "agent-http":
         return make_agent_target
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_factory(spec)
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +65,22 @@ def agent(xvfb, workdir) -> Iterator[AgentProcess]:
     proc.stop()
 
 
+def load_factory(spec: str):
+    """The object named by ``module:attribute`` (``--conformance-target``, ``--conformance-desktop``)."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @pytest.fixture(scope="session")
-def desktop(agent, workdir, xvfb) -> Iterator[AgentDesktop]:
+def desktop(request: pytest.FixtureRequest) -> Iterator[AgentDesktop]:
+    """The desktop the suite observes: ``--conformance-desktop``'s factory (a generator function
+    yielding an ``AgentDesktop``, e.g. ``tests.docker._conformance:conformance_desktop`` for the
+    agent in a Docker sandbox), or a private Xvfb with the guest agent on it."""
+    spec = request.config.getoption("--conformance-desktop")
+    if spec:
+        yield from load_factory(spec)()
+        return
+    agent, workdir, xvfb = (request.getfixturevalue(name) for name in ("agent", "workdir", "xvfb"))
     client = AgentClient(agent.base_url, agent.token, timeout=60)
     d = AgentDesktop(client, workdir, display=xvfb.display)
     yield d
@@ -76,13 +91,3 @@ def desktop(agent, workdir, xvfb) -> Iterator[AgentDesktop]:
 @pytest.fixture(scope="session")
 def target(target_factory, desktop):
     return target_factory(desktop)
-
-
-@pytest.fixture(autouse=True)
-def _nothing_left_pressed(desktop) -> Iterator[None]:
-    """After every test, the server reports no key and no button down."""
-    yield
-    state = desktop.pressed()
-    if state is not None:
-        keys, buttons = state
-        assert keys == [] and buttons == 0, f"left pressed: keycodes {keys}, button mask {buttons:#x}"

@@ -136,9 +136,56 @@ class Probe:
 
     def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], mark: int = 0,
                  timeout: float = 10.0) -> list[dict[str, Any]]:
-        """Events after ``mark`` once ``predicate(events)`` holds."""
-        return poll(lambda: (lambda ev: ev if predicate(ev) else None)(self.since(mark)), timeout,
-                    what="probe events")
+        """Events after ``mark`` once ``predicate(events)`` holds; past ``timeout`` s, fails saying
+        what the probe is doing (:meth:`diagnosis`)."""
+        try:
+            return poll(lambda: (lambda ev: ev if predicate(ev) else None)(self.since(mark)), timeout,
+                        what="probe events")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {self.diagnosis(mark)}") from None
+
+    def focus_lost(self, events: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+        """The ``FocusOut`` after which the probe has not had the keyboard focus back, else None.
+
+        Focus events with detail ``NotifyPointer`` (about the window under the pointer when the focus
+        is PointerRoot) and grab/ungrab transitions do not move the focus and are passed over.
+        """
+        lost = None
+        for e in self.events() if events is None else events:
+            if e["type"] not in ("FocusIn", "FocusOut") or e.get("detail") == "NotifyPointer":
+                continue
+            if e.get("mode") in ("NotifyGrab", "NotifyUngrab"):
+                continue
+            lost = e if e["type"] == "FocusOut" else None
+        return lost
+
+    def diagnosis(self, mark: int = 0) -> str:
+        """Why a test may have seen no events: the probe's liveness, error line, keyboard focus and
+        the events after ``mark``."""
+        events = self.events()
+        parts = [f"probe pid {self.pid} {'running' if self.desktop.alive(self.pid) else 'NOT running'}"]
+        errors = [e for e in events if e["type"] == "error"]
+        if errors:
+            parts.append(f"probe error: {errors[-1]['message']}")
+        lost = self.focus_lost(events)
+        if lost is not None:
+            parts.append(f"the probe lost the keyboard focus to window {lost.get('to')} "
+                         f"(class {lost.get('to_class')!r}, {lost.get('mode')}/{lost.get('detail')})")
+        tail = events[mark:][-5:]
+        parts.append(f"{len(events) - mark} event(s) since the mark, last: {tail}")
+        return "; ".join(parts)
+
+    def check_ready_state(self, timeout: float = 5.0) -> None:
+        """Fail unless the probe starts from a known state: it has the keyboard focus (its
+        ``FocusIn`` arrived) and the server reported no button down and no Lock (Caps Lock) on."""
+        try:
+            poll(lambda: any(e["type"] == "FocusIn" for e in self.events()) and self.focus_lost() is None,
+                 timeout, what="the probe to get the keyboard focus")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {self.diagnosis()}") from None
+        ready = next(e for e in self.events() if e["type"] == "ready")
+        state = ready.get("state", 0)
+        assert state & 0xFF02 == 0, f"probe started with buttons down or Lock on: state {state:#x}"
 
     def input_events(self, mark: int) -> list[dict[str, Any]]:
         """Key, button and motion events after ``mark``."""
@@ -146,7 +193,7 @@ class Probe:
         return [e for e in self.since(mark) if e["type"] in kinds]
 
     def run_and_collect(self, target: Target, actions: list[dict[str, Any]],
-                        sentinel: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+                        sentinel: tuple[int, int] | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
         """Run ``actions``, then a ``move`` to ``sentinel``; return the input events in between.
 
         The sentinel motion is the last event the probe logs for this call, so every event the
@@ -156,11 +203,16 @@ class Probe:
         # Alternate between two sentinel points so the sentinel move always produces motion.
         self._flip = not self._flip
         sx, sy = sentinel or ((w - 7, h - 5) if self._flip else (w - 9, h - 5))
+        keyboard = any(a.get("type") in ("type", "keypress") for a in actions)
+        if keyboard and self.focus_lost() is not None:
+            raise AssertionError(f"the probe does not have the keyboard focus; {self.diagnosis()}")
         mark = self.mark()
         target.run(actions)
         target.run([{"type": "move", "x": sx, "y": sy}])
         events = self.wait_for(lambda ev: any(e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy)
-                                              for e in ev), mark)
+                                              for e in ev), mark, timeout)
+        if keyboard and self.focus_lost(events) is not None:
+            raise AssertionError(f"the probe lost the keyboard focus during the actions; {self.diagnosis(mark)}")
         out = [e for e in events if e["type"] in
                {"KeyPress", "KeyRelease", "ButtonPress", "ButtonRelease", "MotionNotify"}]
         last = max(i for i, e in enumerate(out) if e["type"] == "MotionNotify" and (e["x"], e["y"]) == (sx, sy))
@@ -224,6 +276,14 @@ class AgentDesktop:
     def read_file(self, path: str) -> bytes:
         return self.client.read_file(path)
 
+    def alive(self, pid: int) -> bool:
+        """Whether a client started through the agent still runs (same machine: signal 0)."""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     def kill(self, pid: int, timeout: float = 10.0) -> None:
         """Stop a client started through the agent (same machine: a signal to its pid) and wait
         until the agent has reaped it."""
@@ -232,14 +292,7 @@ class AgentDesktop:
         except ProcessLookupError:
             return
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            return False
-
-        poll(gone, timeout, what=f"process {pid} to exit")
+        poll(lambda: not self.alive(pid), timeout, what=f"process {pid} to exit")
 
     def start_probe(self, *, pattern: bool = False, animate: float = 0.0, timeout: float = 15.0) -> Probe:
         """Launch the probe window and wait for its ``ready`` line."""
@@ -271,6 +324,23 @@ class AgentDesktop:
             return True
         except AgentError:
             return False
+
+    def press_elsewhere(self) -> int:
+        """Press ``Shift_L`` and button 1 through XTEST from an X client of the desktop's own (not
+        the target), and leave them down; returns Shift_L's keycode. Needs :meth:`pressed` to work."""
+        from Xlib import X
+        from Xlib import display as xdisplay
+        from Xlib.ext import xtest
+
+        other = xdisplay.Display(self.display)
+        try:
+            shift = other.keysym_to_keycode(0xFFE1)
+            xtest.fake_input(other, X.KeyPress, shift)
+            xtest.fake_input(other, X.ButtonPress, 1)
+            other.sync()
+        finally:
+            other.close()
+        return shift
 
     def pressed(self) -> tuple[list[int], int] | None:
         """(keycodes down, pointer button mask) from the X server, or None if unreachable."""

@@ -15,6 +15,22 @@ def buttons(events):
     return [(e["type"], e["button"], e["x"], e["y"]) for e in events if e["type"] in ("ButtonPress", "ButtonRelease")]
 
 
+def refused_and_nothing_sent(target, probe, actions) -> TargetError:
+    """Run ``actions``, which must be refused, and return the refusal once it is proven that no input event
+    at all reached the probe for it: between a sentinel move before and another after the request, the
+    probe logged nothing but the second sentinel's motion (a clamped or partial move would show)."""
+    w, h = target.screen_size
+    probe.run_and_collect(target, [])  # every earlier event is logged; the pointer rests on a sentinel
+    after = (w - 11, h - 5)  # neither of run_and_collect's own sentinels, so moving there makes motion
+    mark = probe.mark()
+    with pytest.raises(TargetError) as err:
+        target.run(actions)
+    probe.run_and_collect(target, [], sentinel=after)
+    events = probe.input_events(mark)
+    assert [(e["type"], e.get("x"), e.get("y")) for e in events] == [("MotionNotify", *after)], events
+    return err.value
+
+
 @pytest.mark.parametrize("name,number", [("left", 1), ("wheel", 2), ("right", 3), ("back", 8), ("forward", 9)])
 def test_click_buttons(target, probe, name, number):
     events = probe.run_and_collect(target, [{"type": "click", "x": 321, "y": 123, "button": name}])
@@ -54,12 +70,7 @@ def test_outside_the_screen_is_out_of_bounds_and_sends_nothing(target, probe, x,
               "move": {"type": "move", "x": x, "y": y},
               "scroll": {"type": "scroll", "x": x, "y": y, "scroll_x": 0, "scroll_y": 100},
               "drag": {"type": "drag", "path": [{"x": 5, "y": 5}, {"x": x, "y": y}]}}[kind]
-    mark = probe.mark()
-    with pytest.raises(TargetError) as err:
-        target.run([action])
-    assert err.value.code == "out_of_bounds"
-    probe.run_and_collect(target, [])
-    assert [e for e in probe.since(mark) if e["type"] != "MotionNotify"] == []
+    assert refused_and_nothing_sent(target, probe, [action]).code == "out_of_bounds"
 
 
 def test_drag_interpolates_and_visits_every_point(target, probe):

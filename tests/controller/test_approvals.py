@@ -15,7 +15,7 @@ from openai.types.responses import ResponseComputerToolCall
 
 from rich.console import Console
 
-from controller.approvals import ActionGate, SafetyCheckApprover, describe_action, terminal_asker
+from controller.approvals import ActionGate, SafetyCheckApprover, describe_action
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,16 +130,20 @@ HOSTILE = ResponseComputerToolCall.model_validate({
 })
 
 
-@pytest.mark.parametrize("auto_codes, asker", [((), None), ({"[/red]"}, None), ((), lambda q: "n")])
+@pytest.mark.parametrize("auto_codes, asker", [((), None), ({"[/red]"}, None), ((), lambda q: "n"),
+                                               ({"[/red]"}, lambda q: "n")])
 def test_model_text_is_shown_literally_never_as_console_markup(auto_codes, asker):
     """Call ids, codes, messages and keys come from the model: they must neither crash the display
-    (rich raises on a stray closing tag) nor style it."""
+    (rich raises on a stray closing tag) nor style it. Typed text is shown only to a person who is
+    asked; unattended output (no terminal, or approved by opt-in) shows its length instead."""
     console = Console(record=True, width=200, force_terminal=False)
     result = SafetyCheckApprover(asker=asker, auto_codes=auto_codes, console=console)(HOSTILE)
     assert result is (bool(auto_codes))
     text = console.export_text()
     assert "[bold]call_2" in text and "[link=https://evil.test]click[/link] [/]" in text and "'[/]'" in text
-    assert "hunter2" not in text if asker is None else True
+    person_asked = asker is not None and not auto_codes
+    assert ("hunter2" in text) is person_asked, text
+    assert ("{'text_length': 7}" in text) is not person_asked, text
 
 
 def test_action_gate_shows_hostile_keys_literally():

@@ -120,6 +120,19 @@ def test_audit_refuses_bad_policy_files_in_one_line(tmp_path, body, needles):
     _refused(_offline_cli("audit", "--policy", str(policy), cwd=tmp_path), *needles)
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["--policy", "p.toml"], ["bad policy p.toml", "mode", "(got 'allow-all')"]),
+    (["--policy", "p.toml", "--task", "p.toml"], ["--policy or --task"]),
+    (["--backend", "qemu"], ["qemu"]),
+    ([], ["audit could not run"]),  # no Docker engine (DOCKER_HOST names no socket)
+])
+def test_audit_json_bad_input_exits_2_without_a_report(tmp_path, args, needles):
+    (tmp_path / "p.toml").write_text('mode = "allow-all"\n')
+    report = tmp_path / "report.json"
+    _refused(_offline_cli("audit", *args, "--json", str(report), cwd=tmp_path), *needles)
+    assert not report.exists()
+
+
 def test_audit_task_option_uses_the_task_rules(tmp_path):
     task = tmp_path / "t.toml"
     task.write_text('name = "x"\ninstructions = "y"\n[network]\nmode = "allowlist"\nallow = ["https://a.test"]\n')

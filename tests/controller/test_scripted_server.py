@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from controller.model_client import LoopbackOnlyTransport, UsageMeter, offline_client
+from controller.expectations import MAX_WAITS_PER_TURN
 from controller.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
@@ -256,3 +257,227 @@ def test_deeply_nested_json_gets_a_structured_400(server):
     resp = httpx.post(f"{s.base_url}/responses", content=b"[" * 100000 + b"]" * 100000,
                       headers={"content-type": "application/json"}, timeout=10)
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
+
+
+# -- screen expectations: the scripted model waits for the screen, then acts, or gives up ----------
+
+import io  # noqa: E402
+
+from openai import ComputerToolset  # noqa: E402
+from PIL import Image  # noqa: E402
+
+RED, BLUE = "#cc0000", "#1d5fd1"
+
+
+class PaintedDesk:
+    """An in-memory ComputerDriver: a 200x100 white screen (model px = its px). ``log`` lists the action
+    types it ran; ``paint[(when, n)]`` fills a box when the n-th action of type ``when`` runs."""
+
+    def __init__(self, paint: dict[tuple[str, int], tuple[tuple[int, int, int, int], str]] | None = None) -> None:
+        self.image = Image.new("RGB", (200, 100), "#ffffff")
+        self.log: list[str] = []
+        self.paint = paint or {}
+
+    def _act(self, action) -> None:
+        self.log.append(action.type)
+        box_colour = self.paint.get((action.type, self.log.count(action.type)))
+        if box_colour:
+            box, colour = box_colour
+            self.image.paste(colour, box)
+
+    click = double_click = drag = keypress = move = scroll = type = wait = _act
+
+    def url(self) -> str:
+        buf = io.BytesIO()
+        self.image.save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    def screenshot(self):
+        return {"type": "computer_screenshot", "image_url": self.url()}
+
+    def params(self, legacy: bool = False) -> dict:
+        tool = ({"type": "computer_use_preview", "display_width": 200, "display_height": 100, "environment": "linux"}
+                if legacy else {"type": "computer"})
+        return {"model": "scripted", "tools": [tool], "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "go"}, {"type": "input_image", "image_url": self.url(), "detail": "high"}]}]}
+
+
+class Clock:
+    """A monotonic clock that moves ``step`` seconds each time it is read (no real waiting)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _expecting_model(turns, clock=None):
+    entries: list[dict] = []
+    model = ScriptedModel(turns, on_expectation=entries.append, **({"clock": clock} if clock else {}))
+    return model, entries
+
+
+def _call_ids(model: ScriptedModel) -> list[str]:
+    return [i["call_id"] for i in model.requests[-1]["input"]
+            if isinstance(i, dict) and i.get("type") == "computer_call"]
+
+
+RED_BOX = {"kind": "color", "x": 150, "y": 60, "w": 20, "h": 20, "rgb": RED}
+
+
+def test_unmet_expectation_answers_waits_then_the_scripted_actions():
+    desk = PaintedDesk({("wait", 3): ((150, 60, 170, 80), RED)})  # the page reacts during the third wait
+    model, entries = _expecting_model([
+        {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+        {"expect": [RED_BOX], "actions": [{"type": "keypress", "keys": ["Return"]}]},
+        {"message": "done"},
+    ])
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        response = ComputerToolset(desk).run(client, desk.params(), max_steps=10)
+        client.close()
+    assert response.output_text == "done"
+    assert desk.log == ["click", "wait", "wait", "wait", "keypress"]
+    assert _call_ids(model) == ["call_0000", "call_0001_wait_001", "call_0001_wait_002", "call_0001_wait_003",
+                                "call_0001"]
+    assert len(model.requests) == 6 and model.unmet is None and model.errors == []
+    (entry,) = entries
+    assert entry["turn"] == 1 and entry["met"] is True and entry["waits"] == 3 and entry["waited_s"] >= 0
+    assert entry["expected"] == ["color #cc0000 +-16 in >=90% of 20x20 at (150,60)"]
+    # each wait is a computer_call with one wait action and no pending safety checks
+    wait_call = [i for i in model.requests[2]["input"] if i.get("call_id") == "call_0001_wait_001"][0]
+    assert wait_call["actions"] == [{"type": "wait"}] and wait_call["pending_safety_checks"] == []
+    assert model.wait_allowance == MAX_WAITS_PER_TURN
+
+
+def test_past_the_deadline_the_model_gives_up_naming_the_expectation():
+    desk = PaintedDesk()  # the red box never comes
+    model, entries = _expecting_model([
+        {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+        {"expect": [{"kind": "color", "x": 0, "y": 0, "w": 10, "h": 10, "rgb": "#ffffff"}, RED_BOX],
+         "expect_timeout_s": 2.5, "actions": [{"type": "keypress", "keys": ["Return"]}]},
+        {"message": "done"},
+    ], clock=Clock(1.0))
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        response = ComputerToolset(desk).run(client, desk.params(), max_steps=10)
+        client.close()
+    # one wait answered at t, checked again at t+1, t+2, then past 2.5 s: three waits, no keypress
+    assert desk.log == ["click", "wait", "wait", "wait"]
+    assert "gave up at turn 1" in response.output_text and "#cc0000" in response.output_text
+    failure = model.unmet
+    assert failure is not None and entries == [failure]
+    assert failure["met"] is False and failure["turn"] == 1 and failure["waits"] == 3
+    assert failure["reason"] == "deadline of 2.5s passed" and failure["waited_s"] == pytest.approx(3.0)
+    (unmet,) = failure["unmet"]  # the white box held; only the red one is reported
+    assert unmet["index"] == 1 and unmet["kind"] == "color" and unmet["expectation"]["rgb"] == RED
+    assert unmet["observed"].startswith("0.0% within 16 of #cc0000 (most common #ffffff 100%)")
+
+
+def test_a_slower_sandbox_stretches_the_deadline_by_its_time_scale():
+    desk = PaintedDesk()  # the red box never comes
+    model, entries = _expecting_model([
+        {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+        {"expect": [RED_BOX], "expect_timeout_s": 2.5, "actions": [{"type": "keypress", "keys": ["Return"]}]},
+        {"message": "done"},
+    ], clock=Clock(1.0))
+    model.time_scale = 3.0  # as the runner sets it from Sandbox.time_scale
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        ComputerToolset(desk).run(client, desk.params(), max_steps=20)
+        client.close()
+    # 2.5 s x 3 = 7.5 s: waits answered at t .. t+7, given up at t+8
+    assert desk.log == ["click"] + ["wait"] * 8
+    assert model.unmet["reason"] == "deadline of 7.5s passed" and model.unmet["timeout_s"] == 7.5
+
+
+def test_an_expectation_that_cannot_hold_gives_up_without_waiting():
+    desk = PaintedDesk()
+    model, entries = _expecting_model([
+        {"expect": [{"kind": "not_color", "x": 190, "y": 0, "w": 20, "h": 5, "rgb": "#ffffff"}], "message": "x"}])
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        response = ComputerToolset(desk).run(client, desk.params(), max_steps=3)
+        client.close()
+    assert desk.log == [] and "outside the 200x100 image" in response.output_text
+    assert entries[0]["reason"] == "cannot hold on this screenshot" and entries[0]["waits"] == 0
+
+
+def test_changed_compares_with_the_screenshot_the_previous_turn_was_answered_on():
+    # the click paints A at once; B comes with the second wait. After it, A no longer differs from the
+    # screenshot before (the first wait's), but it does from the one the click's turn was answered on.
+    desk = PaintedDesk({("click", 1): ((0, 0, 40, 40), BLUE), ("wait", 2): ((150, 60, 170, 80), RED)})
+    model, entries = _expecting_model([
+        {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+        {"expect": [{"kind": "changed", "x": 0, "y": 0, "w": 40, "h": 40, "fraction": 0.5}, RED_BOX],
+         "message": "both"},
+    ])
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        response = ComputerToolset(desk).run(client, desk.params(), max_steps=6)
+        client.close()
+    assert response.output_text == "both" and desk.log == ["click", "wait", "wait"]
+    assert entries == [{"turn": 1, "call_id": "call_0001", "waits": 2, "waited_s": entries[0]["waited_s"],
+                        "met": True, "expected": entries[0]["expected"]}]
+
+
+def test_legacy_tool_gets_single_action_waits(server):
+    desk = PaintedDesk({("wait", 1): ((150, 60, 170, 80), RED)})
+    s = server([{"expect": [RED_BOX], "message": "seen"}])
+    client = offline_client(s.base_url)
+    response = ComputerToolset(desk).run(client, desk.params(legacy=True), max_steps=3)
+    client.close()
+    assert response.output_text == "seen" and desk.log == ["wait"]
+    (call,) = [i for i in s.model.requests[-1]["input"] if i.get("type") == "computer_call"]
+    assert call["action"] == {"type": "wait"} and "actions" not in call
+
+
+def test_expectations_without_a_screenshot_are_refused(server):
+    s = server([{"expect": [RED_BOX], "message": "x"}])
+    client = offline_client(s.base_url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
+    assert info.value.body["code"] == "invalid_image" and "no screenshot" in info.value.body["message"]
+    client.close()
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"message": "x", "expect": [{"kind": "colour", "x": 0, "y": 0, "w": 1, "h": 1, "rgb": "#ffffff"}]}', "'colour'"),
+    ('{"message": "x", "expect": [{"kind": "color", "x": 0, "y": 0, "w": 1, "h": 1, "rgb": "#fff"}]}', "expect[0].rgb"),
+    ('{"message": "x", "expect": [{"kind": "changed", "x": 0, "y": 0, "w": 1, "h": 1, "hue": 3}]}', "expect[0].hue"),
+    ('{"message": "x", "expect_timeout_s": 3}', "expect: required"),
+    ('{"message": "x", "expect": [{"kind": "changed", "x": 0, "y": 0, "w": 1, "h": 1}], "expect_timeout_s": "3"}',
+     "expect_timeout_s"),
+    ('{"message": "x", "expects": []}', "expects"),
+])
+def test_bad_expectations_are_refused_at_load_naming_the_line(tmp_path, line, why):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"actions": [{"type": "wait"}]}\n' + line + "\n")
+    with pytest.raises(ScriptError, match="s.jsonl:2") as info:
+        load_script(path)
+    assert why in str(info.value) and "\n" not in str(info.value)
+
+
+def test_changed_on_the_first_turn_is_refused(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('// comment\n{"expect": [{"kind": "changed", "x": 0, "y": 0, "w": 1, "h": 1}], "message": "x"}\n')
+    with pytest.raises(ScriptError, match=r"s.jsonl:2: expect\[0\]: changed needs an earlier turn"):
+        load_script(path)
+    with pytest.raises(ScriptError, match="turn 0"):
+        ScriptedModel([{"expect": [{"kind": "changed", "x": 0, "y": 0, "w": 1, "h": 1}], "message": "x"}])
+
+
+def test_the_shipped_scripts_expect_the_screen_before_each_dependent_step():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "tasks"
+    pickup = load_script(root / "pickup.offline.jsonl")
+    assert all("expect" in turn for turn in pickup), "every pickup step depends on the screen having reacted"
+    demo = load_script(root / "approval-demo.offline.jsonl")
+    assert all("expect" in turn for turn in demo)
+    # the demo types only in a call of its own, after the terminal shows focused, and that call asks first
+    typing = [t for t in demo if any(a["type"] == "type" for a in t.get("actions", []))]
+    assert len(typing) == 1 and typing[0]["pending_safety_checks"] and typing[0]["expect"][0]["kind"] == "color"
+    assert not any(a["type"] == "wait" for t in pickup + demo for a in t.get("actions", []))

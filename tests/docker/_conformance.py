@@ -6,10 +6,12 @@ the xterm text sink) are started through ``POST /v1/launch`` and their logs read
 ``GET /v1/files``; pressed keys and buttons are read from the guest's X server by a command run in the
 guest; clients are stopped with ``kill`` run in the guest.
 
-Shared by ``tests/vm`` (the same observations through the VM's agent and guest commands). The
-session-wide sandbox and ``desktop`` fixtures live in each ``conftest.py`` (``desktop`` through
-``sandbox_desktop``), which imports ``target`` from here; ``probe``, ``sink`` and the after-each-test
-key-state check are imported by each module, so they are per module as in the suite itself.
+The Docker run of the suite goes through the adapters' path: ``--conformance-desktop`` with
+:func:`conformance_desktop` (``tests/docker/test_conformance_suite.py`` runs it). Shared by ``tests/vm``
+(the same observations through the VM's agent and guest commands): its ``conftest.py`` builds the
+``desktop`` fixture with :func:`sandbox_desktop` and imports ``target`` from here; ``probe``, ``sink``
+and the after-each-test key-state check are imported by each module, so they are per module as in the
+suite itself.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from controller.agent_client import AgentClient
-from tests.conformance.fixtures import probe, sink  # noqa: F401 - imported by each test module from here
+from tests.conformance.fixtures import _nothing_left_pressed, probe, sink  # noqa: F401 - imported by each test module from here
 from tests.conformance.harness import AgentDesktop, AgentTarget, poll
 
 WORKDIR = "/home/sandbox/conformance"
@@ -35,6 +37,16 @@ _PRESSED = (
     "keys, buttons = pressed_state(d)\n"
     "print(json.dumps([list(keys), int(buttons)]))\n"
 )
+_PRESS_ELSEWHERE = (
+    "from Xlib import X, display\n"
+    "from Xlib.ext import xtest\n"
+    "d = display.Display(':99')\n"
+    "k = d.keysym_to_keycode(0xFFE1)\n"
+    "xtest.fake_input(d, X.KeyPress, k)\n"
+    "xtest.fake_input(d, X.ButtonPress, 1)\n"
+    "d.sync()\n"
+    "print(k)\n"
+)
 
 
 class ContainerDesktop(AgentDesktop):
@@ -48,14 +60,64 @@ class ContainerDesktop(AgentDesktop):
     def kill(self, pid: int, timeout: float = 10.0) -> None:
         self.sandbox.exec_in_guest(["kill", str(pid)], timeout=10)
         # `kill -0` succeeds on a zombie too, so this waits until the agent has reaped the child.
-        poll(lambda: self.sandbox.exec_in_guest(["kill", "-0", str(pid)], timeout=10).exit_code != 0,
-             timeout, interval=0.1, what=f"process {pid} to exit")
+        poll(lambda: not self.alive(pid), timeout, interval=0.1, what=f"process {pid} to exit")
+
+    def alive(self, pid: int) -> bool:
+        return self.sandbox.exec_in_guest(["kill", "-0", str(pid)], timeout=10).exit_code == 0
+
+    def press_elsewhere(self) -> int:
+        result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", _PRESS_ELSEWHERE], timeout=20)
+        assert result.exit_code == 0, result.stderr.decode()
+        return int(result.stdout)
 
     def pressed(self) -> tuple[list[int], int] | None:
         result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", _PRESSED], timeout=20)
         assert result.exit_code == 0, result.stderr.decode()
         keys, buttons = json.loads(result.stdout)
         return keys, buttons
+
+
+def start_conformance_sandbox(client, image: str, labels: dict[str, str]):
+    """A started ``DockerSandbox`` for the conformance suite: the probe allowlisted, the short wait cap
+    and busy timeout the suite's local agent has, and :data:`WORKDIR` created under the agent's file
+    root. The caller closes it (``with``)."""
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    sb = DockerSandbox.start(
+        SandboxSpec(),
+        DockerOptions(image=image, apps_file=CONFORMANCE_APPS, extra_labels=labels,
+                      agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
+        client=client,
+    )
+    try:
+        assert sb.exec_in_guest(["mkdir", "-p", WORKDIR], timeout=10).exit_code == 0
+    except BaseException:
+        sb.close()
+        raise
+    return sb
+
+
+def conformance_desktop() -> Iterator[ContainerDesktop]:
+    """``--conformance-desktop`` factory: the suite observes the agent in a fresh Docker sandbox.
+
+    ``python -m pytest tests/conformance --conformance-desktop=tests.docker._conformance:conformance_desktop``
+    runs the whole suite there, the way an adapter runs it (README, "Adapting the Docker example").
+    The image is ``$DESKTOP_SANDBOX_IMAGE`` (default ``desktop-sandbox:latest``); extra labels for the
+    sandbox come as a JSON object in ``$DESKTOP_SANDBOX_TEST_LABELS``.
+    """
+    import os
+
+    import docker
+
+    image = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
+    labels = json.loads(os.environ.get("DESKTOP_SANDBOX_TEST_LABELS", "{}"))
+    client = docker.from_env()
+    try:
+        with start_conformance_sandbox(client, image, labels) as sb:
+            yield from sandbox_desktop(sb, timeout=60)
+    finally:
+        client.close()
 
 
 def sandbox_desktop(sandbox, *, timeout: float) -> Iterator[ContainerDesktop]:
@@ -72,26 +134,3 @@ def sandbox_desktop(sandbox, *, timeout: float) -> Iterator[ContainerDesktop]:
 def target(desktop) -> AgentTarget:
     """The conformance target: the agent in the guest over HTTP, the way the controller reaches it."""
     return AgentTarget(desktop.client)
-
-
-@pytest.fixture(autouse=True)
-def _nothing_left_pressed(desktop) -> Iterator[None]:
-    """After every test, the guest's X server reports no key and no button down (within 2 s).
-
-    Unlike the suite's bare Xvfb, the guest runs openbox, which takes a synchronous passive grab for
-    click-to-focus on client windows: the server freezes pointer events until openbox allows them, so
-    a release the agent has already sent (and synced) can show in the device state a moment later.
-    A stuck key or button stays down and still fails.
-    """
-    yield
-    last: list = []
-
-    def released() -> bool:
-        last[:] = [desktop.pressed()]
-        return last[0] == ([], 0)
-
-    try:
-        poll(released, 2.0, interval=0.1, what="no key or button pressed")
-    except AssertionError:
-        keys, buttons = last[0]
-        pytest.fail(f"left pressed: keycodes {keys}, button mask {buttons:#x}")

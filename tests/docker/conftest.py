@@ -17,10 +17,12 @@ from typing import Iterator
 
 import pytest
 
-from ._conformance import CONFORMANCE_APPS, WORKDIR, sandbox_desktop, target  # noqa: F401 - target: fixture
+from tests.require import unavailable
+
+from ._cli_run import cli_run  # noqa: F401 - fixture, for test_signal_sweep and test_teardown
+from ._conformance import CONFORMANCE_APPS
 
 IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
-REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_IMAGE") == "1"
 TEST_LABEL = "desktop-sandbox.test"
 SESSION_ID = secrets.token_hex(4)
 
@@ -49,9 +51,7 @@ def record_ready(what: str, timings: dict[str, float]) -> None:
 
 
 def _unavailable(reason: str) -> None:
-    if REQUIRE:
-        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_IMAGE=1)")
-    pytest.skip(reason)
+    unavailable("IMAGE", reason)
 
 
 @pytest.fixture(scope="session")
@@ -115,29 +115,3 @@ def _remove_test_leftovers() -> Iterator[None]:
             n.remove()
     except Exception:  # noqa: BLE001 - best effort
         pass
-
-
-@pytest.fixture(scope="session")
-def conformance_sandbox(docker_client, desktop_image, test_labels):
-    """A sandbox for the conformance suite: probe allowlisted, short wait cap and busy timeout (as the
-    suite's local agent has), a work directory under the agent's file root."""
-    from controller.sandbox import SandboxSpec
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
-
-    sb = DockerSandbox.start(
-        SandboxSpec(),
-        DockerOptions(image=desktop_image, apps_file=CONFORMANCE_APPS, extra_labels=test_labels,
-                      agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
-        client=docker_client,
-    )
-    record_ready(f"conformance sandbox {sb.id}", sb.timings)
-    with sb:
-        assert sb.exec_in_guest(["mkdir", "-p", WORKDIR], timeout=10).exit_code == 0
-        yield sb
-
-
-@pytest.fixture(scope="session")
-def desktop(conformance_sandbox):
-    """The conformance suite's observation side, backed by the container (``ContainerDesktop``); the
-    ``target`` fixture reaches its agent through the gateway's relay."""
-    yield from sandbox_desktop(conformance_sandbox, timeout=60)

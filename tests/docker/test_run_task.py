@@ -5,6 +5,7 @@ deliberately wrong script makes the checks fail."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from controller.record import read_record, summarize
 from controller.runner import RunOptions, run_task
 from controller.tasks import load_task
+
+from ._guest import guest_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tasks"
@@ -25,6 +28,7 @@ def open_sandbox(docker_client, desktop_image, test_labels):
     from controller.sandbox.docker import DockerOptions, DockerSandbox
 
     started = []
+    gateway_logs: list[list[dict]] = []
 
     def open_(task):
         spec = SandboxSpec(screen_width=task.screen.width, screen_height=task.screen.height,
@@ -32,8 +36,20 @@ def open_sandbox(docker_client, desktop_image, test_labels):
         sb = DockerSandbox.start(spec, DockerOptions(image=desktop_image, extra_labels=test_labels),
                                  client=docker_client)
         started.append(sb)
+        # Traffic the policy refuses, so the run has network decisions to record; and a spy that keeps
+        # the gateway's log as the runner read it before teardown.
+        guest_requests(sb, [f"http://blocked-{i}.example.test/" for i in range(2)])
+        read = sb.decision_log
+
+        def decision_log():
+            entries = read()
+            gateway_logs.append(entries)
+            return entries
+
+        sb.decision_log = decision_log
         return sb
 
+    open_.gateway_logs = gateway_logs
     yield open_, started
     for sb in started:
         sb.close()
@@ -54,27 +70,36 @@ def test_pickup_offline_exercise_passes(open_sandbox, docker_client, tmp_path):
     assert [c["passed"] for c in outcome.checks] == [True, True, True]
     entries = read_record(outcome.record_dir)
     s = summarize(entries)
-    assert s["status"] == "passed" and s["steps"] == 7 and s["checks_passed"] == 3
+    assert s["status"] == "passed" and s["steps"] == 7 + s["expectation_waits"] and s["checks_passed"] == 3
+    assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0)
     assert entries[0]["image"].startswith("sha256:")
     for shot in (e for e in entries if e["type"] == "screenshot"):
         assert hashlib.sha256((outcome.record_dir / shot["file"]).read_bytes()).hexdigest() == shot["sha256"]
-    # every network decision the gateway logged is in the record, and under deny-all none was allowed
-    assert all(e["decision"] == "deny" for e in entries if e["type"] == "network")
+    # every network decision the gateway logged is in the record, once, as logged; deny-all allowed none
+    [gateway_log] = open_.gateway_logs
+    recorded = [(e["origin"], e["decision"], e["reason"], e["via"], e["at"]) for e in entries if e["type"] == "network"]
+    assert recorded == [(d["origin"], d["decision"], d["reason"], d.get("via"), d["ts"]) for d in gateway_log]
+    assert {"http://blocked-0.example.test", "http://blocked-1.example.test"} <= {r[0] for r in recorded}
+    assert all(r[1] == "deny" for r in recorded)
     assert _gone(docker_client, started[0].id)  # torn down
 
 
 def test_a_wrong_script_makes_the_checks_fail(open_sandbox, docker_client, tmp_path):
     open_, started = open_sandbox
-    # Wrong on purpose: the booking is made for another date, and the paste into the terminal is missing.
+    # Wrong on purpose: the booking is made for another date, and the paste into the terminal is missing
+    # (so the scripted model waits for the number on the command line, here 3 s, and gives up).
     text = (TASKS / "pickup.offline.jsonl").read_text()
     wrong = text.replace('"2030-05-17"', '"2030-05-18"').replace(
         ', {"type": "click", "x": 640, "y": 700, "button": "wheel"}', "")
     assert wrong != text
+    turns = [json.loads(line) for line in wrong.splitlines()]
+    turns[5]["expect_timeout_s"] = 3
     script = tmp_path / "wrong.jsonl"
-    script.write_text(wrong)
+    script.write_text("".join(json.dumps(t) + "\n" for t in turns))
     outcome = run_task(load_task(TASKS / "pickup.toml"), open_,
                        RunOptions(runs_dir=tmp_path, live=False, asker=None, script=script))
     assert outcome.status == "failed" and outcome.exit_code == 1
+    assert outcome.reason.startswith("screen expectation unmet at turn 5"), outcome.reason
     assert [c["passed"] for c in outcome.checks] == [False, False, False]
     db_check = outcome.checks[0]
     assert db_check["observed"] == [["Ada Lovelace", "2030-05-18", "12:00-15:00", "2 boxes of books"]]
@@ -102,7 +127,8 @@ def test_cli_approval_demo_denies_without_a_terminal_and_opt_in_approves(desktop
     entries = read_record(record)
     assert entries[-1]["status"] == "failed"
     assert [e["decision"] for e in entries if e["type"] == "approval"] == ["denied"]
-    assert not [e for e in entries if e["type"] == "action"]
+    # only the title-bar click ran; none of the checked call's actions did
+    assert {e["call_id"] for e in entries if e["type"] == "action"} == {"call_0000"}
     assert [e["passed"] for e in entries if e["type"] == "check"] == [False]
 
     approved = _cli("run-task", task, "--image", desktop_image, "--runs-dir", str(tmp_path),

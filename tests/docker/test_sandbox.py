@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ._guest import guest_requests
+
 SUPERVISOR_CONF = "/opt/desktop-sandbox/src/images/supervisor/desktop.conf"
 
 
@@ -69,8 +71,14 @@ def test_launch_allowlisted_app_and_read_file(sandbox):
     sandbox.exec_in_guest(["kill", str(pid)], timeout=10)
 
 
-def test_decision_log_is_collectable(sandbox):
-    """The gateway's decision log path exists (possibly empty) and parses as JSONL."""
-    entries = sandbox.decision_log()
-    assert isinstance(entries, list)
-    assert all(isinstance(e, dict) for e in entries)
+def test_decision_log_records_each_request_with_its_decision(sandbox):
+    """Each request the guest makes through the gateway is in the decision log, as the policy model."""
+    from controller.gateway.policy import Decision
+
+    before = len(sandbox.decision_log())
+    urls = [f"http://denied-{i}.example.test:{8000 + i}/x" for i in range(3)]
+    printed = guest_requests(sandbox, urls)
+    assert printed.count(" 403") == 3, printed
+    new = [Decision.model_validate(e) for e in sandbox.decision_log()[before:]]
+    assert [(d.origin, d.decision) for d in new] == [(f"http://denied-{i}.example.test:{8000 + i}", "deny")
+                                                     for i in range(3)]

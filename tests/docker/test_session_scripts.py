@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.require import require_commands
 
 SESSION = Path(__file__).resolve().parents[2] / "images" / "session"
 
@@ -56,9 +57,9 @@ def test_display_number():
         xserver.display_number("host:0")
 
 
-@pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb not installed")
 def test_await_display_execs_once_display_accepts_clients(tmp_path):
     """await.py --display waits for a real Xvfb (started after it) and then execs the command."""
+    require_commands("X", "Xvfb", install="apt-get install xvfb")
     r, w = os.pipe()
     xvfb = None
     marker = tmp_path / "ran"

@@ -1,4 +1,7 @@
-"""Teardown leaves no container or network with our label: after an exception, SIGTERM, and SIGKILL."""
+"""Teardown leaves no container or network with our label: after an exception, SIGTERM, and SIGKILL;
+after SIGKILL of a real ``run-task`` or ``up`` (nothing in them could clean up), ``down ID`` and
+``down --all`` remove what they left, token file included. (Signals the command can handle, at every
+phase: test_signal_sweep.py.)"""
 
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.sandbox import LABEL_SANDBOX, SandboxError, SandboxSpec
-from controller.sandbox.docker import DockerOptions, DockerSandbox, reap_orphans
+from controller.sandbox import LABEL_OWNER, LABEL_SANDBOX, SandboxError, SandboxSpec
+from controller.sandbox.docker import DockerOptions, DockerSandbox, reap_orphans, remove_sandbox
 
+from ._cli_run import RUNS, CliRun, entries
 from .conftest import record_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +94,50 @@ def test_cli_down_removes_a_sandbox(docker_client, test_labels):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert _leftovers(docker_client, sandbox_id) == []
+
+
+def _down(run: CliRun, *args: str) -> subprocess.CompletedProcess[str]:
+    """``desktop-sandbox down ARGS`` with the environment of ``run`` (its token file directory)."""
+    return subprocess.run([sys.executable, "-m", "controller.cli", "down", *args], cwd=REPO, env=run.env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_down_id_after_a_killed_run_task(cli_run, desktop_image):
+    """``run-task`` SIGKILLed in its loop leaves its whole sandbox (and a record without an end);
+    ``down ID`` removes all of it."""
+    run = cli_run("run-task", REPO / "tasks" / "pickup.toml", "--offline", "--image", desktop_image,
+                  "--runs-dir", RUNS)
+    run.wait_for("the first action", entries("action"))
+    run.kill()
+    record = run.entries()
+    sandbox_id = record[0]["sandbox"]
+    parts = sorted(f"{sandbox_id}-{p}" for p in ("desktop", "gateway", "internal", "egress"))
+    assert sorted(run.leftovers()) == parts, "SIGKILL cannot clean up: the sandbox must still be there"
+    assert record[-1]["type"] != "run_finished"
+    done = _down(run, sandbox_id)
+    assert done.returncode == 0, done.stderr
+    assert f"removed {len(parts)}: " in done.stderr and all(p in done.stderr for p in parts), done.stderr
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_down_all_after_a_killed_up(cli_run, desktop_image, docker_client, test_labels):
+    """``up`` SIGKILLed leaves its sandbox and its token file; ``down --all`` removes both. ``--label``
+    narrows it to what this one process started (its owner label), so sandboxes of other sessions on
+    this engine survive the test -- checked with one carrying another owner."""
+    run = cli_run("up", "--image", desktop_image)
+    run.wait_for("the token file", lambda r: bool(r.token_files()))
+    run.kill()
+    assert run.leftovers() and run.token_files(), "SIGKILL cannot clean up: sandbox and token file remain"
+    other = f"ds-test{os.getpid():x}{int(time.time()) % 100000:x}"
+    docker_client.networks.create(f"{other}-internal", internal=True,
+                                  labels={LABEL_SANDBOX: other, LABEL_OWNER: "elsewhere:1", **test_labels})
+    try:
+        assert _down(run, "--label", f"{LABEL_OWNER}={run.owner}").returncode == 2  # --label needs --all
+        done = _down(run, "--all", "--label", f"{LABEL_OWNER}={run.owner}")
+        assert done.returncode == 0, done.stderr
+        run.assert_nothing_left()
+        assert _leftovers(docker_client, other) == [f"{other}-internal"], "a sandbox without the label went too"
+    finally:
+        remove_sandbox(docker_client, other)

@@ -7,18 +7,18 @@ import datetime as dt
 import http.server
 import ipaddress
 import json
-import os
 import select
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.require import unavailable
 
 from controller.gateway import gateway_python
 
@@ -147,9 +147,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def start_gateway(tmp: Path, policy: dict) -> Gateway:
     python = gateway_python()
     if python is None:
-        if os.environ.get("DESKTOP_SANDBOX_REQUIRE_GATEWAY") == "1":
-            pytest.fail("mitmproxy is not installed (pip install '.[gateway]' or make build/gateway-venv)")
-        pytest.skip("mitmproxy is not installed; set DESKTOP_SANDBOX_GATEWAY_PYTHON or create build/gateway-venv")
+        unavailable("GATEWAY", "mitmproxy is not installed; set DESKTOP_SANDBOX_GATEWAY_PYTHON or create "
+                    "build/gateway-venv (make deps)")
     port = free_port()
     log = tmp / "decisions.jsonl"
     process = subprocess.Popen(

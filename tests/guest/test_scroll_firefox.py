@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
@@ -12,9 +11,9 @@ from Xlib import display as xdisplay
 from controller.agent_client import AgentClient
 from guest import pointer
 from guest.localrun import Xvfb
+from tests.require import require_commands
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("firefox-esr") is None, reason="firefox-esr is not installed")]
+pytestmark = pytest.mark.slow
 
 PAGE = """<!doctype html><html><head><title>Y0</title></head>
 <body style="margin:0;height:100000px;font:16px sans-serif"><p>scroll</p>
@@ -37,8 +36,13 @@ def _scroll_y(dpy) -> int | None:
     return None
 
 
-def _settled(dpy, timeout: float = 20.0) -> int:
-    last, same, deadline = None, 0, time.monotonic() + timeout
+def _settled(dpy, timeout: float = 20.0, *, moved_from: int | None = None) -> int:
+    """The page's scroll position once it has stopped changing (5 equal readings 0.1 s apart); with
+    ``moved_from``, first wait until it differs from that (Firefox may react late under load)."""
+    deadline = time.monotonic() + timeout
+    while moved_from is not None and _scroll_y(dpy) == moved_from and time.monotonic() < deadline:
+        time.sleep(0.05)
+    last, same = None, 0
     while same < 5 and time.monotonic() < deadline:
         value = _scroll_y(dpy)
         same = same + 1 if value == last and value is not None else 0
@@ -49,6 +53,7 @@ def _settled(dpy, timeout: float = 20.0) -> int:
 
 
 def test_scroll_pixels_match_firefox(make_agent, tmp_path):
+    require_commands("X", "firefox-esr", install="apt-get install firefox-esr")
     (tmp_path / "page.html").write_text(PAGE)
     profile = tmp_path / "profile"
     profile.mkdir()
@@ -68,10 +73,10 @@ def test_scroll_pixels_match_firefox(make_agent, tmp_path):
             start = _settled(dpy)
             asked = 3 * pointer.SCROLL_PX_PER_CLICK
             client.actions([{"type": "scroll", "x": 640, "y": 400, "scroll_x": 0, "scroll_y": asked}])
-            moved = _settled(dpy) - start
+            moved = _settled(dpy, moved_from=start) - start
             assert abs(moved - asked) <= pointer.SCROLL_PX_PER_CLICK / 2, (moved, asked)
             client.actions([{"type": "scroll", "x": 640, "y": 400, "scroll_x": 0, "scroll_y": -1}])
-            assert _settled(dpy) < start + moved, "a 1 px scroll up must scroll"
+            assert _settled(dpy, moved_from=start + moved) < start + moved, "a 1 px scroll up must scroll"
     finally:
         dpy.close()
         browser.terminate()

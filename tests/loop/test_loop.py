@@ -275,9 +275,16 @@ def test_unsupported_input_raises(desk, driver, action):
     from controller.driver import DriverError
 
     driver.capture()
+    forwarded: list[list[dict]] = []
+    driver.on_forward = forwarded.append
     mark = desk.probe.mark()
     with pytest.raises(DriverError):
         driver.to_screen_action(action)
+    # Through the ComputerDriver method the SDK calls (teleport has none; any method checks the type given).
+    with pytest.raises(DriverError) as err:
+        getattr(driver, action["type"], driver.move)(action)
+    assert driver.last_error == str(err.value)
+    assert forwarded == [], "nothing may be sent to the agent"
     assert desk.settle(mark) == []
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,18 @@ from controller.runner import RunOptions, run_task
 from controller.tasks import load_task
 from tests.loop.conftest import interrupt_after_first_action
 from tests.loop.local_sandbox import LocalSandbox
+from tests.require import require_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tasks"
 
-needs_desktop_apps = pytest.mark.skipif(
-    not all(shutil.which(p) for p in ("firefox-esr", "openbox", "xterm")),
-    reason="firefox-esr, openbox and xterm are needed (apt-get install firefox-esr openbox xterm)",
-)
+
+@pytest.fixture
+def desktop_apps() -> None:
+    require_commands("X", "firefox-esr", "openbox", "xterm", install="apt-get install firefox-esr openbox xterm")
+
+
+needs_desktop_apps = pytest.mark.usefixtures("desktop_apps")
 
 
 def _pickup_on(sb: LocalSandbox):
@@ -61,24 +64,29 @@ def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
     assert outcome.exit_code == 0 and [c["passed"] for c in outcome.checks] == [True, True, True]
     entries = _check_record_complete(outcome.record_dir, "passed")
     s = summarize(entries)
-    assert s["steps"] == 7 and s["checks_passed"] == 3 and s["usage"]["complete"]
+    # 7 script turns, each answered once the screen showed what it expects (waits inserted if not yet)
+    assert s["steps"] == 7 + s["expectation_waits"] and s["checks_passed"] == 3 and s["usage"]["complete"]
+    assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0)
     bound = [c for c in entries if c["type"] == "check" and c.get("bound")][0]["bound"]
     assert list(bound.values())[0].startswith("PU-")
 
-    # Deliberately wrong: the paste is missing, so the file holds no confirmation number.
+    # Deliberately wrong: the paste is missing, so the number never shows on the command line; the
+    # scripted model waits for it (a short deadline here), gives up, and the file is never written.
     lines = (TASKS / "pickup.offline.jsonl").read_text().splitlines()
+    turns = [json.loads(l.replace(', {"type": "click", "x": 640, "y": 700, "button": "wheel"}', "")) for l in lines]
+    assert turns != [json.loads(l) for l in lines]
+    turns[5]["expect_timeout_s"] = 3
     wrong = tmp_path / "wrong.jsonl"
-    wrong.write_text("\n".join(l.replace(', {"type": "click", "x": 640, "y": 700, "button": "wheel"}', "")
-                               for l in lines) + "\n")
-    assert wrong.read_text() != "\n".join(lines) + "\n"
+    wrong.write_text("".join(json.dumps(t) + "\n" for t in turns))
     with LocalSandbox(openbox=True, pickup=True) as sb:
         bad = run_task(_pickup_on(sb), lambda t: sb,
                        RunOptions(runs_dir=tmp_path, live=False, asker=None, script=wrong))
     assert bad.status == "failed" and bad.exit_code == 1
+    assert bad.reason.startswith("screen expectation unmet at turn 5 (deadline of 3s passed): not_color #ffffff")
+    (failure,) = [e for e in read_record(bad.record_dir) if e["type"] == "expectation" and not e["met"]]
+    assert failure["turn"] == 5 and failure["unmet"][0]["kind"] == "not_color"
     passed = [c["passed"] for c in bad.checks]
-    assert passed == [True, False, False]  # the booking exists; the file is wrong and matches no row
-    file_check = bad.checks[1]
-    assert file_check["observed_hex"] == file_check["observed"].encode().hex()
+    assert passed == [True, False, False]  # the booking exists; the file is missing and matches no row
 
 
 @pytest.mark.slow
@@ -92,9 +100,10 @@ def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path)
     entries = read_record(denied.record_dir)
     approvals = [e for e in entries if e["type"] == "approval"]
     assert approvals and approvals[0]["decision"] == "denied" and approvals[0]["by"] == "no-approver"
-    assert [e for e in entries if e["type"] == "action"] == []  # none of the call's actions ran
-    call = [e for e in entries if e["type"] == "computer_call"][0]
-    assert call["pending_checks"][0]["code"] == "sensitive_action"
+    call = [e for e in entries if e["type"] == "computer_call" and e["pending_checks"]][0]
+    assert call["pending_checks"][0]["code"] == "sensitive_action" and call["call_id"] == "call_0001"
+    # the title-bar click ran (no check on it); none of the checked call's actions did
+    assert {e["call_id"] for e in entries if e["type"] == "action"} == {"call_0000"}
 
     with LocalSandbox(openbox=True) as sb:
         ok = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None,
@@ -104,7 +113,8 @@ def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path)
     approvals = [e for e in entries if e["type"] == "approval"]
     assert [a["by"] for a in approvals] == ["command line", "opt-in"]
     assert ok.scripted_requests is not None
-    acked = [i for i in ok.scripted_requests[1]["input"] if i.get("type") == "computer_call_output"]
+    acked = [i for i in ok.scripted_requests[-1]["input"] if i.get("type") == "computer_call_output"
+             and i.get("call_id") == "call_0001"]
     assert acked[0]["acknowledged_safety_checks"][0]["id"] == "sc_demo_1"
 
 
@@ -201,3 +211,38 @@ def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):
     entries = read_record(outcome.record_dir)
     assert [e["type"] for e in entries] == ["run_started", "run_finished"]
     assert entries[-1]["status"] == "error"
+
+
+def test_an_unreadable_gateway_log_is_recorded_not_hidden(tmp_path):
+    """The record says when the gateway's decisions could not be collected (and shows the reason
+    escaped), instead of looking like a run that made no requests; a readable log says complete."""
+    import io
+
+    from rich.console import Console
+
+    from controller.tasks import FileCheck, Task
+
+    task = Task(name="netlog", instructions="x",
+                checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps({"message": "done"}) + "\n")
+    results = {}
+    for broken in (False, True):
+        with LocalSandbox() as sb:
+            (sb.home / "Documents/seed.txt").write_text("present\n")
+            if broken:
+                def unreadable():
+                    raise RuntimeError("gateway gone \x1b[2J")
+
+                sb.decision_log = unreadable
+            out = io.StringIO()
+            outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / str(broken), live=False,
+                                                             asker=None, script=script),
+                               Console(file=out, width=200))
+        entries = read_record(outcome.record_dir)
+        [netlog] = [e for e in entries if e["type"] == "network_log"]
+        results[broken] = (netlog, summarize(entries)["network_log_complete"], out.getvalue())
+    assert results[False][0]["complete"] is True and results[False][1] is True
+    netlog, complete, console = results[True]
+    assert netlog["complete"] is False and "gateway gone \\x1b[2J" in netlog["error"] and complete is False
+    assert "network decisions incomplete" in console and "\x1b[2J" not in console

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 import pytest
 
+from tests.require import unavailable
+
 from tests.docker._conformance import CONFORMANCE_APPS, WORKDIR, sandbox_desktop, target  # noqa: F401 - target: fixture
 
-REQUIRE = os.environ.get("DESKTOP_SANDBOX_REQUIRE_VM") == "1"
 _timings: list[tuple[str, dict[str, float]]] = []
 
 
@@ -42,9 +43,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
 
 
 def _unavailable(reason: str) -> None:
-    if REQUIRE:
-        pytest.fail(f"{reason} (DESKTOP_SANDBOX_REQUIRE_VM=1)")
-    pytest.skip(reason)
+    unavailable("VM", reason)
 
 
 @pytest.fixture(scope="session")

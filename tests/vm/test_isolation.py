@@ -9,7 +9,6 @@ import json
 import socket
 
 import httpx
-import pytest
 
 
 def test_agent_needs_the_token(vm_sandbox):

@@ -4,18 +4,18 @@ provider's plugin cannot be installed without rubygems.org, so its block is chec
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.require import require_commands
+
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 
 
 def _vagrant(*args: str, **env: str) -> subprocess.CompletedProcess:
-    if shutil.which("vagrant") is None:
-        pytest.skip("vagrant is not installed (apt-get install vagrant vagrant-libvirt)")
+    require_commands("VAGRANT", "vagrant", install="apt-get install vagrant vagrant-libvirt")
     return subprocess.run(["vagrant", *args], cwd=VAGRANT_DIR, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "VAGRANT_CHECKPOINT_DISABLE": "1", **env})
 

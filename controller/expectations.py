@@ -1,0 +1,257 @@
+"""Screen expectations of the offline script (contract 3): what the screenshot must show before a
+scripted turn is answered.
+
+A script turn may carry ``"expect": [...]`` (and ``"expect_timeout_s"``). Before the scripted model
+answers that turn it checks every expectation against the latest screenshot it received (the last
+``computer_call_output`` image of the request, or the first request's ``input_image``). While one
+does not hold it answers a ``computer_call`` with a single ``wait`` action, as a live model would,
+and checks again on the next request; once the turn's deadline has passed it gives up and the run
+ends ``failed`` with the unmet expectation in the record (see :mod:`controller.scripted_server`).
+
+This module is the one home of the expectation schema (pydantic, strict: unknown fields and kinds
+are refused) and of the pixel checks. Regions are in **model px**: pixels of the image the model
+was sent (after the driver's crop and scale), the same space as the script's action coordinates.
+Colours are compared per RGB channel (0-255); an image's alpha is ignored.
+
+:func:`reference_markdown` renders the field reference that ``docs/ARCHITECTURE.md`` holds (a test
+keeps the two equal); ``python -m controller.expectations`` prints it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
+
+from PIL import Image, ImageChops
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from controller.validation import describe_validation_error
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Seconds a turn may wait for its expectations when it does not set ``expect_timeout_s``."""
+
+MAX_TIMEOUT_S = 600.0
+"""Largest ``expect_timeout_s`` a script may ask for, in seconds."""
+
+MAX_WAITS_PER_TURN = 120
+"""Most ``wait`` calls the scripted model answers for one turn, whatever the deadline: a safety net
+against a client whose waits return at once. (A wait on the guest agent lasts at least its 0.3 s
+quiet time plus a screenshot, so 120 waits outlast the default deadline.) The runner lets the SDK
+make this many extra requests per turn that has expectations."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+Rgb = Annotated[str, Field(pattern=r"^#[0-9a-fA-F]{6}$")]
+
+
+class _Region(_Strict):
+    x: int = Field(ge=0, description="left edge of the region, model px")
+    y: int = Field(ge=0, description="top edge of the region, model px")
+    w: int = Field(ge=1, le=100_000, description="width of the region, model px")
+    h: int = Field(ge=1, le=100_000, description="height of the region, model px")
+    tolerance: int = Field(16, ge=0, le=255, description="largest difference in any RGB channel (0-255) that "
+                                                          "still counts as the same colour")
+
+
+class ColorExpectation(_Region):
+    """At least ``fraction`` of the region's pixels are within ``tolerance`` of ``rgb`` in every channel
+    (a control has this colour: a focus ring, a selection, an active title bar)."""
+
+    kind: Literal["color"]
+    rgb: Rgb = Field(description="the colour, `#rrggbb`")
+    fraction: float = Field(0.9, gt=0, le=1, description="least share (0-1] of the region's pixels that must pass")
+
+
+class NotColorExpectation(_Region):
+    """At least ``fraction`` of the region's pixels differ from ``rgb`` by more than ``tolerance`` in some
+    channel (something, such as text, now stands on a plain background)."""
+
+    kind: Literal["not_color"]
+    rgb: Rgb = Field(description="the colour, `#rrggbb`")
+    fraction: float = Field(0.05, gt=0, le=1, description="least share (0-1] of the region's pixels that must pass")
+
+
+class ChangedExpectation(_Region):
+    """At least ``fraction`` of the region's pixels differ by more than ``tolerance`` in some channel from
+    the same region of the screenshot the previous script turn was answered on (that turn's actions
+    have shown). Not allowed on the first turn."""
+
+    kind: Literal["changed"]
+    fraction: float = Field(0.01, gt=0, le=1, description="least share (0-1] of the region's pixels that must pass")
+
+
+Expectation = Annotated[Union[ColorExpectation, NotColorExpectation, ChangedExpectation], Field(discriminator="kind")]
+KINDS = (ColorExpectation, NotColorExpectation, ChangedExpectation)
+
+
+class TurnExpectations(_Strict):
+    """The expectation fields of one script turn."""
+
+    expect: list[Expectation] = Field(min_length=1, max_length=32,
+                                      description="conditions on the latest screenshot; all must hold before the "
+                                                  "turn is answered")
+    expect_timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
+                                    description="seconds the scripted model answers `wait` while they do not hold, "
+                                                "counted from its first `wait` for the turn; then the run ends "
+                                                "`failed`")
+
+
+TURN_FIELDS = frozenset(TurnExpectations.model_fields)
+"""The turn keys this module owns: ``expect``, ``expect_timeout_s``."""
+
+_KNOWN_KEYS = {name for model in (TurnExpectations, *KINDS) for name in model.model_fields}
+
+
+def parse_turn(turn: dict[str, Any]) -> TurnExpectations | None:
+    """The turn's expectations, or None when it has neither ``expect`` nor ``expect_timeout_s``.
+
+    Raises ValueError with one line naming the field (``expect[1].rgb: ...``): an unknown kind or
+    field, a wrong type (no coercion), a value out of range, ``expect_timeout_s`` without ``expect``.
+    """
+    data = {k: turn[k] for k in TURN_FIELDS if k in turn}
+    if not data:
+        return None
+    try:
+        return TurnExpectations.model_validate(data)
+    except ValidationError as exc:
+        tags = {"expect": tuple(m.model_fields["kind"].annotation.__args__[0] for m in KINDS)}
+        raise ValueError(describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags=tags)) from None
+
+
+def describe(exp: ColorExpectation | NotColorExpectation | ChangedExpectation) -> str:
+    """What ``exp`` asks for, one line: ``color #1d5fd1 +-16 in >=90% of 80x70 at (400,225)`` (model px)."""
+    where = f"{exp.w}x{exp.h} at ({exp.x},{exp.y})"
+    share = f">={exp.fraction * 100:g}%"
+    if exp.kind == "changed":
+        return f"changed by more than {exp.tolerance} in {share} of {where} since the previous turn"
+    return f"{exp.kind} {exp.rgb.lower()} +-{exp.tolerance} in {share} of {where}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One expectation checked against one screenshot.
+
+    ``held``: it holds; ``share``: the share (0-1) of the region's pixels that passed (None when it
+    could not be measured); ``observed``: what was seen, one line; ``possible``: False when it can
+    never hold on this image (the region reaches outside it), so waiting is pointless.
+    """
+
+    held: bool
+    share: float | None
+    observed: str
+    possible: bool = True
+
+
+def decode_image(url: str) -> Image.Image:
+    """The RGB image of a ``data:image/png|jpeg;base64,`` URL.
+
+    Raises ValueError (one line) for anything else or bytes Pillow cannot read.
+    """
+    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
+        raise ValueError("screenshot is not a base64 data URL")
+    try:
+        data = base64.b64decode(url.partition(",")[2], validate=True)
+        with Image.open(io.BytesIO(data)) as img:
+            return img.convert("RGB")
+    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"screenshot cannot be decoded: {exc}") from None
+
+
+def _rgb(text: str) -> tuple[int, int, int]:
+    return int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16)
+
+
+def _channel_max(diff: Image.Image) -> Image.Image:
+    """Per pixel, the largest of the three channel differences (an ``L`` image)."""
+    r, g, b = diff.split()
+    return ImageChops.lighter(ImageChops.lighter(r, g), b)
+
+
+def _share_above(diff: Image.Image, tolerance: int) -> float:
+    """Share of pixels whose largest channel difference is above ``tolerance``."""
+    hist = _channel_max(diff).histogram()
+    total = sum(hist)
+    return sum(hist[tolerance + 1:]) / total if total else 0.0
+
+
+def _dominant(region: Image.Image) -> str:
+    """``most common #rrggbb 62%``: the region's most frequent colour and its share."""
+    colors = region.getcolors(maxcolors=region.width * region.height) or []
+    if not colors:
+        return "no pixels"
+    count, rgb = max(colors)
+    return f"most common #{rgb[0]:02x}{rgb[1]:02x}{rgb[2]:02x} {count / (region.width * region.height):.0%}"
+
+
+def _inside(exp: Any, image: Image.Image) -> bool:
+    return exp.x + exp.w <= image.width and exp.y + exp.h <= image.height
+
+
+def check(exp: ColorExpectation | NotColorExpectation | ChangedExpectation, image: Image.Image,
+          baseline: Image.Image | None = None) -> Outcome:
+    """Check ``exp`` on ``image`` (RGB, model px); ``baseline`` is the earlier screenshot ``changed``
+    compares with. Never raises for image content: a region outside the image, or a ``changed``
+    without a baseline of the same size, is an outcome that can never hold."""
+    if not _inside(exp, image):
+        return Outcome(False, None, f"the region reaches outside the {image.width}x{image.height} image",
+                       possible=False)
+    box = (exp.x, exp.y, exp.x + exp.w, exp.y + exp.h)
+    region = image.crop(box)
+    if exp.kind == "changed":
+        if baseline is None:
+            return Outcome(False, None, "no earlier screenshot to compare with", possible=False)
+        if baseline.size != image.size:
+            return Outcome(False, None, f"the earlier screenshot is {baseline.width}x{baseline.height}, this one "
+                                        f"{image.width}x{image.height}", possible=False)
+        share = _share_above(ImageChops.difference(region, baseline.crop(box)), exp.tolerance)
+        return Outcome(share >= exp.fraction, share, f"{share:.1%} of the region changed")
+    diff = ImageChops.difference(region, Image.new("RGB", region.size, _rgb(exp.rgb)))
+    off = _share_above(diff, exp.tolerance)
+    share = 1.0 - off if exp.kind == "color" else off
+    what = "within" if exp.kind == "color" else "further than"
+    return Outcome(share >= exp.fraction, share,
+                   f"{share:.1%} {what} {exp.tolerance} of {exp.rgb.lower()} ({_dominant(region)})")
+
+
+# -- the reference in docs/ARCHITECTURE.md ---------------------------------------------------------
+
+def _default(field: Any) -> str:
+    return "required" if field.is_required() else f"`{field.default!r}`".replace("'", '"')
+
+
+def reference_markdown() -> str:
+    """The expectation reference, rendered from the models above (markdown; docs/ARCHITECTURE.md
+    carries it between ``<!-- expect-reference -->`` markers)."""
+    lines = ["| turn field | default | meaning |", "|---|---|---|"]
+    for name, field in TurnExpectations.model_fields.items():
+        lines.append(f"| `{name}` | {_default(field)} | {field.description} |")
+    lines += ["", "| kind | holds when |", "|---|---|"]
+    for model in KINDS:
+        kind = model.model_fields["kind"].annotation.__args__[0]
+        doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
+        lines.append(f"| `{kind}` | {doc} |")
+    lines += ["", "| expectation field | kinds | default | meaning |", "|---|---|---|---|",
+              "| `kind` | all | required | " + ", ".join(
+                  f"`{m.model_fields['kind'].annotation.__args__[0]}`" for m in KINDS) + " |"]
+    names: list[str] = []
+    for model in KINDS:
+        names += [n for n in model.model_fields if n not in names and n != "kind"]
+    for name in names:
+        models = [m for m in KINDS if name in m.model_fields]
+        kinds = ", ".join(f"`{m.model_fields['kind'].annotation.__args__[0]}`" for m in models)
+        defaults = sorted({_default(m.model_fields[name]) for m in models})
+        if len(defaults) > 1:
+            defaults = [" / ".join(f"{_default(m.model_fields[name])} "
+                                   f"(`{m.model_fields['kind'].annotation.__args__[0]}`)" for m in models)]
+        lines.append(f"| `{name}` | {kinds} | {defaults[0]} | {models[0].model_fields[name].description} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - a helper for editing the docs
+    print(reference_markdown(), end="")
