@@ -365,7 +365,7 @@ class AgentClient:
         if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
             raise AgentError(0, "too_large", f"{what}: the answer declares {clean(declared, 40)} bytes; "
                                              f"the cap for this call is {cap} bytes")
-        chunks: list[bytes] = []
+        body = bytearray()  # one buffer: a peer sending 1-byte chunks costs no per-chunk object
         total = 0
         for chunk in resp.iter_raw():
             total += len(chunk)
@@ -375,8 +375,8 @@ class AgentClient:
             if time.monotonic() > deadline:
                 raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
                                                 f"deadline of the call ({total} bytes received)")
-            chunks.append(chunk)
-        return b"".join(chunks)
+            body += chunk
+        return bytes(body)
 
     # -- API -----------------------------------------------------------------------------------
     # Every method below raises AgentError: the agent's refusal (its status and code), or status 0

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from controller.record import redact_action
+from controller.text import clean
 
 # An approver answers a question with the raw text the person typed (or None: cannot ask).
 Asker = Callable[[str], "str | None"]
@@ -115,10 +116,12 @@ class SafetyCheckApprover:
         checks = list(call.pending_safety_checks or [])
         codes = [c.code or "" for c in checks]
         ids = [c.id for c in checks]
-        self.console.print(f"[bold yellow]Safety check[/] on computer_call {escape(str(call.call_id))}:")
+        self.console.print(f"[bold yellow]Safety check[/] on computer_call {escape(clean(call.call_id, 80))}:")
         for check in checks:
-            self.console.print(f"  - code={check.code!s} id={check.id}: {check.message or '(no message)'}",
-                               markup=False, highlight=False)
+            # Codes, ids and messages come from the model: escaped, so none can hide or rewrite what
+            # the person is asked to approve.
+            self.console.print(f"  - code={clean(check.code, 80)} id={clean(check.id, 80)}: "
+                               f"{clean(check.message or '(no message)', 500)}", markup=False, highlight=False)
         self.console.print("  actions of this call:")
         # A check without a code is never covered by an opt-in: there is nothing the person opted in to.
         opted_in = bool(checks) and all(c.code and c.code in self.auto_codes for c in checks)

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from controller.progress import make_console
+from controller.text import clean
 
 if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.get("TERMINAL_WIDTH"):
     # --help piped (into less, a file): typer's help console would default to 80 columns and split words.
@@ -34,9 +35,16 @@ console = make_console(stderr=True)
 ACTION_TYPES = ("click", "double_click", "drag", "keypress", "move", "scroll", "type", "wait", "screenshot")
 
 
+REFUSAL_CHARS = 1000
+"""Longest refusal line ``_refuse`` prints (characters)."""
+
+
 def _refuse(message: str) -> None:
-    """Print one line (literally, no markup) to stderr and exit 2: bad input, nothing was started."""
-    console.print(message, markup=False, highlight=False)
+    """Print one line (literally, no markup) to stderr and exit 2: bad input, nothing was started.
+
+    The message may quote the input (a task's or script's keys and values): it is shown with control
+    characters escaped and cut to :data:`REFUSAL_CHARS` characters (:func:`controller.text.clean`)."""
+    console.print(clean(message, REFUSAL_CHARS), markup=False, highlight=False)
     raise typer.Exit(2)
 
 
@@ -205,7 +213,8 @@ def down(
                             "e.g. desktop-sandbox.owner=HOST:PID for what one (killed) process started."),
 ) -> None:
     """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox (only
-    what also carries each --label, when given), and their token files."""
+    what also carries each --label, when given), and their token files. Exit 2 when a given id names
+    no sandbox (nothing of it was found)."""
     from controller.sandbox.docker import list_sandboxes, remove_all, remove_sandbox
 
     if not all_ and not sandbox_ids:
@@ -224,13 +233,25 @@ def down(
                        if all(labels.get(k) == v for k, v in wanted.items())]
         removed = [n for s in sandbox_ids for n in remove_sandbox(client, s)]
     else:
-        removed = remove_all(client) if all_ else [n for s in sandbox_ids for n in remove_sandbox(client, s)]
+        removed = remove_all(client) if all_ else []
+    unknown = []
+    if not all_:
+        for sid in sandbox_ids:
+            gone = remove_sandbox(client, sid)
+            token = _token_path(sid)
+            if not gone and not token.exists():
+                unknown.append(sid)
+            removed += gone
     for sid in sandbox_ids or []:
         _token_path(sid).unlink(missing_ok=True)
     if all_ and not wanted:
         for path in _token_path("x").parent.glob("*.token"):
             path.unlink(missing_ok=True)
     console.print(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"))
+    if unknown:
+        # A mistyped id must not pass as done: nothing of it existed.
+        _refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
+                f"label=desktop-sandbox.sandbox`)")
 
 
 @app.command("run-task")
@@ -385,10 +406,11 @@ def report(
     try:
         summary = summarize(entries)
         if as_json:
-            typer.echo(_json.dumps(summary, indent=2))
+            typer.echo(_json.dumps(summary, indent=2, allow_nan=False))
         else:
             print_summary(entries, run, console=make_console())
-    except (AttributeError, TypeError, ValueError) as exc:  # entries that are objects but not run entries
+    # entries that are JSON objects but not run entries (missing or mistyped fields, infinite numbers)
+    except (AttributeError, TypeError, ValueError, KeyError, OverflowError, RecursionError) as exc:
         _refuse(f"cannot read {run}: not a run record ({type(exc).__name__}: {exc})")
     raise typer.Exit(0 if summary["status"] == "passed" else 1)
 

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from controller.progress import expectation_text, observed_text
+from controller.text import clean
 
 RECORD_TYPES = {
     "run_started", "model_response", "computer_call", "approval", "action", "screenshot", "network",
@@ -129,21 +130,30 @@ class RunRecord:
         self.close()
 
 
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+"""Largest record file :func:`read_record` reads (a run writes a few hundred KiB)."""
+
+
 def read_record(path: str | Path) -> list[dict[str, Any]]:
     """All entries of a record file (``record.jsonl`` or its run directory).
 
-    Raises OSError when unreadable and ValueError naming the line when a line is not a JSON object.
+    Raises OSError when unreadable, not a regular file or over :data:`MAX_RECORD_BYTES`, and ValueError
+    naming the line when a line is not a JSON object (or is nested too deeply to parse).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "record.jsonl"
+    if not path.is_file():
+        raise OSError(f"{path}: not a regular file")
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise OSError(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
     entries = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
         if not isinstance(entry, dict):
             raise ValueError(f"{path}:{number}: an entry must be a JSON object")
@@ -240,8 +250,12 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
     """The summary table printed at the end of a run (and by ``desktop-sandbox report``)."""
     entries = list(entries)
     s = summarize(entries)
-    # Names, reasons and observed file contents come from tasks, models and the guest: shown literally.
-    table = Table(title=escape(f"run {s['task'] or ''} ({s['mode'] or '?'})"), show_header=False)
+    # Names, reasons and observed values come from tasks, models and the guest: shown literally (no
+    # markup), control characters escaped and cut (a guest value may be megabytes long).
+    def shown(value: Any, limit: int = 300) -> str:
+        return escape(clean(value, limit))
+
+    table = Table(title=shown(f"run {s['task'] or ''} ({s['mode'] or '?'})", 200), show_header=False)
     table.add_column("what", style="bold", overflow="fold")
     table.add_column("value", overflow="fold")
     table.add_row("steps (model responses)", str(s["steps"]))
@@ -253,7 +267,7 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
     approvals = f"{s['approvals_approved']} approved, {s['approvals_denied']} denied"
     if s["approvals_opt_in"]:
         approvals += "; opt-in: --approve-safety-check " + ", ".join(str(c) for c in s["approvals_opt_in"])
-    table.add_row("approvals", escape(approvals))
+    table.add_row("approvals", shown(approvals))
     table.add_row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
     u = s["usage"]
     usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
@@ -267,8 +281,11 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
             observed = observed_text(c) if c.get("observed") is None else f"observed {c.get('observed')!r}"
             detail += f": expected {c.get('expected')!r}, {observed}"
         # a short label keeps the value column wide: paths and the record path stay on one line
-        table.add_row("check", f"{mark} {escape(str(c.get('kind')))} {escape(str(c.get('target')))} {escape(detail)}")
-    table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
+        table.add_row("check", f"{mark} {shown(c.get('kind'), 20)} {shown(c.get('target'))} {shown(detail, 800)}")
+    if s["checks_total"] == 0 and s["status"] in ("cancelled", "error"):
+        table.add_row("checks", f"not run ({shown(s['status'], 20)})")
+    else:
+        table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
     if s["expectations_met"] or s["expectations_unmet"]:
         table.add_row("screen expectations",
                       f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
@@ -277,15 +294,15 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
             table.add_row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
-    reason = f" ({escape(str(s['reason']))})" if s["reason"] else ""
-    table.add_row("verdict", f"[{color}]{escape(str(verdict))}[/]{reason}")
+    reason = f" ({shown(s['reason'], 800)})" if s["reason"] else ""
+    table.add_row("verdict", f"[{color}]{shown(verdict, 20)}[/]{reason}")
     if s["wall_s"] is not None:
         t = f"{s['wall_s']:.1f} s"
         if s["timings"]:
             t += " (" + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()) + ")"
-        table.add_row("time", t)
+        table.add_row("time", shown(t))
     if record_path:
-        table.add_row("record", escape(str(record_path)))
+        table.add_row("record", shown(record_path, 500))
     return table
 
 

@@ -139,7 +139,8 @@ class _Cancel:
             if self.is_set and signum == signal.SIGINT and self.interruptible:
                 raise KeyboardInterrupt
             self.set(name)
-            self._notes.append(f"{name}: cancelling after the current step (Ctrl-C again to stop now)"
+            self._notes.append(f"{name}: cancelling: the action under way is stopped, inputs released, the "
+                               "sandbox removed (Ctrl-C again to stop at once)"
                                if self.interruptible else
                                f"{name}: cancelling; the sandbox is removed and the record finished first")
 

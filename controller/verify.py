@@ -31,6 +31,9 @@ from controller.tasks import FileCheck, SqliteCheck, check_guest_path
 MAX_OBSERVED_CHARS = 2000
 MAX_HEX_BYTES = 256
 MAX_OBSERVED_ROWS = 50
+MAX_OBSERVED_CELL_CHARS = 200
+"""A text (or hex of a blob) cell of an observed row is recorded and shown cut to this many characters
+(the guest's database may hold megabytes in one value); the comparison uses the whole value."""
 QUERY_TIME_LIMIT_S = 10.0
 """A check's query is interrupted after this many seconds: the database comes from the guest, which
 may have replaced a table with an endless view."""
@@ -144,6 +147,12 @@ def _normalize(rows: Any) -> list[list[Any]]:
     return out
 
 
+def _shown_rows(rows: list[list[Any]]) -> list[list[Any]]:
+    """``rows`` with every text cell longer than :data:`MAX_OBSERVED_CELL_CHARS` cut (``...`` marks it)."""
+    cap = MAX_OBSERVED_CELL_CHARS
+    return [[v[:cap] + "..." if isinstance(v, str) and len(v) > cap else v for v in row] for row in rows]
+
+
 def check_sqlite(check: SqliteCheck, reader: FileReader, home: str) -> dict[str, Any]:
     """Run one sqlite check on a read-only copy of the guest database (with -wal/-shm)."""
     path = guest_path(check.path, home)
@@ -196,7 +205,7 @@ def check_sqlite(check: SqliteCheck, reader: FileReader, home: str) -> dict[str,
             else:
                 detail = f"sqlite error: {exc}"
             return {**result, "observed": None, "passed": False, "detail": detail}
-    return {**result, "observed": rows[:MAX_OBSERVED_ROWS], "passed": rows == expected}
+    return {**result, "observed": _shown_rows(rows[:MAX_OBSERVED_ROWS]), "passed": rows == expected}
 
 
 def run_checks(checks: list[Any], reader: FileReader, *, home: str = "/home/sandbox",

@@ -13,8 +13,10 @@ install -d /etc/desktop-sandbox
 # session.env: Dockerfile.desktop's ENV (written by build-vm-image.sh), then the VM's differences.
 cat "$files/session-vm.env" >> /etc/desktop-sandbox/session.env
 
-echo desktop-sandbox > /etc/hostname
-printf '127.0.0.1\tlocalhost\n127.0.1.1\tdesktop-sandbox\n10.0.2.100\tgateway\n' > /etc/hosts
+# The same host name as the container's (controller/sandbox/docker.py): the shell prompt, and with it
+# where text lands in the terminal, is the same on every backend, so one offline script fits both.
+echo desktop > /etc/hostname
+printf '127.0.0.1\tlocalhost\n127.0.1.1\tdesktop\n10.0.2.100\tgateway\n' > /etc/hosts
 : > /etc/resolv.conf
 # The root file system is mounted read-only (and the disk is attached
 # read-only); everything that is written lives in tmpfs and is gone at exit.

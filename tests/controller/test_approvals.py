@@ -159,3 +159,23 @@ def test_a_check_without_a_code_is_never_approved_by_an_empty_opt_in():
     decisions = []
     assert SafetyCheckApprover(asker=None, auto_codes={"", "None"}, on_decision=decisions.append)(call) is False
     assert decisions[-1].decision == "denied"
+
+
+def test_the_question_shows_model_text_escaped_so_nothing_hides_the_actions():
+    """Safety check codes, ids, messages and the call id come from the model: a terminal escape in
+    them (here: conceal, clear screen, title, bidi override) is shown as text, never acted on."""
+    import io
+
+    from rich.console import Console
+
+    evil = "\x1b[8m\x1b[2J\x1b]0;t\x07\u202e"
+    call = ResponseComputerToolCall.model_validate({
+        "type": "computer_call", "id": "cu_1", "call_id": "call_1" + evil, "status": "completed",
+        "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
+        "pending_safety_checks": [{"id": "sc_1" + evil, "code": "c" + evil, "message": "Check this." + evil}],
+    })
+    out = io.StringIO()
+    assert SafetyCheckApprover(asker=None, console=Console(file=out, width=300))(call) is False
+    text = out.getvalue()
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert text.count("\\x1b[8m") == 4 and "click" in text

@@ -149,3 +149,45 @@ def test_report_on_a_damaged_record(tmp_path, content):
     (run / "record.jsonl").write_text(content)
     out = _offline_cli("report", str(run), cwd=tmp_path)
     assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("content, modes", [
+    ('{"type": "run_started", "task": ' + "[" * 100000 + "]" * 100000 + "}\n", ("", "--json")),  # too deep
+    ('{"type": "run_started", "task": {"name": "x"}}\n{"type": "run_finished", "status": "passed"}\n',
+     ("", "--json")),  # no ts
+    ('{"type": "model_response", "usage": {"total_tokens": 1e400}}\n', ("", "--json")),  # infinite
+    ('{"type": "run_finished", "ts": "2026-01-01T00:00:00+00:00", "status": "passed", "wall_s": 1e400}\n',
+     ("--json",)),  # JSON has no infinity
+])
+def test_report_refuses_records_it_cannot_summarize_in_one_line(tmp_path, content, modes):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.jsonl").write_text(content)
+    for mode in modes:
+        out = _offline_cli(*(["report", mode, str(run)] if mode else ["report", str(run)]), cwd=tmp_path)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (mode, out.stderr[-2000:])
+        assert len(out.stderr.strip().splitlines()) == 1 and "Infinity" not in out.stdout
+
+
+def test_report_shows_record_text_escaped(tmp_path):
+    rec = RunRecord(tmp_path, "run-evil")
+    rec.write("run_started", task={"name": "demo\x1b[2J"}, mode="offline\x1b]0;t\x07")
+    rec.write("check", kind="file\x1b[8m", target="/x\x1b[31m", rule="text", expected="a", observed="b" * 10**6,
+              passed=False)
+    rec.finish("failed", "because\x1b[2J" + "r" * 10**6)
+    rec.close()
+    out = _offline_cli("report", str(rec.dir), cwd=tmp_path)
+    assert out.returncode == 1 and "\x1b" not in out.stdout + out.stderr
+    assert "\\x1b[2J" in out.stdout and len(out.stdout) < 20000
+
+
+def test_a_refused_script_is_shown_escaped_and_short(tmp_path):
+    task = tmp_path / "t.toml"
+    script = tmp_path / "s.jsonl"
+    task.write_text((ROOT / "tasks" / "pickup.toml").read_text().replace('script = "pickup.offline.jsonl"',
+                                                                         f'script = "{script}"'))
+    script.write_text('{"actions": [{"type": "wait"}]}\n' + '{"expect": [{"kind": "\\u001b[31mRED' + "x" * 100000
+                      + '", "x": 0, "y": 0, "w": 1, "h": 1}], "message": "m"}\n')
+    out = _offline_cli("run-task", str(task), "--offline", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "\x1b" not in out.stderr and "\\x1b[31mRED" in out.stderr and len(out.stderr) < 2000

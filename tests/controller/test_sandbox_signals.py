@@ -134,4 +134,5 @@ def test_run_task_handler_never_prints_from_inside_the_signal():
         console.print("step 1")
         assert cancel()  # the poll: the flag is set, and the note is printed now
     assert stream.getvalue().splitlines() == [
-        "step 1", "SIGINT: cancelling after the current step (Ctrl-C again to stop now)"]
+        "step 1", "SIGINT: cancelling: the action under way is stopped, inputs released, the sandbox removed "
+        "(Ctrl-C again to stop at once)"]

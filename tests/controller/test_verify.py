@@ -205,3 +205,23 @@ def test_a_huge_result_is_not_read_whole(reader, home):
     check = SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT i FROM many", rows=[[1], [2]])
     result = _in_thread(lambda: check_sqlite(check, reader, str(home)))
     assert not result["passed"] and result["observed"][:3] == [[1], [2], [3]]
+
+
+def test_sqlite_observed_cells_are_cut_but_compared_whole(reader, home):
+    """A guest database can hold megabytes in one value: the record and the console get it cut, the
+    comparison sees all of it."""
+    from controller.verify import MAX_OBSERVED_CELL_CHARS
+
+    big = "A" * 1_000_000
+    with sqlite3.connect(home / "app.db") as conn:
+        conn.execute("CREATE TABLE t (v TEXT, b BLOB)")
+        conn.execute("INSERT INTO t VALUES (?, ?)", (big, b"\x01" * 500_000))
+    short = "A" * MAX_OBSERVED_CELL_CHARS
+    wrong = check_sqlite(SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT v, b FROM t",
+                                     rows=[[short, "01"]]), reader, str(home))
+    assert not wrong["passed"]  # the cut value is not what is compared
+    [[text, blob]] = wrong["observed"]
+    assert text == short + "..." and blob == "01" * (MAX_OBSERVED_CELL_CHARS // 2) + "..."
+    whole = check_sqlite(SqliteCheck(kind="sqlite", path="~/app.db", query="SELECT v FROM t",
+                                     rows=[[big]]), reader, str(home))
+    assert whole["passed"] and len(whole["observed"][0][0]) == MAX_OBSERVED_CELL_CHARS + 3

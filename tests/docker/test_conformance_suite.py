@@ -56,4 +56,4 @@ def test_the_suite_passes_against_the_agent_in_a_sandbox(docker_client, desktop_
     assert not unexpected, f"skipped against the sandbox: {unexpected}"
     assert run.returncode == 0, run.stdout[-3000:]
     # Every collected test ran: nothing was silently deselected or lost.
-    assert passed + len(skipped) == _collected(args) and passed > 100, (passed, skipped)
+    assert passed + len(skipped) == _collected(args) and passed > 0, (passed, skipped)

@@ -94,6 +94,10 @@ def test_cli_down_removes_a_sandbox(docker_client, test_labels):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert _leftovers(docker_client, sandbox_id) == []
+    # the same id again (or a mistyped one) names nothing: said, exit 2
+    again = subprocess.run([sys.executable, "-m", "controller.cli", "down", sandbox_id], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and f"no sandbox {sandbox_id}" in again.stderr, again.stderr
 
 
 def _down(run: CliRun, *args: str) -> subprocess.CompletedProcess[str]:
