@@ -23,7 +23,7 @@ import base64
 import binascii
 import io
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from PIL import Image, ImageChops
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -90,6 +90,18 @@ Expectation = Annotated[Union[ColorExpectation, NotColorExpectation, ChangedExpe
 KINDS = (ColorExpectation, NotColorExpectation, ChangedExpectation)
 
 
+class Retry(_Strict):
+    """``expect_retry``: actions the scripted model sends again while the turn's expectations do not
+    hold, as a live model would redo a step that did not take (a paste that found no selection yet)."""
+
+    after_s: float = Field(gt=0, le=MAX_TIMEOUT_S,
+                           description="seconds of waiting (times the sandbox's `time_scale`) after the turn's first "
+                                       "`wait`, and after each retry, before the actions are sent again")
+    actions: list[dict[str, Any]] = Field(min_length=1, max_length=32,
+                                          description="the actions sent instead of a `wait` then; make them "
+                                                      "idempotent (e.g. clear the line before typing again)")
+
+
 class TurnExpectations(_Strict):
     """The expectation fields of one script turn."""
 
@@ -100,12 +112,16 @@ class TurnExpectations(_Strict):
                                     description="seconds the scripted model answers `wait` while they do not hold, "
                                                 "counted from its first `wait` for the turn; then the run ends "
                                                 "`failed`")
+    expect_retry: Optional[Retry] = Field(None, description="`{after_s, actions}`: every `after_s` (times the "
+                                                            "sandbox's `time_scale`) of waiting, send these actions "
+                                                            "instead of a `wait` (a step redone, e.g. a paste that "
+                                                            "found no selection yet); make them idempotent")
 
 
 TURN_FIELDS = frozenset(TurnExpectations.model_fields)
-"""The turn keys this module owns: ``expect``, ``expect_timeout_s``."""
+"""The turn keys this module owns: ``expect``, ``expect_timeout_s``, ``expect_retry``."""
 
-_KNOWN_KEYS = {name for model in (TurnExpectations, *KINDS) for name in model.model_fields}
+_KNOWN_KEYS = {name for model in (TurnExpectations, Retry, *KINDS) for name in model.model_fields}
 
 
 def parse_turn(turn: dict[str, Any]) -> TurnExpectations | None:

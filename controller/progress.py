@@ -133,7 +133,9 @@ def expectation_text(entry: dict[str, Any], limit: int = 300) -> str:
         waits = entry.get("waits") or 0
         count = len(entry.get("expected") or [])
         after = f" after {waits} wait{'s' if waits != 1 else ''} ({entry.get('waited_s')}s)" if waits else ""
-        return clean(f"turn {turn}: {count} expectation{'s' if count != 1 else ''} met{after}", limit)
+        retries = entry.get("retries") or 0
+        redone = f", the step redone {retries} time{'s' if retries != 1 else ''} (expect_retry)" if retries else ""
+        return clean(f"turn {turn}: {count} expectation{'s' if count != 1 else ''} met{after}{redone}", limit)
     unmet = [u for u in entry.get("unmet") or [] if isinstance(u, dict)]
     first = unmet[0] if unmet else {}
     more = f" (and {len(unmet) - 1} more)" if len(unmet) > 1 else ""

@@ -16,7 +16,10 @@ model px, exactly as a live model sends.
 Screen expectations: before answering a turn that has them, the server checks each against the
 latest screenshot of the request. While one does not hold it answers a ``computer_call`` with one
 ``wait`` action and no pending safety checks (call id ``call_NNNN_wait_MMM``: turn NNNN, wait MMM),
-and checks again on the next request; these waits are not script turns. Once the turn's
+and checks again on the next request; these waits are not script turns. With ``expect_retry``
+(``after_s``, ``actions``), every ``after_s`` (times :attr:`ScriptedModel.time_scale`) of waiting the
+call carries those actions instead of the ``wait`` -- a step redone, as a live model would when it
+sees that it did not take. Once the turn's
 ``expect_timeout_s`` has passed since its first wait (or after :data:`MAX_WAITS_PER_TURN` waits, or at
 once when an expectation can never hold, e.g. its region is outside the image) it answers a final
 assistant message saying so and keeps the failure in :attr:`ScriptedModel.unmet`; the runner then
@@ -120,9 +123,12 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
     if extra:
         raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
     try:
-        ex.parse_turn(turn)
+        expected = ex.parse_turn(turn)
     except ValueError as exc:
         raise ScriptError(f"{where}: {exc}") from None
+    if expected is not None and expected.expect_retry is not None:
+        for i, action in enumerate(expected.expect_retry.actions):
+            _validate_action(action, f"{where}: expect_retry.actions[{i}]")
     if kinds[0] == "actions" and (not isinstance(turn["actions"], list) or not turn["actions"]):
         raise ScriptError(f"{where}: actions must be a non-empty list")
     if kinds[0] == "action" and not isinstance(turn["action"], dict):
@@ -270,6 +276,8 @@ class ScriptedModel:
         """Multiplies every turn's ``expect_timeout_s`` (the sandbox's ``time_scale``: a slower guest
         gets proportionally longer to show what a turn expects)."""
         self._wait_started: dict[str, float] = {}  # first wait's item id -> clock() when it was answered
+        self._retried: dict[int, float] = {}  # turn -> clock() of its last expect_retry
+        self._retries: dict[int, int] = {}  # turn -> expect_retry calls sent
         self._lock = threading.Lock()
 
     @property
@@ -344,6 +352,9 @@ class ScriptedModel:
         waited = round(now - started, 3) if started is not None else 0.0
         entry: dict[str, Any] = {"turn": index, "call_id": f"call_{index:04d}", "waits": len(waits),
                                  "waited_s": waited}
+        with self._lock:
+            if self._retries.get(index):
+                entry["retries"] = self._retries[index]
         if all(o.held for o in outcomes):
             self._emit({**entry, "met": True, "expected": [ex.describe(e) for e in expected.expect]})
             return None
@@ -357,6 +368,16 @@ class ScriptedModel:
         elif len(waits) >= MAX_WAITS_PER_TURN:
             reason = f"{MAX_WAITS_PER_TURN} waits answered"
         if reason is None:
+            retry = expected.expect_retry
+            if retry is not None and started is not None:
+                with self._lock:
+                    since = now - self._retried.get(index, started)
+                    due = since >= retry.after_s * self.time_scale
+                    if due:
+                        self._retried[index] = now
+                        self._retries[index] = self._retries.get(index, 0) + 1
+                if due:
+                    return self._wait(index, len(waits) + 1, body, now, actions=retry.actions)
             return self._wait(index, len(waits) + 1, body, now)
         failure = {**entry, "met": False, "reason": reason, "timeout_s": expected.expect_timeout_s * self.time_scale,
                    "unmet": unmet}
@@ -370,11 +391,14 @@ class ScriptedModel:
                 f"expect[{first['index']}] {first['expected']}: observed {first['observed']}{more}")
         return self._response(index, {"message": text}, body)
 
-    def _wait(self, index: int, number: int, body: dict[str, Any], now: float) -> dict[str, Any]:
-        """The ``wait`` call answering turn ``index`` for the ``number``-th time (1-based)."""
+    def _wait(self, index: int, number: int, body: dict[str, Any], now: float,
+              actions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The ``wait`` call answering turn ``index`` for the ``number``-th time (1-based); with
+        ``actions`` (the turn's ``expect_retry``), a call carrying those instead, under the same call
+        id scheme (the legacy single-action form only ever gets a ``wait``)."""
         ids = (f"cu_{index:04d}_w{number:03d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_wait_{number:03d}")
         legacy = (body.get("tools") or [{}])[0].get("type") == "computer_use_preview"
-        turn: dict[str, Any] = {"action": {"type": "wait"}} if legacy else {"actions": [{"type": "wait"}]}
+        turn: dict[str, Any] = {"action": {"type": "wait"}} if legacy else {"actions": list(actions or [{"type": "wait"}])}
         if number == 1:
             with self._lock:
                 self._wait_started[ids[0]] = now

@@ -393,6 +393,44 @@ def test_a_slower_sandbox_stretches_the_deadline_by_its_time_scale():
     assert model.unmet["reason"] == "deadline of 7.5s passed" and model.unmet["timeout_s"] == 7.5
 
 
+def test_expect_retry_redoes_a_step_that_did_not_take_until_the_screen_shows_it():
+    # the red box comes only with the second retry (a paste that found no selection the first time)
+    desk = PaintedDesk({("move", 2): ((150, 60, 170, 80), RED)})
+    retry = {"after_s": 2, "actions": [{"type": "move", "x": 5, "y": 5}]}
+    model, entries = _expecting_model([
+        {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+        {"expect": [RED_BOX], "expect_retry": retry, "actions": [{"type": "keypress", "keys": ["Return"]}]},
+        {"message": "done"},
+    ], clock=Clock(1.0))
+    model.time_scale = 1.5  # retries every 3 s of (fake) waiting
+    with ScriptedServer(model) as s:
+        client = offline_client(s.base_url)
+        ComputerToolset(desk).run(client, desk.params(), max_steps=20)
+        client.close()
+    assert desk.log[0] == "click" and desk.log[-1] == "keypress" and desk.log.count("move") == 2
+    between = desk.log[1:-1]
+    assert set(between) == {"wait", "move"} and between[0] == "wait"
+    # the moves are 3 s apart: two waits (1 s a request) between the first wait and each move
+    assert between == ["wait", "wait", "wait", "move", "wait", "wait", "move"]
+    (entry,) = entries
+    assert entry["met"] is True and entry["retries"] == 2 and model.unmet is None
+
+
+@pytest.mark.parametrize("retry, needle", [
+    ({"after_s": 0, "actions": [{"type": "wait"}]}, "expect_retry.after_s"),
+    ({"after_s": 1, "actions": []}, "expect_retry.actions"),
+    ({"after_s": 1, "actions": [{"type": "teleport"}]}, "expect_retry.actions[0]"),
+    ({"after_s": 1, "actions": [{"type": "wait"}], "every": 2}, "every"),
+])
+def test_expect_retry_is_validated_at_load(tmp_path, retry, needle):
+    script = tmp_path / "s.jsonl"
+    script.write_text(json.dumps({"actions": [{"type": "wait"}]}) + "\n" + json.dumps(
+        {"expect": [RED_BOX], "expect_retry": retry, "message": "m"}) + "\n")
+    with pytest.raises(ScriptError) as err:
+        load_script(script)
+    assert needle in str(err.value) and "s.jsonl:2" in str(err.value)
+
+
 def test_an_expectation_that_cannot_hold_gives_up_without_waiting():
     desk = PaintedDesk()
     model, entries = _expecting_model([
