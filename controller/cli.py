@@ -120,7 +120,8 @@ def _write_token(sandbox_id: str, token: str) -> Path:
 def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy: Any, token_file: Path,
                   detached: bool) -> Table:
     """What ``up`` prints: id, agent URL, readiness time, the policy in TOML form, the token file
-    (0600) with an example ``curl`` line, and how to remove the sandbox."""
+    (0600) with example ``curl`` lines (the display, a screenshot to ``screen.png``), and how to remove
+    the sandbox."""
     table = Table(show_header=False)
     table.add_column("what", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
@@ -131,7 +132,9 @@ def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy
     table.add_row(escape("policy [network]"), escape(policy_toml(policy)))
     kept = "kept until `down`" if detached else "removed on exit"
     table.add_row("token file", escape(f"{token_file} (0600, {kept})"))
-    table.add_row("try", escape(f'curl -s -H "Authorization: Bearer $(cat {token_file})" {agent_url}/v1/display'))
+    auth = f'-H "Authorization: Bearer $(cat {token_file})"'
+    table.add_row("try", escape(f"curl -s {auth} {agent_url}/v1/display"))
+    table.add_row("screenshot", escape(f"curl -s {auth} -o screen.png {agent_url}/v1/screenshot"))
     remove = f"desktop-sandbox down {sandbox_id}"
     table.add_row("remove", escape(remove if detached else f"Ctrl-C here, or {remove} from another shell"))
     return table

@@ -150,4 +150,6 @@ def test_up_shows_the_policy_as_toml_the_token_file_a_curl_line_and_how_to_remov
         assert "policy [network]" in out and 'mode = "allowlist"' in out and "{" not in out
         assert f"{token} (0600, {'kept until `down`' if detached else 'removed on exit'})" in out
         assert f'curl -s -H "Authorization: Bearer $(cat {token})" http://127.0.0.1:49153/v1/display' in out
+        assert (f'curl -s -H "Authorization: Bearer $(cat {token})" -o screen.png '
+                "http://127.0.0.1:49153/v1/screenshot") in out.replace("\n│                  │ ", "")
         assert removal in out
