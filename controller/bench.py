@@ -272,7 +272,7 @@ def _ready(agent: AgentClient, path: str, timeout: float) -> None:
         except Exception:  # noqa: BLE001 - not there yet
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{path} did not appear within {timeout:g} s") from None
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll interval of a condition wait (the file appearing), bounded by the deadline
 
 
 def run_docker(image: str, iterations: int = 50, rounds: int = 5) -> dict[str, Any]:

@@ -366,6 +366,8 @@ class Executor:
                 return True
             if now >= until:
                 return False
+            # Poll interval of the frame-comparison fallback (no DAMAGE on this server): the condition is
+            # the screen unchanged for frame_quiet, bounded by the cap and the request's deadline.
             time.sleep(min(WAIT_POLL_S, max(0.0, until - now)))
             frame, _, _ = self.capture.grab()
             if frame != last:
