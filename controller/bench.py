@@ -97,7 +97,7 @@ BLANK_SPOT = (1100, 520)
 DEMO_URL = "http://127.0.0.1:8080/"
 PAGE_LOADED = "~/.local/share/pickup/page-loaded"
 TERMINAL_ARGS = ["-T", "Terminal", "-fa", "DejaVu Sans Mono", "-fs", "11", "-e", "bash", "-c",
-                 "mkdir -p ~/.cache && touch ~/.cache/terminal-ready && exec bash -i"]
+                 'mkdir -p ~/.cache && touch ~/.cache/terminal-ready && cd && exec env PS1="sandbox:\\w\\$ " bash --norc -i']
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

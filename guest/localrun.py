@@ -119,13 +119,15 @@ class AgentProcess:
 
     ``token`` is random, written to a 0600 file; ``base_url`` is the agent's URL. ``extra_args``
     go to ``serve`` as they are (e.g. ``["--busy-timeout", "1"]``); ``apps`` becomes the
-    ``--apps`` allowlist file.
+    ``--apps`` allowlist file; ``cwd`` is the agent's working directory (and so that of every app it
+    launches), the caller's when None.
     """
 
     def __init__(self, display: str, *, apps: dict[str, list[str]] | None = None,
                  files_roots: list[str] | None = None, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self.display = display
+        self.cwd = cwd
         self.apps = apps
         self.files_roots = files_roots or []
         self.extra_args = extra_args or []
@@ -156,7 +158,7 @@ class AgentProcess:
         repo_root = str(Path(__file__).resolve().parent.parent)
         env = dict(self.env or os.environ)
         env["PYTHONPATH"] = repo_root + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

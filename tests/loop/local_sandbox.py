@@ -72,8 +72,13 @@ class LocalSandbox:
                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO / "images" / "pickup")))
             self._wait_http(f"http://127.0.0.1:{self.pickup_port}/livez")
         log.close()
+        # The agent, and every app it launches, starts in a long working directory outside HOME (unlike
+        # the guest's): a task whose screen layout depends on the shell's working directory or on the
+        # host's name (a prompt that shows them) fails here instead of on some machines only.
+        workdir = Path(self._tmp.name) / ("workdir-" + "w" * 48)
+        workdir.mkdir()
         self.agent_proc = AgentProcess(self.xvfb.display, apps=self.apps, files_roots=[str(self.home)],
-                                       env=env).start()
+                                       env=env, cwd=str(workdir)).start()
         return self
 
     @staticmethod
