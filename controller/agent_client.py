@@ -51,7 +51,7 @@ FILE_MAX_BYTES = _AGENT_FILE_MAX_BYTES
 
 MAX_SCREEN_PX = 8192
 """Largest screen width or height in px the controller ever gives a guest (a task's ``[screen]`` is
-at most 8192x8192, ``controller.tasks``); bounds a screenshot answer when the request does not."""
+at most 8192x8192, ``controller.run.tasks``); bounds a screenshot answer when the request does not."""
 
 SCREENSHOT_BYTES_PER_PX = 4
 """Bytes per image px a screenshot answer may take: an uncompressed RGBA frame. The agent's PNG is

@@ -12,7 +12,7 @@ screen), the agent as a real subprocess on 127.0.0.1, wall time per operation in
 - ``screenshot png``: ``GET /v1/screenshot`` alone;
 - ``type 100 ascii`` / ``type 100 unicode``: one ``type`` action into a terminal;
 - ``wait (idle screen)``: one ``wait`` action on a screen nothing draws on;
-- ``settled step``: what the controller does per model step, through :class:`controller.driver.SandboxDriver`:
+- ``settled step``: what the controller does per model step, through :class:`controller.run.driver.SandboxDriver`:
   a click, then the screenshot, which the driver precedes with a ``wait`` because input happened.
 
 Baseline, the way many tools do it: one ``xdotool`` process per action (``mousemove X Y click 1``,
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.agent_client import AgentClient
-from controller.driver import SandboxDriver, ScreenshotPolicy
+from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
 from guest.localrun import AgentProcess, Xvfb
 

@@ -1,7 +1,7 @@
 """``desktop-sandbox`` command line (typer). Each command is a thin wrapper over a module.
 
-Commands: ``build`` (controller.image), ``up`` / ``down`` (controller.sandbox.docker), ``run-task``
-(controller.runner), ``report`` (controller.record), ``audit`` (controller.audit), ``bench``
+Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (controller.sandbox.docker), ``run-task``
+(controller.run.runner), ``report`` (controller.run.record), ``audit`` (controller.audit), ``bench``
 (controller.bench).
 """
 
@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from controller.progress import make_console
+from controller.run.progress import make_console
 from controller.text import clean
 
 if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.get("TERMINAL_WIDTH"):
@@ -68,7 +68,7 @@ def build(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line of build output."),
 ) -> None:
     """Build the guest image (Dockerfile.desktop) with progress; print its size and build time."""
-    from controller import image
+    from controller.sandbox import image
 
     client = _docker_client()
     how = image.ensure_base(client, base, log=lambda m: console.print(f"[cyan]base[/] {m}"))
@@ -294,10 +294,10 @@ def run_task_cmd(
     before the interpreter has loaded the command ends the process by that signal, before anything
     was started or recorded.
     """
-    from controller.runner import RunOptions, run_task
+    from controller.run.runner import RunOptions, run_task
     from controller.sandbox import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals, signals_deferred
-    from controller.scripted_server import load_script
-    from controller.tasks import load_task
+    from controller.offline.scripted_server import load_script
+    from controller.run.tasks import load_task
 
     # Until the run's record is finished no signal cuts a step in half: before the run begins they are
     # noted here (the run then ends `cancelled` at once, with its record), from then on run_task handles
@@ -400,7 +400,7 @@ def report(
     """
     import json as _json
 
-    from controller.record import print_summary, read_record, summarize
+    from controller.run.record import print_summary, read_record, summarize
 
     try:
         entries = read_record(run)
@@ -436,7 +436,7 @@ def audit(
     from controller.audit import AuditError, audit as run_audit, render_table
     from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import SandboxError
-    from controller.tasks import load_task
+    from controller.run.tasks import load_task
     from controller.validation import describe_validation_error
 
     if policy is not None and task is not None:
@@ -459,7 +459,7 @@ def audit(
             _refuse(f"bad policy {policy}: {' '.join(str(exc).split())}")
     try:
         if backend == "vm":
-            from controller.audit_vm import audit_vm
+            from controller.audit.vm import audit_vm
             from controller.sandbox.vm import ensure_image
 
             vm_image = ensure_image(console.print)

@@ -7,7 +7,7 @@ Per sandbox (id ``ds-<8 hex>``), all labelled ``desktop-sandbox.sandbox=<id>``:
 * network ``<id>-egress``: a plain bridge; only the gateway joins it.
 * container ``<id>-gateway`` (role ``gateway``, user ``gateway``): the egress policy proxy on port
   ``GATEWAY_PROXY_PORT`` (the guest's HTTP(S)_PROXY) and the agent relay, whose port is published on the
-  host's 127.0.0.1 only and which listens only on the egress side (``controller.sandbox.relay``).
+  host's 127.0.0.1 only and which listens only on the egress side (``controller.gateway.relay``).
 * container ``<id>-desktop`` (role ``desktop``, user ``sandbox`` uid 1000): Xvfb, openbox, the agent,
   the demo app. ``cap_drop=ALL``, ``no-new-privileges``, default seccomp, read-only root with tmpfs for
   /tmp, the home and /run/desktop-sandbox, pids and memory limits, no Docker socket, no secrets in its

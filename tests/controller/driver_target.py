@@ -15,13 +15,13 @@ from typing import Any
 from PIL import Image
 
 from controller.agent_client import AgentError
-from controller.driver import DriverError, SandboxDriver, ScreenshotPolicy
-from controller.mapping import Frame, ModelSpace, OutOfModelBounds
+from controller.run.driver import DriverError, SandboxDriver, ScreenshotPolicy
+from controller.run.mapping import Frame, ModelSpace, OutOfModelBounds
 from tests.conformance.harness import AgentDesktop, Shot, TargetError
 
 
 class DriverTarget:
-    """Conformance target wrapping :class:`controller.driver.SandboxDriver`."""
+    """Conformance target wrapping :class:`controller.run.driver.SandboxDriver`."""
 
     def __init__(self, desktop: AgentDesktop) -> None:
         self.client = desktop.client

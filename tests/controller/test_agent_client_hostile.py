@@ -536,7 +536,7 @@ def test_well_formed_answers_pass_over_one_connection(hostile):
 
 
 def test_constants_follow_the_agent_and_the_task_schema():
-    from controller.tasks import Screen
+    from controller.run.tasks import Screen
     from guest.files import DEFAULT_MAX_BYTES
 
     assert FILE_MAX_BYTES == DEFAULT_MAX_BYTES
@@ -574,9 +574,9 @@ def test_a_run_against_a_hostile_agent_ends_error_with_a_complete_record_and_tea
     waits for a stable screen: screenshots then offer gigabytes without a length, release trickles and
     file reads stall. The run must end ``error`` soon, with ``run_started`` ... ``run_finished`` in the
     record, the sandbox closed and memory flat."""
-    from controller.record import read_record
-    from controller.runner import RunOptions, run_task
-    from controller.tasks import FileCheck, Task
+    from controller.run.record import read_record
+    from controller.run.runner import RunOptions, run_task
+    from controller.run.tasks import FileCheck, Task
 
     data = png()
     acted = threading.Event()

@@ -15,7 +15,7 @@ from openai.types.responses import ResponseComputerToolCall
 
 from rich.console import Console
 
-from controller.approvals import ActionGate, SafetyCheckApprover, describe_action
+from controller.run.approvals import ActionGate, SafetyCheckApprover, describe_action
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ CALL = ResponseComputerToolCall.model_validate({
 CHILD = r"""
 import sys
 from openai.types.responses import ResponseComputerToolCall
-from controller.approvals import SafetyCheckApprover, terminal_asker
+from controller.run.approvals import SafetyCheckApprover, terminal_asker
 call = ResponseComputerToolCall.model_validate({
     "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
     "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
@@ -79,7 +79,7 @@ def test_terminal_asks_and_only_an_explicit_yes_approves(answer, expected):
 
 
 def test_no_terminal_means_no_asker():
-    out = subprocess.run([sys.executable, "-c", "from controller.approvals import terminal_asker;"
+    out = subprocess.run([sys.executable, "-c", "from controller.run.approvals import terminal_asker;"
                           "print(terminal_asker() is None)"], stdin=subprocess.DEVNULL, capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
     assert out.stdout.strip() == "True"

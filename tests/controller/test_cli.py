@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.record import RunRecord
+from controller.run.record import RunRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Screen expectations (controller/expectations.py): the pixel checks on real PNG images, the strict
+"""Screen expectations (controller/offline/expectations.py): the pixel checks on real PNG images, the strict
 schema with one-line errors, and the reference in docs/ARCHITECTURE.md rendered from the schema."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from controller import expectations as ex
+from controller.offline import expectations as ex
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,7 +158,7 @@ def test_the_architecture_doc_carries_the_reference_rendered_from_the_schema():
     doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     block = re.search(r"<!-- expect-reference:start -->\n(.*?)<!-- expect-reference:end -->", doc, re.S)
     assert block, "docs/ARCHITECTURE.md lost its expect-reference block"
-    assert block.group(1) == ex.reference_markdown(), "run: python -m controller.expectations, paste into the doc"
+    assert block.group(1) == ex.reference_markdown(), "run: python -m controller.offline.expectations, paste into the doc"
     assert f"{ex.MAX_WAITS_PER_TURN} waits" in doc and f"up to {ex.MAX_WAITS_PER_TURN} per turn" in doc
     for model in ex.KINDS:
         for name in model.model_fields:
@@ -168,8 +168,8 @@ def test_the_architecture_doc_carries_the_reference_rendered_from_the_schema():
 def test_expectation_entries_print_literally_with_control_characters_escaped():
     from rich.console import Console
 
-    from controller.progress import RunPrinter
-    from controller.record import summary_table
+    from controller.run.progress import RunPrinter
+    from controller.run.record import summary_table
 
     hostile = {"type": "expectation", "turn": 2, "met": False, "reason": "deadline of 1s passed", "waits": 3,
                "unmet": [{"index": 0, "kind": "color", "expected": "color [red]x[/red]",

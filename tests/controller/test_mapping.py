@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.mapping import Frame, ModelSpace, OutOfModelBounds, fit_size
+from controller.run.mapping import Frame, ModelSpace, OutOfModelBounds, fit_size
 
 
 def space(screen: tuple[int, int], image: tuple[int, int], crop: tuple[int, int, int, int] | None = None) -> ModelSpace:

@@ -14,8 +14,8 @@ from rich.console import Console
 from controller.audit import AuditReport, ProbeResult, render_table
 from controller.cli import policy_toml, sandbox_table
 from controller.gateway.policy import NetworkPolicy
-from controller.progress import PIPE_WIDTH, RunPrinter, make_console, summarize_action
-from controller.record import RunRecord, read_record, summarize, summary_table
+from controller.run.progress import PIPE_WIDTH, RunPrinter, make_console, summarize_action
+from controller.run.record import RunRecord, read_record, summarize, summary_table
 
 
 def _printed(tmp_path: Path, write) -> list[str]:  # noqa: ANN001

@@ -8,8 +8,8 @@ import json
 import pytest
 from rich.console import Console
 
-from controller.mapping import Frame
-from controller.record import RunRecord, read_record, redact_action, summarize, summary_table
+from controller.run.mapping import Frame
+from controller.run.record import RunRecord, read_record, redact_action, summarize, summary_table
 
 
 def test_entries_have_ts_and_contract_types(tmp_path):

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from controller.model_client import LoopbackOnlyTransport, UsageMeter, offline_client
-from controller.expectations import MAX_WAITS_PER_TURN
-from controller.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
+from controller.run.model_client import LoopbackOnlyTransport, UsageMeter, offline_client
+from controller.offline.expectations import MAX_WAITS_PER_TURN
+from controller.offline.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 

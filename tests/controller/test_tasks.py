@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.tasks import FileCheck, SqliteCheck, TaskError, load_task
+from controller.run.tasks import FileCheck, SqliteCheck, TaskError, load_task
 
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 

@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 
 from controller.agent_client import AgentClient
-from controller.tasks import FileCheck, SqliteCheck
-from controller.verify import check_file, check_sqlite, guest_path, run_checks
+from controller.run.tasks import FileCheck, SqliteCheck
+from controller.run.verify import check_file, check_sqlite, guest_path, run_checks
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def _in_thread(fn, timeout_s: float = 120.0):
 def test_a_hostile_database_cannot_hang_verification(reader, home, monkeypatch):
     """The guest controls the database: a table replaced by an endless view must fail the check, not
     stall the run."""
-    import controller.verify as verify
+    import controller.run.verify as verify
 
     monkeypatch.setattr(verify, "QUERY_TIME_LIMIT_S", 1.0)
     with sqlite3.connect(home / "app.db") as conn:
@@ -210,7 +210,7 @@ def test_a_huge_result_is_not_read_whole(reader, home):
 def test_sqlite_observed_cells_are_cut_but_compared_whole(reader, home):
     """A guest database can hold megabytes in one value: the record and the console get it cut, the
     comparison sees all of it."""
-    from controller.verify import MAX_OBSERVED_CELL_CHARS
+    from controller.run.verify import MAX_OBSERVED_CELL_CHARS
 
     big = "A" * 1_000_000
     with sqlite3.connect(home / "app.db") as conn:

@@ -1,10 +1,10 @@
-"""controller.sandbox.relay: which addresses it listens on (no traffic; reads this host's interfaces)."""
+"""controller.gateway.relay: which addresses it listens on (no traffic; reads this host's interfaces)."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from controller.sandbox.relay import interface_addresses, listen_addresses
+from controller.gateway.relay import interface_addresses, listen_addresses
 
 
 def test_interface_addresses_include_loopback():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.record import read_record, summarize
-from controller.runner import RunOptions, run_task
-from controller.tasks import load_task
+from controller.run.record import read_record, summarize
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import load_task
 
 from ._guest import guest_requests
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from controller.agent_client import AgentClient
-from controller.driver import SandboxDriver, ScreenshotPolicy
-from controller.model_client import UsageMeter, offline_client
-from controller.scripted_server import ScriptedModel, ScriptedServer
+from controller.run.driver import SandboxDriver, ScreenshotPolicy
+from controller.run.model_client import UsageMeter, offline_client
+from controller.offline.scripted_server import ScriptedModel, ScriptedServer
 from guest.localrun import AgentProcess, Xvfb
 from tests.conformance.harness import AgentDesktop, Probe
 

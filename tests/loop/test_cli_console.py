@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.record import read_record
+from controller.run.record import read_record
 from tests.loop.conftest import interrupt_after_first_action
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,10 +11,10 @@ import pytest
 from openai import ComputerToolset
 from openai.lib.computer import ComputerUseError
 
-from controller.approvals import SafetyCheckApprover
-from controller.driver import SandboxDriver, ScreenshotPolicy
-from controller.runner import build_params
-from controller.tasks import FileCheck, Task
+from controller.run.approvals import SafetyCheckApprover
+from controller.run.driver import SandboxDriver, ScreenshotPolicy
+from controller.run.runner import build_params
+from controller.run.tasks import FileCheck, Task
 
 TASK = Task(name="loop-test", instructions="test",
             checks=[FileCheck(kind="file", path="~/unused", match="text", value="")])
@@ -272,7 +272,7 @@ def test_out_of_model_bounds_sends_nothing_and_names_the_model_size(desk, driver
     {"type": "teleport", "x": 1, "y": 1},
 ])
 def test_unsupported_input_raises(desk, driver, action):
-    from controller.driver import DriverError
+    from controller.run.driver import DriverError
 
     driver.capture()
     forwarded: list[list[dict]] = []
@@ -289,7 +289,7 @@ def test_unsupported_input_raises(desk, driver, action):
 
 
 def test_pointer_action_before_any_screenshot_raises(desk):
-    from controller.driver import ModelSpaceUnknown
+    from controller.run.driver import ModelSpaceUnknown
 
     driver = SandboxDriver(desk.client)
     with pytest.raises(ModelSpaceUnknown):

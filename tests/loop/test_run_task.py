@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.record import read_record, summarize
-from controller.runner import RunOptions, run_task
-from controller.tasks import load_task
+from controller.run.record import read_record, summarize
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import load_task
 from tests.loop.conftest import interrupt_after_first_action
 from tests.loop.local_sandbox import LocalSandbox
 from tests.require import require_commands
@@ -121,8 +121,8 @@ def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path)
 CANCEL_CHILD = r"""
 import json, sys
 from pathlib import Path
-from controller.runner import run_task, RunOptions
-from controller.tasks import FileCheck, Task
+from controller.run.runner import run_task, RunOptions
+from controller.run.tasks import FileCheck, Task
 from tests.loop.conftest import interrupt_after_first_action
 from tests.loop.local_sandbox import LocalSandbox
 runs, script = Path(sys.argv[1]), Path(sys.argv[2])
@@ -174,8 +174,8 @@ def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
 def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path, monkeypatch):
     """With OPENAI_API_KEY set the runner takes the live path: the real client built from the
     environment (here its base URL is pointed at a loopback scripted server, so no key is needed)."""
-    from controller.scripted_server import ScriptedModel, ScriptedServer
-    from controller.tasks import FileCheck, Task
+    from controller.offline.scripted_server import ScriptedModel, ScriptedServer
+    from controller.run.tasks import FileCheck, Task
 
     model = ScriptedModel([{"actions": [{"type": "move", "x": 5, "y": 6}]}, {"message": "ok"}])
     with ScriptedServer(model) as server, LocalSandbox() as sb:
@@ -198,7 +198,7 @@ def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path
 
 
 def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):
-    from controller.tasks import FileCheck, Task
+    from controller.run.tasks import FileCheck, Task
 
     def broken(task):
         raise RuntimeError("image desktop-sandbox:latest missing")
@@ -220,7 +220,7 @@ def test_an_unreadable_gateway_log_is_recorded_not_hidden(tmp_path):
 
     from rich.console import Console
 
-    from controller.tasks import FileCheck, Task
+    from controller.run.tasks import FileCheck, Task
 
     task = Task(name="netlog", instructions="x",
                 checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])

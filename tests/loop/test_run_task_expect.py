@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from controller.record import read_record, summarize, summary_table
-from controller.runner import RunOptions, run_task
-from controller.tasks import FileCheck, Launch, Task
+from controller.run.record import read_record, summarize, summary_table
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import FileCheck, Launch, Task
 from tests.loop.local_sandbox import LocalSandbox
 
 pytestmark = pytest.mark.skipif(not shutil.which("xterm"), reason="xterm is needed (apt-get install xterm)")

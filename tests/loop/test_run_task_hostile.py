@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.record import read_record
-from controller.runner import RunOptions, run_task
-from controller.tasks import FileCheck, Launch, Task
+from controller.run.record import read_record
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import FileCheck, Launch, Task
 from tests.loop.local_sandbox import LocalSandbox
 
 SECRET = "s3cret-Passw0rd"

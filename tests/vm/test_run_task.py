@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.record import read_record, summarize
-from controller.runner import RunOptions, run_task
-from controller.tasks import load_task
+from controller.run.record import read_record, summarize
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import load_task
 
 from .conftest import _timings
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
-from controller.tasks import FileCheck, SqliteCheck, check_guest_path
+from controller.run.tasks import FileCheck, SqliteCheck, check_guest_path
 
 MAX_OBSERVED_CHARS = 2000
 MAX_HEX_BYTES = 256
@@ -52,7 +52,7 @@ class GuestFileMissing(FileNotFoundError):
 def guest_path(path: str, home: str) -> str:
     """Expand a leading ``~`` to the guest user's home; the result must be absolute (POSIX).
 
-    Raises ValueError for what :func:`controller.tasks.check_guest_path` refuses (relative paths,
+    Raises ValueError for what :func:`controller.run.tasks.check_guest_path` refuses (relative paths,
     ``..`` segments, NUL).
     """
     if path == "~":

@@ -1,6 +1,6 @@
 """Audit target server: runs in a throwaway container on the audit's own network (standard library only).
 
-``python3 audit_target.py '<JSON config>'`` with config ``{"role": "allowed"|"recorder", "http": [ports],
+``python3 target_server.py '<JSON config>'`` with config ``{"role": "allowed"|"recorder", "http": [ports],
 "tcp": [ports], "udp": [ports]}``.
 
 * ``allowed`` answers HTTP on its ``http`` ports: ``GET /redirect?to=URL`` -> 302 to URL, anything else

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.markup import escape
 
-from controller.record import redact_action
+from controller.run.record import redact_action
 from controller.text import clean
 
 # An approver answers a question with the raw text the person typed (or None: cannot ask).

@@ -1,7 +1,7 @@
 """SandboxDriver: an ``openai.ComputerDriver`` that forwards actions to the guest agent.
 
 Coordinates arrive in model space (pixels of the image last sent to the model) and are mapped to
-screen px by :class:`controller.mapping.ModelSpace` (scale by the actual image size, round to
+screen px by :class:`controller.run.mapping.ModelSpace` (scale by the actual image size, round to
 nearest, add the crop offset). Every point of an action is bounds-checked in model space before
 anything is sent. Scroll deltas are forwarded unchanged (sign kept, no offset).
 
@@ -11,7 +11,7 @@ mapping follows the image actually sent.
 
 Unsupported input (unknown action fields, unknown types, empty drag paths) raises; nothing is
 silently ignored. Errors raised: :class:`DriverError` (and its subclass
-:class:`ModelSpaceUnknown`), :class:`controller.mapping.OutOfModelBounds`, and the agent client's
+:class:`ModelSpaceUnknown`), :class:`controller.run.mapping.OutOfModelBounds`, and the agent client's
 ``AgentError`` for refusals from the guest.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from PIL import Image
 
-from controller.mapping import Frame, ModelSpace, fit_size
+from controller.run.mapping import Frame, ModelSpace, fit_size
 
 try:  # the SDK's protocol; the driver is structurally compatible either way
     from openai import ComputerDriver as _ComputerDriverBase
@@ -182,7 +182,7 @@ class SandboxDriver(_ComputerDriverBase):
         """Validate one action (model px) and return it in screen px, ready for the agent.
 
         Every point is bounds-checked in model space first. Raises :class:`DriverError`,
-        :class:`ModelSpaceUnknown` or :class:`controller.mapping.OutOfModelBounds`; sends nothing.
+        :class:`ModelSpaceUnknown` or :class:`controller.run.mapping.OutOfModelBounds`; sends nothing.
         """
         data = _as_dict(action)
         kind = self._validate(data)

@@ -20,7 +20,7 @@ from typing import Callable
 import docker
 import docker.errors
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "Dockerfile.desktop"
 DEFAULT_TAG = "desktop-sandbox:latest"
 DEFAULT_BASE = "debian:bookworm-slim"

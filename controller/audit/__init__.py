@@ -52,8 +52,8 @@ HOST_PORTS = [22, 53, 80, 443, 2375, 2376, 3128, 8000, 8080]
 """Docker-host ports probed from the guest (plus the relay's published port and the host canary)."""
 DENY_BODY = "denied by sandbox egress policy: "
 
-_NETPROBE = Path(__file__).resolve().parent.parent / "guest" / "netprobe.py"
-_TARGET = Path(__file__).resolve().parent / "audit_target.py"
+_NETPROBE = Path(__file__).resolve().parents[2] / "guest" / "netprobe.py"
+_TARGET = Path(__file__).resolve().parent / "target_server.py"
 
 Expected = Literal["blocked", "allowed"]
 Judge = Callable[[str, Any, list[dict[str, Any]]], tuple[bool, bool]]
@@ -786,7 +786,7 @@ def render_table(report: AuditReport, console: Any) -> None:
     else:
         table = Table(title=title)
         # Short words never wrap; long targets and observations fold (a piped console is wide, see
-        # controller.progress.make_console).
+        # controller.run.progress.make_console).
         for column in ("probe", "category", "target", "expected", "observed", "result"):
             if column in ("target", "observed"):
                 table.add_column(column, overflow="fold")

@@ -10,7 +10,7 @@ listens on 127.0.0.1 only. Script format (contract, JSONL, one model turn a line
 
 Optional per line: ``"usage": null`` leaves usage out of that response (the run record then marks
 the token total incomplete); ``"comment"``; ``"expect": [...]`` and ``"expect_timeout_s"``, screen
-expectations (:mod:`controller.expectations`, the schema's one home). Coordinates in the script are
+expectations (:mod:`controller.offline.expectations`, the schema's one home). Coordinates in the script are
 model px, exactly as a live model sends.
 
 Screen expectations: before answering a turn that has them, the server checks each against the
@@ -59,8 +59,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from controller import expectations as ex
-from controller.expectations import MAX_WAITS_PER_TURN
+from controller.offline import expectations as ex
+from controller.offline.expectations import MAX_WAITS_PER_TURN
 
 
 IMAGE_TOKENS = 1105

@@ -6,7 +6,7 @@ answers that turn it checks every expectation against the latest screenshot it r
 ``computer_call_output`` image of the request, or the first request's ``input_image``). While one
 does not hold it answers a ``computer_call`` with a single ``wait`` action, as a live model would,
 and checks again on the next request; once the turn's deadline has passed it gives up and the run
-ends ``failed`` with the unmet expectation in the record (see :mod:`controller.scripted_server`).
+ends ``failed`` with the unmet expectation in the record (see :mod:`controller.offline.scripted_server`).
 
 This module is the one home of the expectation schema (pydantic, strict: unknown fields and kinds
 are refused) and of the pixel checks. Regions are in **model px**: pixels of the image the model
@@ -14,7 +14,7 @@ was sent (after the driver's crop and scale), the same space as the script's act
 Colours are compared per RGB channel (0-255); an image's alpha is ignored.
 
 :func:`reference_markdown` renders the field reference that ``docs/ARCHITECTURE.md`` holds (a test
-keeps the two equal); ``python -m controller.expectations`` prints it.
+keeps the two equal); ``python -m controller.offline.expectations`` prints it.
 """
 
 from __future__ import annotations

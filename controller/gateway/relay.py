@@ -1,6 +1,6 @@
 """TCP relay in the gateway container: the controller's only way to the guest agent.
 
-``python -m controller.sandbox.relay --port 8000 --exclude 172.30.0.0/16 --target desktop:8000``
+``python -m controller.gateway.relay --port 8000 --exclude 172.30.0.0/16 --target desktop:8000``
 
 Listens on ``--port`` on every IPv4 address of the container *except* those inside the ``--exclude``
 networks (the guest-facing internal network), so the guest cannot even complete a TCP handshake with it;

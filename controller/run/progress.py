@@ -144,7 +144,7 @@ def expectation_text(entry: dict[str, Any], limit: int = 300) -> str:
 
 
 class RunPrinter:
-    """Listener for :class:`controller.record.RunRecord`: prints each entry as one line.
+    """Listener for :class:`controller.run.record.RunRecord`: prints each entry as one line.
 
     ``console``: where lines go. Network entries are held and printed deduplicated when the next
     other entry (or :meth:`flush`) comes. Never raises: a line that cannot be printed is skipped.

@@ -12,7 +12,7 @@ model gave up on a screen expectation: an ``expectation`` entry says which), ``p
 completed and every check passed -- at least one). Exit code: 0 ``passed``, 1 ``failed`` or
 ``error``, 130 ``cancelled`` (the shell's convention for an interrupted command).
 
-The console shows the run as it goes: the record's listener (:class:`controller.progress.RunPrinter`)
+The console shows the run as it goes: the record's listener (:class:`controller.run.progress.RunPrinter`)
 prints one line per record entry (sandbox start, model steps, computer_calls with their actions
 summarised -- typed text only as a length --, approvals, network decisions, checks), the runner adds
 the launch and readiness lines, and the summary table ends the run.
@@ -37,14 +37,14 @@ from openai.lib.computer import ComputerUseError
 from rich.console import Console
 from rich.markup import escape
 
-from controller.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
-from controller.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
-from controller.model_client import RequestUsage, UsageMeter, live_client, offline_client
-from controller.progress import RunPrinter, clean, make_console
-from controller.record import RunRecord, new_run_id, read_record, redact_action, print_summary
-from controller.scripted_server import ScriptedModel, ScriptedServer, load_script
-from controller.tasks import Task
-from controller.verify import GuestFileMissing, guest_path, run_checks
+from controller.run.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
+from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
+from controller.run.model_client import RequestUsage, UsageMeter, live_client, offline_client
+from controller.run.progress import RunPrinter, clean, make_console
+from controller.run.record import RunRecord, new_run_id, read_record, redact_action, print_summary
+from controller.offline.scripted_server import ScriptedModel, ScriptedServer, load_script
+from controller.run.tasks import Task
+from controller.run.verify import GuestFileMissing, guest_path, run_checks
 
 DEFAULT_MODEL = "gpt-6-astra"
 GUEST_HOME = "/home/sandbox"

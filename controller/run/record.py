@@ -7,7 +7,7 @@ One JSON object a line, each with ``ts`` (UTC ISO-8601) and ``type`` among ``run
 ``text_length`` only, and nothing here ever sees the API key.
 
 :func:`summarize` reads a record back into the numbers of the summary table (and the checks'
-detail). A listener (``on_entry``, e.g. :class:`controller.progress.RunPrinter`) sees each entry as
+detail). A listener (``on_entry``, e.g. :class:`controller.run.progress.RunPrinter`) sees each entry as
 it is written: the console's progress lines come from the record.
 """
 
@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controller.progress import expectation_text, observed_text
+from controller.run.progress import expectation_text, observed_text
 from controller.text import clean
 
 RECORD_TYPES = {
