@@ -73,7 +73,7 @@ def _check_read_only_query(query: str) -> str:
     if ";" in tokens:
         raise ValueError("query must be a single statement")
     if not tokens or tokens[0].upper() not in ("SELECT", "WITH", "VALUES"):
-        raise ValueError("query must be one SELECT (or WITH ... SELECT) statement: checks only read")
+        raise ValueError("query must be one SELECT, WITH or VALUES statement: checks only read")
     return query
 
 

@@ -97,7 +97,7 @@ def _sqlite_check(query: str, extra: str = "") -> str:
     (BASE + _file_check("text", '"a"', path='""'), "path"),
     (BASE + _sqlite_check("SELECT ?", 'bind_files = ["notes.txt"]\n'), "bind_files"),
     (BASE + CHECK + '[[ready]]\nfile = "ready-flag"\n', "ready"),
-    # sqlite checks only read: one SELECT (or WITH ... SELECT) statement
+    # sqlite checks only read: one SELECT, WITH or VALUES statement
     (BASE + _sqlite_check("DELETE FROM pickups"), "query"),
     (BASE + _sqlite_check("UPDATE t SET x = 1"), "query"),
     (BASE + _sqlite_check("ATTACH 'x.db' AS y"), "query"),
@@ -152,6 +152,13 @@ def test_accepted_spellings_are_canonical(tmp_path):
 def test_sqlite_with_clause_and_comments_are_reads(tmp_path):
     task = load_task(_write(tmp_path, BASE + _sqlite_check("  -- count\\n WITH x AS (SELECT 1) SELECT * FROM x;")))
     assert task.checks[0].query.strip().endswith("FROM x;")
+
+
+def test_sqlite_values_is_a_read_and_the_refusal_names_all_three(tmp_path):
+    task = load_task(_write(tmp_path, BASE + _sqlite_check("VALUES (1)")))
+    assert task.checks[0].query == "VALUES (1)"
+    with pytest.raises(TaskError, match="one SELECT, WITH or VALUES statement"):
+        load_task(_write(tmp_path, BASE + _sqlite_check("INSERT INTO t VALUES (1)")))
 
 
 def test_defaults(tmp_path):
