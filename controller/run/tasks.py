@@ -31,6 +31,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationError, field_validator, model_validator)
 
 from controller.gateway.policy import NetworkPolicy
+from controller.run import json_semantics
 from controller.validation import describe_validation_error
 
 
@@ -149,8 +150,8 @@ class FileCheck(_Strict):
     """Compare a guest file with ``value`` by ``match``.
 
     exact: bytes equal the UTF-8 of value; text: equal after removing trailing whitespace on both;
-    regex: Python ``re.search(value, text)``; json: parsed JSON equals value (a TOML table/array or
-    a JSON string).
+    regex: Python ``re.search(value, text)``; json: the file is strict JSON equal to value (a TOML
+    table/array or a JSON string) by JSON's data model (:mod:`controller.run.json_semantics`).
     """
 
     kind: Literal["file"]
@@ -175,12 +176,12 @@ class FileCheck(_Strict):
         if self.match == "json":
             if isinstance(self.value, str):
                 try:
-                    json.loads(self.value)
-                except json.JSONDecodeError as exc:
+                    json_semantics.loads(self.value)
+                except ValueError as exc:
                     raise ValueError(f"value is not valid JSON text: {exc}") from None
             else:
                 try:
-                    json.dumps(self.value)
+                    json.dumps(self.value, allow_nan=False)
                 except (TypeError, ValueError):
                     raise ValueError("value must be JSON text or a TOML value JSON can express "
                                      "(no dates or times)") from None

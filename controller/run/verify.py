@@ -2,7 +2,7 @@
 compare it with the task's checks. Never from the model's transcript.
 
 - file checks: ``exact`` (bytes equal), ``text`` (equal after removing trailing whitespace),
-  ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (parsed values equal);
+  ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (strict JSON, compared by JSON's data model: :mod:`controller.run.json_semantics`);
 - sqlite checks: the database and its ``-wal``/``-shm`` files are copied through the files API to
   a temporary directory, opened read-only, the query is run (``bind_files`` texts bound to its
   ``?`` parameters) under an authorizer that admits only reads of that database (no ATTACH, PRAGMA,
@@ -18,7 +18,6 @@ check, not an exception.
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import tempfile
@@ -26,6 +25,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
+from controller.run import json_semantics
 from controller.run.tasks import FileCheck, SqliteCheck, check_guest_path
 
 MAX_OBSERVED_CHARS = 2000
@@ -111,12 +111,12 @@ def check_file(check: FileCheck, reader: FileReader, home: str) -> dict[str, Any
             passed, detail = False, f"invalid regex: {exc}"
     else:  # json
         try:
-            expected_value = json.loads(check.value) if isinstance(check.value, str) else check.value
-        except json.JSONDecodeError as exc:
+            expected_value = json_semantics.loads(check.value) if isinstance(check.value, str) else check.value
+        except ValueError as exc:
             return {**result, "observed": _shown(data), "passed": False, "detail": f"expected value is not JSON: {exc}"}
         try:
-            passed = json.loads(text) == expected_value
-        except json.JSONDecodeError as exc:
+            passed = json_semantics.equal(json_semantics.loads(text), expected_value)
+        except ValueError as exc:
             passed, detail = False, f"not JSON: {exc}"
         result["expected"] = expected_value
     result.update(observed=_shown(data), passed=passed)

@@ -154,6 +154,11 @@ def test_sqlite_with_clause_and_comments_are_reads(tmp_path):
     assert task.checks[0].query.strip().endswith("FROM x;")
 
 
+def test_json_check_value_with_a_duplicate_key_is_refused(tmp_path):
+    with pytest.raises(TaskError, match="duplicate key 'a'"):
+        load_task(_write(tmp_path, BASE + _file_check("json", "'{\"a\": 1, \"a\": 2}'")))
+
+
 def test_sqlite_values_is_a_read_and_the_refusal_names_all_three(tmp_path):
     task = load_task(_write(tmp_path, BASE + _sqlite_check("VALUES (1)")))
     assert task.checks[0].query == "VALUES (1)"

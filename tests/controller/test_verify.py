@@ -62,6 +62,40 @@ def test_json_rule(reader, home):
     assert not result["passed"] and "not JSON" in result["detail"]
 
 
+EXPECTED_RECEIPT = {"paid": True, "items": 2, "refund": False, "note": None}
+
+
+@pytest.mark.parametrize("observed, passes", [
+    ('{"paid": true, "items": 2, "refund": false, "note": null}', True),
+    ('{"note": null, "refund": false, "items": 2.0, "paid": true}', True),  # 2 and 2.0: one JSON number
+    ('{"paid": 1, "items": 2, "refund": false, "note": null}', False),  # 1 is a number, not true
+    ('{"paid": true, "items": 2, "refund": 0, "note": null}', False),  # 0 is not false
+    ('{"paid": true, "items": 2, "refund": false, "note": 0}', False),  # 0 is not null
+    ('{"paid": true, "items": 2, "refund": false, "note": false}', False),  # false is not null
+    ('{"paid": true, "items": true, "refund": false, "note": null}', False),  # true is not a number
+    ('{"paid": true, "items": 2, "refund": false, "note": null, "paid": true}', False),  # duplicate key
+    ('{"paid": false, "items": 2, "refund": false, "note": null, "paid": true}', False),  # not the last one's
+    ('{"paid": true, "items": NaN, "refund": false, "note": null}', False),  # NaN is not JSON
+    ('{"paid": true, "items": 2, "refund": false}', False),  # a key missing
+    ('{"paid": true, "items": 2, "refund": false, "note": null, "x": 1}', False),  # a key more
+])
+def test_json_rule_compares_by_json_semantics(reader, home, observed, passes):
+    (home / "Documents/out.txt").write_text(observed)
+    result = check_file(fc("json", EXPECTED_RECEIPT), reader, str(home))
+    assert result["passed"] is passes, result
+    invalid = observed.count('"paid"') > 1 or "NaN" in observed  # duplicate keys and NaN make no JSON
+    assert ("not JSON" in result.get("detail", "")) is invalid
+
+
+def test_json_rule_nested_arrays_and_booleans_in_arrays(reader, home):
+    (home / "Documents/out.txt").write_text('[1, [true, false], {"a": [0]}]')
+    h = str(home)
+    assert check_file(fc("json", [1.0, [True, False], {"a": [0]}]), reader, h)["passed"]
+    assert not check_file(fc("json", [True, [True, False], {"a": [0]}]), reader, h)["passed"]
+    assert not check_file(fc("json", [1, [1, 0], {"a": [0]}]), reader, h)["passed"]
+    assert not check_file(fc("json", [1, [True, False], {"a": [False]}]), reader, h)["passed"]
+
+
 def test_missing_file_fails_the_check_instead_of_raising(reader, home):
     result = check_file(fc("text", "x", path="~/Documents/none.txt"), reader, str(home))
     assert result["passed"] is False and result["observed"] is None and "does not exist" in result["detail"]
