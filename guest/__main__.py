@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m guest")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the agent HTTP API", formatter_class=_Help,
-                           description="Run the guest agent's HTTP API (see guest/README.md).")
+                           description="Run the guest agent's HTTP API (contract 1 in docs/ARCHITECTURE.md).")
     serve.add_argument("--display", default=os.environ.get("DISPLAY", ":99"), metavar=":N",
                        help="X display to drive; $DISPLAY when set, else :99")
     serve.add_argument("--bind", default="127.0.0.1:8000", metavar="HOST:PORT", help="address to listen on ([::1]:PORT for IPv6; port 0: any free port)")

@@ -5,7 +5,7 @@ compared with :func:`hmac.compare_digest`. Errors are JSON ``{"error": {"code", 
 400 ``invalid_request`` / ``invalid_action`` / ``unknown_key`` / ``out_of_bounds`` / ``timeout`` /
 ``bad_path`` / ``unknown_app`` / ``launch_failed``, 401 ``unauthorized``, 403 ``forbidden``, 404
 ``not_found``, 405 ``http_error``, 409 ``busy``, 413 ``too_large``, 503 ``display_unavailable``
-(guest/README.md, "Errors", says when each is given).
+(docs/ARCHITECTURE.md, contract 1, "Errors", says when each is given).
 
 JSON bodies are at most :data:`MAX_BODY_BYTES` (413 ``too_large``, counted while reading, so a larger
 one is never held in memory) and must be JSON whose strings are text: nesting deeper than
