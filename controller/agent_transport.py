@@ -87,12 +87,32 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+# httpcore's transport errors and the httpx ones they become, most specific first (isinstance order).
+_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.ProxyError, httpx.ProxyError),
+)
+
+
 def _to_httpx(exc: Exception) -> httpx.TransportError:
-    """The httpx exception of the same name (ReadTimeout, ConnectError, RemoteProtocolError, ...)."""
-    cls = getattr(httpx, type(exc).__name__, None)
-    if not (isinstance(cls, type) and issubclass(cls, httpx.TransportError)):
-        cls = httpx.TimeoutException if isinstance(exc, httpcore.TimeoutException) else httpx.TransportError
-    return cls(str(exc))
+    """The httpx error matching httpcore's ``exc`` by class (ReadTimeout -> httpx.ReadTimeout, ...);
+    ``httpx.TransportError`` for anything else."""
+    for core, mapped in _HTTPX_ERRORS:
+        if isinstance(exc, core):
+            return mapped(str(exc))
+    return httpx.TransportError(str(exc))
 
 
 class _CoreBody(httpx.SyncByteStream):
