@@ -1,8 +1,8 @@
 """``desktop-sandbox`` command line (typer). Each command is a thin wrapper over a module.
 
-Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (controller.sandbox.docker), ``run-task``
-(controller.run.runner), ``report`` (controller.run.record), ``audit`` (controller.audit), ``bench``
-(controller.bench).
+Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (a backend of
+controller.sandbox.registry), ``run-task`` (controller.run.runner), ``report`` (controller.run.record),
+``audit`` (controller.audit), ``bench`` (controller.bench). ``--backend`` names a backend of the registry.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from controller.run.progress import make_console
+from controller.sandbox.registry import DEFAULT_BACKEND, backend_names, get_backend
 from controller.text import clean
+from wire.actions import ACTION_TYPES
 
 if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.get("TERMINAL_WIDTH"):
     # --help piped (into less, a file): typer's help console would default to 80 columns and split words.
@@ -31,8 +33,6 @@ if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.
 app = typer.Typer(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
                   no_args_is_help=True, add_completion=False)
 console = make_console(stderr=True)
-
-ACTION_TYPES = ("click", "double_click", "drag", "keypress", "move", "scroll", "type", "wait", "screenshot")
 
 
 REFUSAL_CHARS = 1000
@@ -46,6 +46,18 @@ def _refuse(message: str) -> None:
     characters escaped and cut to :data:`REFUSAL_CHARS` characters (:func:`controller.text.clean`)."""
     console.print(clean(message, REFUSAL_CHARS), markup=False, highlight=False)
     raise typer.Exit(2)
+
+
+BACKEND_HELP = f"Backend: {' or '.join(backend_names())}."
+IMAGE_HELP = "Guest image: a Docker tag (default desktop-sandbox:latest) or a VM image directory (default: the built one)."
+
+
+def _backend(name: str):  # noqa: ANN202 - a Sandbox subclass
+    """The backend class registered as ``name``, or a one-line refusal (exit 2) naming the known ones."""
+    try:
+        return get_backend(name)
+    except KeyError:
+        _refuse(f"unknown backend {name!r} (one of {', '.join(backend_names())})")
 
 
 def _docker_client():  # noqa: ANN202
@@ -142,11 +154,12 @@ def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy
 
 @app.command()
 def up(
-    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image."),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP),
     width: int = typer.Option(1280, help="Screen width (screen px)."),
     height: int = typer.Option(800, help="Screen height (screen px)."),
     allow: list[str] = typer.Option([], help="Allowlisted origin (repeatable); none: deny all."),
     detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
 ) -> None:
     """Start a sandbox, print how to reach its agent (token file, example curl line), and keep it until
     Ctrl-C (or `down ID`, when detached).
@@ -159,14 +172,16 @@ def up(
     from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import (INTERRUPT_SIGNALS, SandboxInterrupted, SandboxSpec, raise_on_signals,
                                     signals_deferred)
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
     from controller.validation import describe_validation_error
 
+    backend_cls = _backend(backend)
     try:
         network = NetworkPolicy(mode="allowlist" if allow else "deny-all", allow=list(allow))
     except ValidationError as exc:
         _refuse(f"--allow: {describe_validation_error(exc, known_keys=NetworkPolicy.model_fields)}")
-    spec = SandboxSpec(screen_width=width, screen_height=height, policy=network.model_dump(mode="json"))
+    spec = SandboxSpec(screen_width=width, screen_height=height, policy=network.model_dump(mode="json"),
+                       ready_timeout=backend_cls.default_ready_timeout)
+    options = backend_cls.make_options(image=image_tag, detached=detach)
     sandbox = None
     token_file: Path | None = None
     # From the start to the removal a signal never cuts a step in half: it is noted (the start itself
@@ -176,7 +191,7 @@ def up(
         try:
             try:
                 with console.status("starting sandbox"):
-                    sandbox = DockerSandbox.start(spec, DockerOptions(image=image_tag, detached=detach))
+                    sandbox = backend_cls.start(spec, options)
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
             else:
@@ -185,8 +200,8 @@ def up(
                 console.print(f"cancelled ({signal.Signals(noted[0]).name}): the sandbox start was abandoned",
                               markup=False)
                 raise typer.Exit(130)
-            table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.timings.get("display_ready"), network,
-                                  token_file, detach)
+            table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.ready_seconds, network, token_file,
+                                  detach)
             console.print(table)
             if detach:
                 typer.echo(sandbox.id)
@@ -210,15 +225,18 @@ def up(
 @app.command()
 def down(
     sandbox_ids: list[str] = typer.Argument(None, help="Sandbox ids to remove."),
-    all_: bool = typer.Option(False, "--all", help="Remove every container and network with our label."),
+    all_: bool = typer.Option(False, "--all", help="Remove every sandbox of every backend (containers, "
+                                                   "networks, VM processes and directories)."),
     label: list[str] = typer.Option(
         [], "--label", help="With --all: only sandboxes that also carry this label, KEY=VALUE (repeatable), "
                             "e.g. desktop-sandbox.owner=HOST:PID for what one (killed) process started."),
+    backend: Optional[str] = typer.Option(None, "--backend", help=f"Only this backend (default: every one). "
+                                                                  f"{BACKEND_HELP}"),
 ) -> None:
-    """Remove sandboxes: the given ids, or with --all everything labelled desktop-sandbox.sandbox (only
-    what also carries each --label, when given), and their token files. Exit 2 when a given id names
-    no sandbox (nothing of it was found)."""
-    from controller.sandbox.docker import list_sandboxes, remove_all, remove_sandbox
+    """Remove sandboxes: the given ids, or with --all every sandbox of every backend (only what also
+    carries each --label, when given), and their token files. Exit 2 when a given id names no sandbox
+    (nothing of it was found), or when no backend could be asked."""
+    from controller.sandbox import BackendUnavailable
 
     if not all_ and not sandbox_ids:
         _refuse("give sandbox ids or --all")
@@ -230,37 +248,47 @@ def down(
         if not sep or not key:
             _refuse(f"--label {item!r}: give KEY=VALUE")
         wanted[key] = value
-    client = _docker_client()
-    if all_ and wanted:
-        sandbox_ids = [sid for sid, labels in list_sandboxes(client).items()
-                       if all(labels.get(k) == v for k, v in wanted.items())]
-        removed = [n for s in sandbox_ids for n in remove_sandbox(client, s)]
-    else:
-        removed = remove_all(client) if all_ else []
-    unknown = []
-    if not all_:
-        for sid in sandbox_ids:
-            gone = remove_sandbox(client, sid)
-            token = _token_path(sid)
-            if not gone and not token.exists():
-                unknown.append(sid)
-            removed += gone
-    for sid in sandbox_ids or []:
+    names = [backend] if backend is not None else backend_names()
+    classes = [_backend(name) for name in names]
+    removed: list[str] = []
+    found: set[str] = set()
+    unavailable: list[str] = []
+    for cls in classes:
+        try:
+            if all_:
+                if wanted:
+                    found.update(sid for sid, labels in cls.list_all().items()
+                                 if all(labels.get(k) == v for k, v in wanted.items()))
+                removed += cls.remove_all(wanted)
+            else:
+                for sid in sandbox_ids:
+                    gone = cls.remove(sid)
+                    if gone:
+                        found.add(sid)
+                    removed += gone
+        except BackendUnavailable as exc:
+            unavailable.append(f"{cls.backend_name}: {exc}")
+    if len(unavailable) == len(classes):
+        _refuse("; ".join(unavailable))
+    for line in unavailable:  # the other backends were asked; this one could not be
+        console.print(f"skipped {line}", markup=False, highlight=False)
+    unknown = [sid for sid in sandbox_ids or [] if sid not in found and not _token_path(sid).exists()]
+    for sid in (sandbox_ids or []) + sorted(found):
         _token_path(sid).unlink(missing_ok=True)
-    if all_ and not wanted:
+    if all_ and not wanted and backend is None:
         for path in _token_path("x").parent.glob("*.token"):
             path.unlink(missing_ok=True)
     console.print(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"))
-    if unknown:
+    if unknown and not all_:
         # A mistyped id must not pass as done: nothing of it existed.
         _refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
-                f"label=desktop-sandbox.sandbox`)")
+                f"label=desktop-sandbox.sandbox`, or `ls -d /tmp/desktop-sandbox-vm-*`)")
 
 
 @app.command("run-task")
 def run_task_cmd(
     task_file: Path = typer.Argument(Path("tasks/pickup.toml"), help="Task TOML (contract: tasks/*.toml)."),
-    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image (built if missing)."),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP + " Built if missing."),
     live: Optional[bool] = typer.Option(None, "--live/--offline",
                                         help="Live model or the offline exercise; default: live iff OPENAI_API_KEY."),
     model: Optional[str] = typer.Option(None, help="Live model (default $OPENAI_MODEL or gpt-6-astra)."),
@@ -273,7 +301,7 @@ def run_task_cmd(
     confirm_actions: str = typer.Option("", help="Ask before these action types, e.g. type,keypress."),
     step: bool = typer.Option(False, "--step", help="Ask before every action."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where run records go."),
-    backend: str = typer.Option("docker", "--backend", help="docker (containers) or vm (QEMU VM, see vagrant/README.md)."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -307,8 +335,7 @@ def run_task_cmd(
             task = load_task(task_file)
         except ValueError as exc:  # TaskError: one line naming the file and the field
             _refuse(f"cannot load task: {exc}")
-        if backend not in ("docker", "vm"):
-            _refuse(f"unknown backend {backend!r} (docker or vm)")
+        _backend(backend)
         confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
         unknown = [a for a in confirm if a not in ACTION_TYPES]
         if unknown:
@@ -351,41 +378,25 @@ def _not_opened(task: Any) -> Any:
     raise RuntimeError("the run was cancelled before its sandbox was opened")
 
 
-def sandbox_opener(backend: str, image_tag: str) -> Callable[[Any], Any]:
-    """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh Docker sandbox from ``image_tag``
-    (built first when missing) or a QEMU VM sandbox (``backend="vm"``), sized and policed by the task."""
-    import docker.errors
+def sandbox_opener(backend: str, image_tag: Optional[str]) -> Callable[[Any], Any]:
+    """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh sandbox of the registry's ``backend``
+    from ``image_tag`` (None: the backend's default image), built first when missing, sized and policed by
+    the task. Refuses (exit 2) when the backend cannot be reached."""
+    from controller.sandbox import BackendUnavailable, SandboxSpec
 
-    from controller.sandbox import SandboxSpec
-
-    if backend == "vm":
-        from controller.sandbox.vm import VMOptions, VMSandbox, ensure_image
-
-        vm_image = ensure_image(console.print)
-
-        def open_vm(t):  # noqa: ANN001, ANN202
-            spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                               policy=t.network.model_dump(mode="json"), ready_timeout=600.0)
-            with console.status("starting VM sandbox"):
-                return VMSandbox.start(spec, VMOptions(image=vm_image))
-
-        return open_vm
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
-
-    client = _docker_client()
+    cls = _backend(backend)
     try:
-        client.images.get(image_tag)
-    except docker.errors.ImageNotFound:
-        console.print(f"image {image_tag} missing: building it first (make desktop)")
-        build(tag=image_tag, base="debian:bookworm-slim", no_cache=False, wheelhouse=True, verbose=False)
+        options = cls.ensure_image(cls.make_options(image=image_tag), console.print)
+    except BackendUnavailable as exc:
+        _refuse(str(exc))
 
-    def open_docker(t):  # noqa: ANN001, ANN202
+    def open_sandbox(t):  # noqa: ANN001, ANN202
         spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                           policy=t.network.model_dump(mode="json"))
-        with console.status("starting sandbox"):
-            return DockerSandbox.start(spec, DockerOptions(image=image_tag), client=client)
+                           policy=t.network.model_dump(mode="json"), ready_timeout=cls.default_ready_timeout)
+        with console.status(f"starting {backend} sandbox"):
+            return cls.start(spec, options)
 
-    return open_docker
+    return open_sandbox
 
 
 @app.command()
@@ -400,10 +411,10 @@ def report(
     """
     import json as _json
 
-    from controller.run.record import print_summary, read_record, summarize
+    from controller.run.record import print_summary, read_entries, summarize
 
     try:
-        entries = read_record(run)
+        entries = read_entries(run)
     except (OSError, ValueError) as exc:
         _refuse(f"cannot read {run}: {exc}")
     try:
@@ -412,7 +423,7 @@ def report(
             typer.echo(_json.dumps(summary, indent=2, allow_nan=False))
         else:
             print_summary(entries, run, console=make_console())
-    # entries that are JSON objects but not run entries (missing or mistyped fields, infinite numbers)
+    # entries read_entries took whose free-form values cannot be shown or written as JSON (infinite numbers)
     except (AttributeError, TypeError, ValueError, KeyError, OverflowError, RecursionError) as exc:
         _refuse(f"cannot read {run}: not a run record ({type(exc).__name__}: {exc})")
     raise typer.Exit(0 if summary["status"] == "passed" else 1)
@@ -423,8 +434,8 @@ def audit(
     policy: Optional[Path] = typer.Option(None, "--policy", help="Policy file (TOML: a network table, or mode/allow at top level)."),
     task: Optional[Path] = typer.Option(None, "--task", help="Task file; its network table is audited."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report to this file."),
-    image_tag: str = typer.Option("desktop-sandbox:latest", "--image", help="Guest image."),
-    backend: str = typer.Option("docker", "--backend", help="docker (containers) or vm (QEMU VM)."),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
 ) -> None:
     """Probe the network policy from inside the guest; print a table, optionally write JSON.
 
@@ -433,12 +444,14 @@ def audit(
     import docker.errors
     from pydantic import ValidationError
 
-    from controller.audit import AuditError, audit as run_audit, render_table
+    from controller.audit import AuditError, render_table
     from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import SandboxError
+    from controller.sandbox.registry import audit_function
     from controller.run.tasks import load_task
     from controller.validation import describe_validation_error
 
+    backend_cls = _backend(backend)
     if policy is not None and task is not None:
         _refuse("give --policy or --task, not both")
     if task is not None:
@@ -458,19 +471,9 @@ def audit(
         except ValueError as exc:  # not UTF-8
             _refuse(f"bad policy {policy}: {' '.join(str(exc).split())}")
     try:
-        if backend == "vm":
-            from controller.audit.vm import audit_vm
-            from controller.sandbox.vm import ensure_image
-
-            vm_image = ensure_image(console.print)
-            with console.status("auditing (VM sandbox, probes)"):
-                result = audit_vm(network, image=vm_image)
-        elif backend == "docker":
-            with console.status("auditing (targets, sandbox, probes)"):
-                result = run_audit(network, image=image_tag)
-        else:
-            console.print(f"[red]unknown backend {backend!r}[/] (docker or vm)")
-            raise typer.Exit(2)
+        options = backend_cls.ensure_image(backend_cls.make_options(image=image_tag), console.print)
+        with console.status(f"auditing ({backend} sandbox, probes)"):
+            result = audit_function(backend)(network, image=options.image)
     except (AuditError, SandboxError, docker.errors.DockerException) as exc:
         console.print(f"[red]audit could not run:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None

@@ -1,13 +1,16 @@
 """Responses computer actions: validation and execution under one input lock.
 
-Action JSON uses the SDK's field names (``openai.types.responses.computer_action``):
-``click {x,y,button,keys?}``, ``double_click {x,y,keys?}``, ``drag {path:[{x,y}...],keys?}``,
-``keypress {keys}``, ``move {x,y,keys?}``, ``scroll {x,y,scroll_x,scroll_y,keys?}``,
-``type {text}``, ``wait {}``, ``screenshot {}``. Coordinates are screen pixels; (0, 0) and
-(W-1, H-1) are valid, anything outside is ``out_of_bounds``. Coordinates and scroll deltas must be
-JSON integers (``true``, ``"5"`` and ``5.0`` are ``invalid_action``, never read as numbers). Keys
-that command the X server rather than applications (:func:`guest.keys.is_server_control`) are
-``invalid_action`` naming the ``key``.
+The action schema (types, fields, units, limits) is :mod:`wire.actions`; requests are read in its
+agent form (``wire.actions.ACTION_ADAPTER``: unknown fields ignored, ``button`` defaults to
+``"left"``, scroll amounts to 0). Here: ``click {x,y,button,keys?}``, ``double_click {x,y,keys?}``,
+``drag {path:[{x,y}...],keys?}``, ``keypress {keys}``, ``move {x,y,keys?}``,
+``scroll {x,y,scroll_x,scroll_y,keys?}``, ``type {text}``, ``wait {}``, ``screenshot {}``.
+Coordinates are screen pixels; (0, 0) and (W-1, H-1) are valid, anything outside is
+``out_of_bounds``. Coordinates and scroll deltas must be JSON integers (``true``, ``"5"`` and
+``5.0`` are ``invalid_action``, never read as numbers). Keys that command the X server rather than
+applications (:func:`guest.keys.is_server_control`) are ``invalid_action`` naming the ``key``. Each
+action type runs in its handler, ``Executor._do_<type>``; importing this module fails when a type of
+the schema has none.
 
 A request is validated completely before the first event is sent (schema, key names, text,
 coordinates), so a bad action anywhere in it sends nothing. Then the actions run in order while the
@@ -47,9 +50,12 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
+from pydantic import ValidationError
+
+from wire.actions import (ACTION_ADAPTER, ACTION_TYPES, MAX_PATH_POINTS, MAX_TEXT_CHARS, BaseAction, Type, Wait,
+                          first_outside)
 
 from . import keys as keynames
 from . import pointer
@@ -65,9 +71,7 @@ REQUEST_TIMEOUT_S = 20.0
 WAIT_QUIET_S = 0.1
 FRAME_QUIET_S = 0.3
 WAIT_POLL_S = 0.05
-MAX_TEXT_CHARS = 20_000
 MAX_ACTIONS = 500
-MAX_PATH_POINTS = 2_000
 
 
 class ActionError(Exception):
@@ -86,90 +90,11 @@ class ActionError(Exception):
         return {"error": err}
 
 
-class _Action(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class Point(BaseModel):
-    x: StrictInt
-    y: StrictInt
-
-
-class Click(_Action):
-    type: Literal["click"]
-    x: StrictInt
-    y: StrictInt
-    button: Literal["left", "right", "wheel", "back", "forward"] = "left"
-    keys: list[str] | None = None
-
-
-class DoubleClick(_Action):
-    type: Literal["double_click"]
-    x: StrictInt
-    y: StrictInt
-    keys: list[str] | None = None
-
-
-class Drag(_Action):
-    type: Literal["drag"]
-    path: list[Point] = Field(min_length=2, max_length=MAX_PATH_POINTS)
-    keys: list[str] | None = None
-
-
-class Keypress(_Action):
-    type: Literal["keypress"]
-    keys: list[str] = Field(min_length=1, max_length=16)
-
-
-class Move(_Action):
-    type: Literal["move"]
-    x: StrictInt
-    y: StrictInt
-    keys: list[str] | None = None
-
-
-class Scroll(_Action):
-    type: Literal["scroll"]
-    x: StrictInt
-    y: StrictInt
-    scroll_x: StrictInt = 0
-    scroll_y: StrictInt = 0
-    keys: list[str] | None = None
-
-
-class Type(_Action):
-    type: Literal["type"]
-    text: str = Field(max_length=MAX_TEXT_CHARS)
-
-
-class Wait(_Action):
-    type: Literal["wait"]
-
-
-class Screenshot(_Action):
-    type: Literal["screenshot"]
-
-
-Action = Annotated[
-    Union[Click, DoubleClick, Drag, Keypress, Move, Scroll, Type, Wait, Screenshot],
-    Field(discriminator="type"),
-]
-_ACTION = TypeAdapter(Action)
-
-
 class Prepared:
     """One validated action: the model plus resolved keysyms / text keysyms / points."""
 
-    def __init__(self, action: BaseModel, keysyms: list[int], text: list[int], points: list[tuple[int, int]]):
+    def __init__(self, action: BaseAction, keysyms: list[int], text: list[int], points: list[tuple[int, int]]):
         self.action, self.keysyms, self.text, self.points = action, keysyms, text, points
-
-
-def _points(action: BaseModel) -> list[tuple[int, int]]:
-    if isinstance(action, Drag):
-        return [(p.x, p.y) for p in action.path]
-    if hasattr(action, "x"):
-        return [(action.x, action.y)]  # type: ignore[attr-defined]
-    return []
 
 
 def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
@@ -186,7 +111,7 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
     width, height = screen
     for index, raw in enumerate(raw_actions):
         try:
-            action = _ACTION.validate_python(raw)
+            action = ACTION_ADAPTER.validate_python(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
@@ -212,15 +137,15 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
                 text = text_to_keysyms(action.text)
             except InvalidText as exc:
                 raise ActionError(400, "invalid_action", str(exc), index) from None
-        points = _points(action)
-        for x, y in points:
-            if not (0 <= x < width and 0 <= y < height):
-                raise ActionError(
-                    400, "out_of_bounds",
-                    f"({x}, {y}) is outside the {width}x{height} screen (valid: 0..{width - 1}, 0..{height - 1})",
-                    index,
-                )
-        out.append(Prepared(action, keysyms, text, points))
+        outside = first_outside(action, (width, height))
+        if outside is not None:
+            x, y = outside
+            raise ActionError(
+                400, "out_of_bounds",
+                f"({x}, {y}) is outside the {width}x{height} screen (valid: 0..{width - 1}, 0..{height - 1})",
+                index,
+            )
+        out.append(Prepared(action, keysyms, text, action.points()))
     return out
 
 
@@ -315,33 +240,59 @@ class Executor:
         finally:
             self._lock.release()
 
+    def handler(self, kind: str) -> Callable[[Any, Held, Prepared, float | None], None]:
+        """The method that runs actions of type ``kind`` (``_do_<kind>``), called with the X display,
+        the held-input tracker, the prepared action and the request's monotonic deadline. Raises
+        LookupError for a type this executor cannot run."""
+        method = getattr(self, f"_do_{kind}", None)
+        if not callable(method):
+            raise LookupError(f"no handler for action type {kind!r}")
+        return method
+
     def _execute(self, dpy: Any, held: Held, item: Prepared, deadline: float | None = None) -> None:
-        action = item.action
+        """Run one prepared action (not ``wait``) on ``dpy``; ``keys`` of an action with points are held
+        during it and released after."""
+        run = self.handler(item.action.type)
         kb = self.keyboard
-        if isinstance(action, Keypress):
-            kb.chord(dpy, held, item.keysyms)
-            return
-        if isinstance(action, Type):
-            kb.type_keysyms(dpy, held, item.text, deadline)
-            return
-        if isinstance(action, Screenshot):
-            return  # the caller fetches the image with GET /v1/screenshot
-        modifiers = kb.hold(dpy, held, item.keysyms) if item.keysyms else []
-        x, y = item.points[0]
-        if isinstance(action, Click):
-            pointer.click(dpy, held, x, y, pointer.BUTTONS[action.button])
-        elif isinstance(action, DoubleClick):
-            pointer.click(dpy, held, x, y, 1, count=2)
-        elif isinstance(action, Move):
-            pointer.move(dpy, x, y)
-            dpy.sync()
-        elif isinstance(action, Drag):
-            pointer.drag(dpy, held, item.points)
-        elif isinstance(action, Scroll):
-            pointer.scroll(dpy, held, x, y, action.scroll_x, action.scroll_y)
+        modifiers = kb.hold(dpy, held, item.keysyms) if item.points and item.keysyms else []
+        run(dpy, held, item, deadline)
         if modifiers:
             kb.unhold(dpy, held, modifiers)
             dpy.sync()
+
+    def _do_click(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        x, y = item.points[0]
+        pointer.click(dpy, held, x, y, pointer.BUTTONS[item.action.button])  # type: ignore[attr-defined]
+
+    def _do_double_click(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        x, y = item.points[0]
+        pointer.click(dpy, held, x, y, 1, count=2)
+
+    def _do_drag(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        pointer.drag(dpy, held, item.points)
+
+    def _do_keypress(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        self.keyboard.chord(dpy, held, item.keysyms)
+
+    def _do_move(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        x, y = item.points[0]
+        pointer.move(dpy, x, y)
+        dpy.sync()
+
+    def _do_scroll(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        x, y = item.points[0]
+        action = item.action
+        pointer.scroll(dpy, held, x, y, action.scroll_x, action.scroll_y)  # type: ignore[attr-defined]
+
+    def _do_type(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        self.keyboard.type_keysyms(dpy, held, item.text, deadline)
+
+    def _do_wait(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        """Never reached through :meth:`_execute`: :meth:`execute` runs ``wait`` without the X lock."""
+        self.wait_stable(deadline)
+
+    def _do_screenshot(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
+        """Nothing to send: the caller fetches the image with ``GET /v1/screenshot``."""
 
     def wait_stable(self, deadline: float | None = None) -> bool:
         """Block until the screen settles (the rule in the module doc), or ``wait_cap`` s passed, or the
@@ -374,4 +325,9 @@ class Executor:
                 last, last_change = frame, time.monotonic()
 
 
-__all__ = ["ActionError", "Executor", "Outcome", "prepare", "DisplayUnavailable"]
+_UNHANDLED = [kind for kind in ACTION_TYPES if not callable(getattr(Executor, f"_do_{kind}", None))]
+if _UNHANDLED:
+    raise ImportError(f"guest.actions.Executor has no handler for action type(s) {', '.join(_UNHANDLED)}")
+
+__all__ = ["ActionError", "Executor", "Outcome", "prepare", "DisplayUnavailable", "MAX_PATH_POINTS",
+           "MAX_TEXT_CHARS"]

@@ -14,7 +14,7 @@ Kinds and their outcomes:
 * ``tcp`` {host, port}: ``connected`` | ``refused`` | ``timeout`` | ``unreachable`` | ``error``
 * ``udp`` {host, port}: sends one datagram; ``reply`` | ``no-reply`` | ``unreachable`` | ``error``
 * ``resolve`` {host}: getaddrinfo in the guest; ``resolved`` (detail: addresses) | ``failed``
-* ``dns`` {server, port, name, transport udp|tcp}: a raw A query; ``answer`` (detail: addresses) |
+* ``dns`` {server, port, qname, transport udp|tcp}: a raw A query for ``qname``; ``answer`` (detail: addresses) |
   ``no-answer`` (a reply without addresses, e.g. SERVFAIL) | ``no-reply`` | ``unreachable`` | ``refused``
 * ``http`` {proxy_host, proxy_port, url, follow}: absolute-form GET through the proxy; ``status:<code>``
   (detail: body head, Location); with ``follow`` one redirect is followed and reported as ``hops``
@@ -145,8 +145,8 @@ def _dns_answers(reply: bytes) -> tuple[int, list[str]]:
 
 
 def probe_dns(p: dict) -> tuple[str, Any]:
-    server, port, name = p["server"], int(p.get("port", 53)), p["name"]
-    _, query = _dns_query(name)
+    server, port = p["server"], int(p.get("port", 53))
+    _, query = _dns_query(p["qname"])
     transport = p.get("transport", "udp")
     try:
         sock = socket.socket(_family(server), socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM)

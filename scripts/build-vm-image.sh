@@ -50,7 +50,7 @@ hash_files() { # stable hash of the named files/directories' contents and paths
 deps=$(python3 -c 'import tomllib,sys; p=tomllib.load(open(sys.argv[1],"rb"))["project"]; print("\n".join(p["dependencies"]))' "$repo/pyproject.toml")
 system_key=$( { echo "$arch $suite $mirror $include"; echo "$deps"; sed -n '/^# system-layer-begin/,/^# system-layer-end/p' "$0"; \
   sha256sum "$repo/images/provision.sh"; } | sha256sum | cut -c1-16)
-final_key=$( { echo "$system_key"; hash_files images guest scripts/vm Dockerfile.desktop; sed -n '/^# final-layer-begin/,/^# final-layer-end/p' "$0"; } \
+final_key=$( { echo "$system_key"; hash_files images guest wire scripts/vm Dockerfile.desktop; sed -n '/^# final-layer-begin/,/^# final-layer-end/p' "$0"; } \
   | sha256sum | cut -c1-16)
 out="$cache/$arch-$final_key"
 if [ "$print_dir" = 1 ]; then echo "$out"; exit 0; fi
@@ -162,7 +162,7 @@ cp -a "$system" "$root"
 step "project code + images/provision.sh configure + VM setup"
 src="$root/opt/desktop-sandbox/src"
 mkdir -p "$src"
-cp -a "$repo/images" "$repo/guest" "$src/"
+cp -a "$repo/images" "$repo/guest" "$repo/wire" "$src/"
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
 purelib=$(chroot "$root" /opt/desktop-sandbox/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 echo /opt/desktop-sandbox/src > "$root$purelib/desktop-sandbox.pth"

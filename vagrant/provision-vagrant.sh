@@ -3,7 +3,7 @@
 # running Debian 12 box instead of a chroot.
 #   images/provision.sh packages -> the agent's venv (pyproject.toml dependencies) -> project code ->
 #   images/provision.sh configure -> the session unit with Dockerfile.desktop's environment.
-# Usage: provision-vagrant.sh SRC   (SRC holds images/, guest/, pyproject.toml, Dockerfile.desktop,
+# Usage: provision-vagrant.sh SRC   (SRC holds images/, guest/, wire/, pyproject.toml, Dockerfile.desktop,
 #                                    scripts/vm/ and agent-token, uploaded by the Vagrantfile)
 set -eu
 src=$1
@@ -14,7 +14,7 @@ python3 -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"r
   "$src/pyproject.toml" > /tmp/requirements.txt
 /opt/desktop-sandbox/bin/pip install -q --disable-pip-version-check -r /tmp/requirements.txt
 rm -rf /opt/desktop-sandbox/src && mkdir -p /opt/desktop-sandbox/src
-cp -a "$src/images" "$src/guest" /opt/desktop-sandbox/src/
+cp -a "$src/images" "$src/guest" "$src/wire" /opt/desktop-sandbox/src/
 echo /opt/desktop-sandbox/src > "$(/opt/desktop-sandbox/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/desktop-sandbox.pth"
 sh /opt/desktop-sandbox/src/images/provision.sh configure /opt/desktop-sandbox/src
 

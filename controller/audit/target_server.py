@@ -1,7 +1,7 @@
 """Audit target server: runs in a throwaway container on the audit's own network (standard library only).
 
-``python3 target_server.py '<JSON config>'`` with config ``{"role": "allowed"|"recorder", "http": [ports],
-"tcp": [ports], "udp": [ports]}``.
+``python3 target_server.py '<JSON config>'`` with config ``{"role": "allowed"|"recorder"|"flush", "http":
+[ports], "tcp": [ports], "udp": [ports]}`` (flush: also ``"token"``).
 
 * ``allowed`` answers HTTP on its ``http`` ports: ``GET /redirect?to=URL`` -> 302 to URL, anything else
   -> 200 ``audit-allowed <path>``.
@@ -10,6 +10,11 @@
 Every accepted TCP connection and every UDP datagram is printed to stdout as one JSON line
 ``{"hit": "tcp"|"udp"|"http", "port", "peer", "head"}`` so the audit can prove what did (and did not)
 reach a target. ``{"ready": true}`` is printed once every socket is bound.
+
+* ``flush`` (run with ``docker exec`` in a running target) sends ``token`` from loopback to each ``tcp``
+  and ``udp`` port, once per address family the server listens on, and prints one JSON line
+  ``{"sent": [{"hit", "port", "peer"}, ...]}`` naming the markers sent; the server records each as a hit
+  whose ``head`` is the token once it has handled everything queued before it.
 """
 
 from __future__ import annotations
@@ -117,8 +122,32 @@ def serve_udp(port: int, family: int, host: str) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
+def flush(config: dict) -> None:
+    token = str(config["token"]).encode("ascii")
+    sent = []
+    for family, _host in _families():
+        loopback = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+        for proto, kind in (("tcp", socket.SOCK_STREAM), ("udp", socket.SOCK_DGRAM)):
+            for port in config.get(proto, []):
+                try:
+                    with socket.socket(family, kind) as sock:
+                        sock.settimeout(2.0)
+                        if kind == socket.SOCK_STREAM:
+                            sock.connect((loopback, port))
+                            sock.sendall(token)
+                        else:
+                            sock.sendto(token, (loopback, port))
+                except OSError:
+                    continue
+                sent.append({"hit": proto, "port": port, "peer": loopback})
+    emit({"sent": sent})
+
+
 def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
+    if config.get("role") == "flush":
+        flush(config)
+        return 0
     for family, host in _families():
         for port in config.get("http", []):
             if config.get("role") == "allowed":

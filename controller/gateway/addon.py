@@ -15,14 +15,13 @@ Where it decides (mitmproxy hooks):
   is killed.
 
 Each decision is appended, one JSON object a line, to the decision log (see
-:class:`~controller.gateway.policy.Decision`). Denied HTTP requests get ``403`` with a one-line
+:class:`~controller.gateway.policy.Decision`, the model the controller reads the log back with). Denied HTTP requests get ``403`` with a one-line
 ``text/plain`` body ``denied by sandbox egress policy: <reason>``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from pathlib import Path
@@ -196,15 +195,4 @@ class EgressPolicy:
         self.log.close()
 
 
-def read_decisions(path: Path) -> list[Decision]:
-    """Parse a decision log (JSONL). Lines that are not valid decisions raise ValueError."""
-    out: list[Decision] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            out.append(Decision.model_validate(json.loads(line)))
-    return out
-
-
-__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "DecisionLog", "EgressPolicy", "read_decisions"]
+__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "DecisionLog", "EgressPolicy"]

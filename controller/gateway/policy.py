@@ -342,6 +342,10 @@ class Decision(BaseModel):
     parsed); ``decision``: allow | deny; ``reason``: short machine-readable reason; ``client``: the
     client's ``ip:port`` as the gateway saw it; ``address``: the checked address the gateway connects to
     (allow only); ``via``: which proxy step decided (``connect``, ``request``, ``tls``, ``server``).
+
+    The gateway addon writes with this model and the controller reads the log back with it
+    (:func:`controller.run.recording.network_entry`): the log is append-only, so a decision's line
+    number in it identifies it.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -27,8 +27,9 @@ ends the run ``failed``. ``on_expectation`` (optional) sees one entry per resolv
 given up), for the run record.
 
 Each line is checked when the script is loaded, so a typo is reported with its line rather than as a
-failed run: actions have a known ``type`` and only that type's fields, coordinates and scroll amounts
-are integers (coordinates non-negative), keys are lists of strings, and pending safety checks are
+failed run: actions follow the action schema in its model form (:func:`wire.actions.parse_action`: a
+known ``type``, that type's fields and no others, integers for coordinates and scroll amounts, keys
+as lists of strings, ...) and no coordinate is negative, and pending safety checks are
 ``{"id", "code"?, "message"?}`` with string (or null) values. Whether a point lies inside the model
 image is known only at run time; the driver refuses it then.
 
@@ -61,6 +62,7 @@ from fastapi.responses import JSONResponse
 
 from controller.offline import expectations as ex
 from controller.offline.expectations import MAX_WAITS_PER_TURN
+from wire.actions import ActionInvalid, first_outside, parse_action
 
 
 IMAGE_TOKENS = 1105
@@ -154,69 +156,16 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
                 raise ScriptError(f"{where}: pending safety check {name} must be a string or null")
 
 
-# Fields of each Responses computer action (required, optional), as the SDK validates them.
-_ACTION_FIELDS: dict[str, tuple[set[str], set[str]]] = {
-    "click": ({"x", "y", "button"}, {"keys"}),
-    "double_click": ({"x", "y"}, {"keys"}),
-    "drag": ({"path"}, {"keys"}),
-    "keypress": ({"keys"}, set()),
-    "move": ({"x", "y"}, {"keys"}),
-    "scroll": ({"x", "y", "scroll_x", "scroll_y"}, {"keys"}),
-    "type": ({"text"}, set()),
-    "wait": (set(), set()),
-    "screenshot": (set(), set()),
-}
-_BUTTONS = {"left", "right", "wheel", "back", "forward"}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _validate_point(x: Any, y: Any, where: str) -> None:
-    if not (_is_int(x) and _is_int(y)):
-        raise ScriptError(f"{where}: coordinates must be integers (model px), got ({x!r}, {y!r})")
-    if x < 0 or y < 0:
-        raise ScriptError(f"{where}: coordinates must not be negative, got ({x}, {y})")
-
-
 def _validate_action(action: Any, where: str) -> None:
-    """Raise :class:`ScriptError` unless ``action`` is a well-formed Responses computer action."""
-    if not isinstance(action, dict):
-        raise ScriptError(f"{where}: an action must be a JSON object")
-    kind = action.get("type")
-    if kind not in _ACTION_FIELDS:
-        raise ScriptError(f"{where}: unknown action type {kind!r} (one of {', '.join(_ACTION_FIELDS)})")
-    required, optional = _ACTION_FIELDS[kind]
-    missing = required - set(action)
-    if missing:
-        raise ScriptError(f"{where}: {kind} needs {sorted(missing)}")
-    extra = set(action) - required - optional - {"type"}
-    if extra:
-        raise ScriptError(f"{where}: unknown fields for {kind}: {sorted(extra)}")
-    if "x" in required:
-        _validate_point(action["x"], action["y"], where)
-    if kind == "click" and action["button"] not in _BUTTONS:
-        raise ScriptError(f"{where}: button must be one of {sorted(_BUTTONS)}, got {action['button']!r}")
-    if kind == "scroll":
-        for name in ("scroll_x", "scroll_y"):
-            if not _is_int(action[name]):
-                raise ScriptError(f"{where}: {name} must be an integer, got {action[name]!r}")
-    if kind == "drag":
-        path = action["path"]
-        if not isinstance(path, list) or len(path) < 2:
-            raise ScriptError(f"{where}: drag path must list at least two points")
-        for point in path:
-            if not isinstance(point, dict) or set(point) != {"x", "y"}:
-                raise ScriptError(f"{where}: drag path points must be {{x, y}}, got {point!r}")
-            _validate_point(point["x"], point["y"], where)
-    keys = action.get("keys")
-    if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
-        raise ScriptError(f"{where}: keys must be a list of strings")
-    if kind == "keypress" and not keys:
-        raise ScriptError(f"{where}: keypress keys must not be empty")
-    if kind == "type" and not isinstance(action["text"], str):
-        raise ScriptError(f"{where}: type text must be a string")
+    """Raise :class:`ScriptError` (``where: what``) unless ``action`` is a Responses computer action in
+    the schema's model form (:func:`wire.actions.parse_action`) with no negative coordinate."""
+    try:
+        parsed = parse_action(action)
+    except ActionInvalid as exc:
+        raise ScriptError(f"{where}: {exc}") from None
+    negative = first_outside(parsed)
+    if negative is not None:
+        raise ScriptError(f"{where}: coordinates must not be negative (model px), got {negative}")
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:

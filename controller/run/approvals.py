@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.markup import escape
 
-from controller.run.record import redact_action
 from controller.text import clean
+from wire.actions import describe
 
 # An approver answers a question with the raw text the person typed (or None: cannot ask).
 Asker = Callable[[str], "str | None"]
@@ -52,13 +52,11 @@ def terminal_asker(console: Console | None = None) -> Asker | None:
 
 
 def describe_action(action: Any, *, redact: bool = False) -> str:
-    """One line describing an action (model px for coordinates); ``redact`` hides typed text."""
-    data = action if isinstance(action, dict) else action.to_dict(mode="python", exclude_none=True)
-    if redact:
-        data = redact_action(data)
-    kind = data.get("type")
-    rest = {k: v for k, v in data.items() if k != "type" and v is not None}
-    return f"{kind} {rest}" if rest else str(kind)
+    """One line describing an action (an SDK action or its dict; model px for coordinates):
+    :func:`wire.actions.describe` with values escaped by :func:`controller.text.clean`. ``redact``
+    shows typed text as its length (``type <7 chars>``); without it the text is shown quoted
+    (``type 'hunter2'``)."""
+    return describe(action, clean=clean, redact=redact)
 
 
 def _actions_of(call: Any) -> list[Any]:

@@ -2,15 +2,16 @@
 
 Coordinates arrive in model space (pixels of the image last sent to the model) and are mapped to
 screen px by :class:`controller.run.mapping.ModelSpace` (scale by the actual image size, round to
-nearest, add the crop offset). Every point of an action is bounds-checked in model space before
-anything is sent. Scroll deltas are forwarded unchanged (sign kept, no offset).
+nearest, add the crop offset). Actions are read and mapped through the action schema
+(:mod:`wire.actions`): every point of an action is bounds-checked in model space before anything is
+sent, every other field (scroll deltas included: sign kept, no offset) is forwarded unchanged.
 
 Screenshots come back as exactly one ``data:<mime>;base64,`` URL whose mime matches the bytes.
 Above ``ScreenshotPolicy.max_bytes`` the image is re-encoded as JPEG, then down-scaled, and the
 mapping follows the image actually sent.
 
-Unsupported input (unknown action fields, unknown types, empty drag paths) raises; nothing is
-silently ignored. Errors raised: :class:`DriverError` (and its subclass
+Unsupported input (anything the schema's model form refuses: unknown types or fields, missing
+fields, non-integers, drag paths under two points) raises; nothing is silently ignored. Errors raised: :class:`DriverError` (and its subclass
 :class:`ModelSpaceUnknown`), :class:`controller.run.mapping.OutOfModelBounds`, and the agent client's
 ``AgentError`` for refusals from the guest.
 """
@@ -26,6 +27,7 @@ from typing import Any, Callable, Literal, Protocol
 from PIL import Image
 
 from controller.run.mapping import Frame, ModelSpace, fit_size
+from wire.actions import ActionInvalid, as_dict, parse_action
 
 try:  # the SDK's protocol; the driver is structurally compatible either way
     from openai import ComputerDriver as _ComputerDriverBase
@@ -100,25 +102,9 @@ def sniff_mime(data: bytes) -> str:
     raise DriverError("screenshot bytes are neither PNG nor JPEG")
 
 
-# Fields each action type may carry; anything else is unsupported input.
-_ALLOWED_FIELDS: dict[str, set[str]] = {
-    "click": {"type", "x", "y", "button", "keys"},
-    "double_click": {"type", "x", "y", "keys"},
-    "drag": {"type", "path", "keys"},
-    "keypress": {"type", "keys"},
-    "move": {"type", "x", "y", "keys"},
-    "scroll": {"type", "x", "y", "scroll_x", "scroll_y", "keys"},
-    "type": {"type", "text"},
-    "wait": {"type"},
-}
-
-
 def _as_dict(action: Any) -> dict[str, Any]:
-    if isinstance(action, dict):
-        data = dict(action)
-    elif hasattr(action, "to_dict"):
-        data = action.to_dict(mode="python", exclude_none=True)
-    else:
+    data = as_dict(action)
+    if data is None:
         raise DriverError(f"unsupported action object {type(action).__name__}")
     return {k: v for k, v in data.items() if v is not None}
 
@@ -154,19 +140,6 @@ class SandboxDriver(_ComputerDriverBase):
             raise ModelSpaceUnknown("no screenshot has been sent yet, so model coordinates cannot be mapped")
         return self.model_space
 
-    def _validate(self, data: dict[str, Any]) -> str:
-        kind = data.get("type")
-        allowed = _ALLOWED_FIELDS.get(kind)  # type: ignore[arg-type]
-        if allowed is None:
-            raise DriverError(f"unsupported action type {kind!r}")
-        extra = set(data) - allowed
-        if extra:
-            raise DriverError(f"unsupported fields for {kind}: {sorted(extra)}")
-        keys = data.get("keys")
-        if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
-            raise DriverError("keys must be a list of strings")
-        return kind  # type: ignore[return-value]
-
     def _send(self, actions: list[dict[str, Any]]) -> None:
         if self.on_forward is not None:
             self.on_forward(actions)
@@ -181,41 +154,23 @@ class SandboxDriver(_ComputerDriverBase):
     def to_screen_action(self, action: Any) -> dict[str, Any]:
         """Validate one action (model px) and return it in screen px, ready for the agent.
 
-        Every point is bounds-checked in model space first. Raises :class:`DriverError`,
-        :class:`ModelSpaceUnknown` or :class:`controller.run.mapping.OutOfModelBounds`; sends nothing.
+        ``action``: an openai SDK computer action (GA or legacy) or its dict. It is read in the
+        schema's model form (:func:`wire.actions.parse_action`: known type, no unknown fields, every
+        field the API sends, integers), then each of its points (:meth:`wire.actions.BaseAction.points`)
+        is bounds-checked in model space and mapped to screen px; other fields are kept. Returns the
+        agent's JSON (``None`` fields left out). Raises :class:`DriverError`, :class:`ModelSpaceUnknown`
+        or :class:`controller.run.mapping.OutOfModelBounds`; sends nothing.
         """
         data = _as_dict(action)
-        kind = self._validate(data)
-        if kind in ("click", "double_click", "move"):
-            x, y = self._space().to_screen(data["x"], data["y"])
-            return {**data, "x": x, "y": y}
-        if kind == "scroll":
-            for name in ("scroll_x", "scroll_y"):
-                value = data.get(name)
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise DriverError(f"{name} must be an integer, got {value!r}")
-            x, y = self._space().to_screen(data["x"], data["y"])
-            return {**data, "x": x, "y": y}  # deltas unchanged: sign kept, no offset
-        if kind == "drag":
-            path = data.get("path")
-            if not isinstance(path, list) or len(path) < 2:
-                raise DriverError("drag needs a path of at least two points")
+        try:
+            parsed = parse_action(data)
+        except ActionInvalid as exc:
+            raise DriverError(f"unsupported action: {exc}") from None
+        points = parsed.points()
+        if points:
             space = self._space()
-            mapped = []
-            for point in path:
-                if not isinstance(point, dict) or set(point) != {"x", "y"}:
-                    raise DriverError(f"drag path points must be {{x, y}}, got {point!r}")
-                mapped.append(dict(zip(("x", "y"), space.to_screen(point["x"], point["y"]))))
-            return {**data, "path": mapped}
-        if kind == "keypress":
-            if not data.get("keys"):
-                raise DriverError("keypress needs at least one key")
-            return data
-        if kind == "type":
-            if not isinstance(data.get("text"), str):
-                raise DriverError("type needs text")
-            return data
-        return data  # wait
+            parsed = parsed.with_points([space.to_screen(x, y) for x, y in points])
+        return parsed.to_wire()
 
     def _act(self, action: Any) -> None:
         """Map one action and send it; ``last_error`` says why when either step fails."""

@@ -26,7 +26,12 @@ from typing import Any
 
 from rich.console import Console
 
+from controller.run.entries import (
+    Action, Approval, Check, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted,
+    UnmetExpectation, Usage, as_entry,
+)
 from controller.text import SHORT, clean
+from wire.actions import describe
 
 __all__ = ["PIPE_WIDTH", "SHORT", "RunPrinter", "clean", "make_console"]
 
@@ -44,57 +49,23 @@ def make_console(*, stderr: bool = False) -> Console:
     return console
 
 
-def _point(data: dict[str, Any], x: str = "x", y: str = "y") -> str:
-    return f"({clean(data.get(x), 12)},{clean(data.get(y), 12)})"
-
-
-def _as_point(p: Any) -> dict[str, Any]:
-    """A drag path point, ``{"x","y"}`` or ``[x, y]``, as a dict (empty when neither)."""
-    if isinstance(p, dict):
-        return p
-    if isinstance(p, (list, tuple)) and len(p) == 2:
-        return {"x": p[0], "y": p[1]}
-    return {}
-
-
 def summarize_action(action: Any) -> str:
-    """A short summary of one record action (already redacted: ``type`` carries ``text_length``).
+    """A short summary of one record action (already redacted: ``type`` carries ``text_length``):
+    :func:`wire.actions.describe` with typed text redacted and values escaped by
+    :func:`controller.text.clean`.
 
     ``click (640,250) left``, ``double_click (10,20)``, ``type <12 chars>``, ``keypress ctrl+c``,
     ``scroll (640,400) 0,-300``, ``move (5,6)``, ``drag (1,2)->(30,40) 3 points``, ``wait``,
     ``screenshot``. Coordinates in model px. Never shows typed text, even if handed an unredacted
     ``type`` action.
     """
-    if not isinstance(action, dict):
-        return clean(type(action).__name__, 20)
-    kind = clean(action.get("type"), 20)
-    if kind == "type":
-        n = action.get("text_length")
-        if n is None and isinstance(action.get("text"), str):
-            n = len(action["text"])
-        return f"type <{n if isinstance(n, int) else '?'} chars>"
-    if kind in ("click", "double_click", "move"):
-        line = f"{kind} {_point(action)}"
-        button = action.get("button")
-        return f"{line} {clean(button, 12)}" if kind == "click" and button else line
-    if kind == "scroll":
-        return f"scroll {_point(action)} {clean(action.get('scroll_x'), 8)},{clean(action.get('scroll_y'), 8)}"
-    if kind == "keypress":
-        keys = action.get("keys")
-        return "keypress " + ("+".join(clean(k, 20) for k in keys) if isinstance(keys, list) else "?")
-    if kind == "drag":
-        path = action.get("path") if isinstance(action.get("path"), list) else []
-        points = [_as_point(p) for p in path]
-        if not points:
-            return "drag (no path)"
-        return f"drag {_point(points[0])}->{_point(points[-1])} {len(points)} points"
-    return kind
+    return describe(action, clean=clean, redact=True)
 
 
-def _usage(usage: Any) -> str:
-    if not isinstance(usage, dict):
+def _usage(usage: Usage | None) -> str:
+    if usage is None:
         return "usage not reported"
-    return f"{usage.get('total_tokens')} tokens (in {usage.get('input_tokens')}, out {usage.get('output_tokens')})"
+    return f"{usage.total_tokens} tokens (in {usage.input_tokens}, out {usage.output_tokens})"
 
 
 def _short_id(value: Any, limit: int = 16) -> str:
@@ -102,52 +73,51 @@ def _short_id(value: Any, limit: int = 16) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def describe_check(check: dict[str, Any]) -> str:
+def describe_check(check: Check) -> str:
     """``pass file /home/sandbox/x text: observed 'abc'`` or ``FAIL file /x text: expected 'a', file
     missing`` (a check with nothing observed shows why: ``file missing``, ``database missing``, the
     detail)."""
-    mark = "pass" if check.get("passed") else "FAIL"
-    head = f"{mark} {clean(check.get('kind'), 10)} {clean(check.get('target'), 120)} {clean(check.get('rule'), 80)}"
+    mark = "pass" if check.passed else "FAIL"
+    head = f"{mark} {clean(check.kind, 10)} {clean(check.target, 120)} {clean(check.rule, 80)}"
     observed = observed_text(check)
-    if check.get("passed"):
+    if check.passed:
         return f"{head}: observed {observed}"
-    return f"{head}: expected {clean(repr(check.get('expected')))}, {observed if check.get('observed') is None else 'observed ' + observed}"
+    return f"{head}: expected {clean(repr(check.expected))}, {observed if check.observed is None else 'observed ' + observed}"
 
 
-def observed_text(check: dict[str, Any]) -> str:
+def observed_text(check: Check) -> str:
     """What a check observed, short: the value's repr, or why there is none (``file missing``)."""
-    if check.get("observed") is None:
-        detail = check.get("detail") or "nothing observed"
+    if check.observed is None:
+        detail = check.detail or "nothing observed"
         return {"file does not exist": "file missing", "database does not exist": "database missing"}.get(
             detail, clean(detail))
-    return clean(repr(check.get("observed")))
+    return clean(repr(check.observed))
 
 
-def expectation_text(entry: dict[str, Any], limit: int = 300) -> str:
-    """An ``expectation`` record entry (or a summary's unmet detail) as one printable line:
-    ``turn 3: 2 expectations met after 2 waits (1.4s)`` or ``turn 5: deadline of 30s passed: expect[0]
-    not_color #ffffff ...; observed 0.0% ...`` (regions in model px; control characters escaped, cut
-    to ``limit`` characters)."""
-    turn = clean(entry.get("turn"), 12)
-    if entry.get("met") is True:
-        waits = entry.get("waits") or 0
-        count = len(entry.get("expected") or [])
-        after = f" after {waits} wait{'s' if waits != 1 else ''} ({entry.get('waited_s')}s)" if waits else ""
-        retries = entry.get("retries") or 0
+def expectation_text(entry: Expectation, limit: int = 300) -> str:
+    """An ``expectation`` record entry as one printable line: ``turn 3: 2 expectations met after 2
+    waits (1.4s)`` or ``turn 5: deadline of 30s passed: expect[0] not_color #ffffff ...; observed 0.0%
+    ...`` (regions in model px; control characters escaped, cut to ``limit`` characters)."""
+    turn = clean(entry.turn, 12)
+    if entry.met:
+        waits = entry.waits
+        count = len(entry.expected or [])
+        after = f" after {waits} wait{'s' if waits != 1 else ''} ({entry.waited_s}s)" if waits else ""
+        retries = entry.retries or 0
         redone = f", the step redone {retries} time{'s' if retries != 1 else ''} (expect_retry)" if retries else ""
         return clean(f"turn {turn}: {count} expectation{'s' if count != 1 else ''} met{after}{redone}", limit)
-    unmet = [u for u in entry.get("unmet") or [] if isinstance(u, dict)]
-    first = unmet[0] if unmet else {}
-    more = f" (and {len(unmet) - 1} more)" if len(unmet) > 1 else ""
-    return clean(f"turn {turn}: {entry.get('reason')}: expect[{first.get('index')}] {first.get('expected')}; "
-                 f"observed {first.get('observed')}{more}", limit)
+    first = entry.unmet[0] if entry.unmet else UnmetExpectation()
+    more = f" (and {len(entry.unmet) - 1} more)" if len(entry.unmet) > 1 else ""
+    return clean(f"turn {turn}: {entry.reason}: expect[{first.index}] {first.expected}; "
+                 f"observed {first.observed}{more}", limit)
 
 
 class RunPrinter:
-    """Listener for :class:`controller.run.record.RunRecord`: prints each entry as one line.
+    """Listener for :class:`controller.run.record.RunRecord`: prints each entry (an entry model, or a
+    JSON object validated as one) as one line.
 
     ``console``: where lines go. Network entries are held and printed deduplicated when the next
-    other entry (or :meth:`flush`) comes. Never raises: a line that cannot be printed is skipped.
+    other entry (or :meth:`flush`) comes. Never raises: an entry that cannot be printed is skipped.
     """
 
     def __init__(self, console: Console) -> None:
@@ -159,14 +129,33 @@ class RunPrinter:
         """Print one line literally (no markup, no highlighting)."""
         self.console.print(text, markup=False, highlight=False, style=style)
 
-    def __call__(self, entry: dict[str, Any]) -> None:
+    def __call__(self, entry: Any) -> None:
         try:
-            kind = entry.get("type")
-            if kind != "network":
+            entry = as_entry(entry)
+            if not isinstance(entry, Network):
                 self.flush()
-            handler = getattr(self, f"_on_{kind}", None)
-            if handler is not None:
-                handler(entry)
+            match entry:
+                case Network():
+                    key = (clean(entry.decision, 10), clean(entry.origin, 120), clean(entry.reason or "", 120))
+                    self._network[key] = self._network.get(key, 0) + 1
+                case NetworkLog():
+                    self._on_network_log(entry)
+                case RunStarted():
+                    self._on_run_started(entry)
+                case ModelResponse():
+                    self._on_model_response(entry)
+                case ComputerCall():
+                    self._on_computer_call(entry)
+                case Action() if entry.error:
+                    self.line(f"  action {clean(entry.action, 20)} failed: {clean(entry.error, 200)}", style="red")
+                case Approval():
+                    self._on_approval(entry)
+                case Expectation() if entry.met:
+                    self.line(f"  screen: {expectation_text(entry)}")
+                case Expectation():
+                    self.line(f"  screen expectation unmet: {expectation_text(entry)}", style="red")
+                case Check():
+                    self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
         except Exception:  # noqa: BLE001 - the console must never break the run or its record
             pass
 
@@ -177,64 +166,46 @@ class RunPrinter:
             times = f" (x{count})" if count > 1 else ""
             self.line(f"network {decision} {origin} {reason}{times}", style="red" if decision != "allow" else None)
 
-    def _on_network_log(self, e: dict[str, Any]) -> None:
-        if e.get("complete") is not True:
-            self.line(f"network decisions incomplete: the gateway's log could not be read "
-                      f"({clean(e.get('error'), 200)})", style="red")
+    def _on_network_log(self, e: NetworkLog) -> None:
+        if not e.complete:
+            self.line(f"network decisions incomplete: the gateway's log could not be read in full "
+                      f"({clean(e.error, 200)})", style="red")
 
-    def _on_run_started(self, e: dict[str, Any]) -> None:
-        took = e.get("sandbox_start_s")
-        took_text = f" in {took:.1f}s" if isinstance(took, (int, float)) else ""
-        if e.get("sandbox") is None:
+    def _on_run_started(self, e: RunStarted) -> None:
+        took = e.sandbox_start_s
+        took_text = f" in {took:.1f}s" if took is not None else ""
+        if e.sandbox is None:
             self.line(f"sandbox did not start{took_text}", style="red")
             return
-        image = clean(e.get("image") or "?", 200)[:19]  # sha256: and 12 hex digits
-        self.line(f"sandbox {clean(e.get('sandbox'), 40)} started{took_text} (image {image})")
+        image = clean(e.image or "?", 200)[:19]  # sha256: and 12 hex digits
+        self.line(f"sandbox {clean(e.sandbox, 40)} started{took_text} (image {image})")
 
-    def _on_model_response(self, e: dict[str, Any]) -> None:
-        status = e.get("http_status") or 200
+    def _on_model_response(self, e: ModelResponse) -> None:
+        status = e.http_status or 200
         if status >= 400:
-            err = e.get("error") if isinstance(e.get("error"), dict) else {}
+            err = e.error if isinstance(e.error, dict) else {}
             self.line(f"model request failed: HTTP {status} {clean(err.get('code') or '', 40)} "
                       f"{clean(err.get('message') or '')}".rstrip(), style="red")
             return
         self.steps += 1
-        self.line(f"step {self.steps} {_short_id(e.get('response_id'))} {_usage(e.get('usage'))}")
+        self.line(f"step {self.steps} {_short_id(e.response_id)} {_usage(e.usage)}")
 
-    def _on_computer_call(self, e: dict[str, Any]) -> None:
-        actions = e.get("actions") if isinstance(e.get("actions"), list) else []
-        text = "; ".join(summarize_action(a) for a in actions) or "(no actions)"
-        checks = [c for c in e.get("pending_checks") or [] if isinstance(c, dict)]
+    def _on_computer_call(self, e: ComputerCall) -> None:
+        text = "; ".join(summarize_action(a) for a in e.actions) or "(no actions)"
+        checks = [c for c in e.pending_checks if isinstance(c, dict)]
         if checks:
             text += f" [safety checks: {', '.join(clean(c.get('code') or '(no code)', 40) for c in checks)}]"
-        self.line(f"  call {_short_id(e.get('call_id'), 20)}: {text}")  # 20: whole call_0001_wait_001
+        self.line(f"  call {_short_id(e.call_id, 20)}: {text}")  # 20: whole call_0001_wait_001
 
-    def _on_action(self, e: dict[str, Any]) -> None:
-        if e.get("error"):
-            self.line(f"  action {clean(e.get('action'), 20)} failed: {clean(e.get('error'), 200)}", style="red")
-
-    def _on_approval(self, e: dict[str, Any]) -> None:
-        decision, by = clean(e.get("decision"), 20), clean(e.get("by"), 20)
+    def _on_approval(self, e: Approval) -> None:
+        decision, by = clean(e.decision, 20), clean(e.by, 20)
         style = "green" if decision == "approved" else "red"
-        if e.get("what") == "opt-in":
-            codes = ", ".join(clean(c, 40) for c in e.get("codes") or [])
+        if e.what == "opt-in":
+            codes = ", ".join(clean(c, 40) for c in e.codes)
             self.line(f"opt-in: safety checks with code {codes} are approved unattended (--approve-safety-check)")
-        elif e.get("what") == "safety_check":
-            codes = ", ".join(clean(c or "(no code)", 40) for c in e.get("codes") or []) or "(none)"
-            self.line(f"  approval: safety check {codes} on {_short_id(e.get('call_id'))} {decision} ({by})",
+        elif e.what == "safety_check":
+            codes = ", ".join(clean(c or "(no code)", 40) for c in e.codes) or "(none)"
+            self.line(f"  approval: safety check {codes} on {_short_id(e.call_id)} {decision} ({by})",
                       style=style)
         else:
-            self.line(f"  approval: action {clean(e.get('action') or '?', 80)} {decision} ({by})", style=style)
-
-    def _on_network(self, e: dict[str, Any]) -> None:
-        key = (clean(e.get("decision"), 10), clean(e.get("origin"), 120), clean(e.get("reason") or "", 120))
-        self._network[key] = self._network.get(key, 0) + 1
-
-    def _on_expectation(self, e: dict[str, Any]) -> None:
-        if e.get("met") is True:
-            self.line(f"  screen: {expectation_text(e)}")
-        else:
-            self.line(f"  screen expectation unmet: {expectation_text(e)}", style="red")
-
-    def _on_check(self, e: dict[str, Any]) -> None:
-        self.line(f"check {describe_check(e)}", style="green" if e.get("passed") else "red")
+            self.line(f"  approval: action {clean(e.action or '?', 80)} {decision} ({by})", style=style)

@@ -1,14 +1,14 @@
 """The run record (contract): ``runs/<run-id>/record.jsonl`` plus screenshots beside it.
 
-One JSON object a line, each with ``ts`` (UTC ISO-8601) and ``type`` among ``run_started``,
-``model_response``, ``computer_call``, ``approval``, ``action``, ``screenshot``, ``network``,
-``check``, ``expectation`` (offline runs: a script turn's screen expectations met, or given up on),
-``run_finished``. Typed text never enters the record: ``type`` actions are stored with
-``text_length`` only, and nothing here ever sees the API key.
+One JSON object a line, each a :mod:`controller.run.entries` model (the entry types, the format
+version and how ``ts`` orders lines are described there). Typed text never enters the record:
+``type`` actions are stored with ``text_length`` only, and nothing here ever sees the API key.
 
-:func:`summarize` reads a record back into the numbers of the summary table (and the checks'
-detail). A listener (``on_entry``, e.g. :class:`controller.run.progress.RunPrinter`) sees each entry as
-it is written: the console's progress lines come from the record.
+:class:`RunRecord` writes entries; :func:`read_entries` reads a record back as entry models (refusing,
+with the file and line, a line that is not an entry or a record in a newer format);
+:func:`summarize` turns entries into the numbers of the summary table (and the checks' detail). A
+listener (``on_entry``, e.g. :class:`controller.run.progress.RunPrinter`) sees each entry as it is
+written: the console's progress lines come from the record.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from controller.run.entries import (
+    ENTRY_TYPES, FORMAT, Action, Approval, Check, ComputerCall, EntryError, Expectation, ModelResponse, Network,
+    NetworkLog, RunFinished, RunStarted, Screenshot, as_entry, entry_format,
+)
 from controller.run.progress import expectation_text, observed_text
 from controller.text import clean
 
-RECORD_TYPES = {
-    "run_started", "model_response", "computer_call", "approval", "action", "screenshot", "network",
-    "network_log", "check", "expectation", "run_finished",
-}
+RECORD_TYPES = set(ENTRY_TYPES)
 RUN_STATUSES = {"passed", "failed", "cancelled", "error"}
 
 
@@ -50,20 +51,18 @@ def new_run_id(task_name: str) -> str:
     return f"{stamp}-{safe}-{secrets.token_hex(2)}"
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
 class RunRecord:
     """Appends entries to ``<runs_dir>/<run_id>/record.jsonl`` (line-buffered, thread-safe).
 
-    ``write(type, **fields)`` adds one entry; ``save_screenshot`` stores the image beside the record
-    and adds a ``screenshot`` entry; ``finish`` adds ``run_finished`` once. ``on_entry`` (optional)
-    is called with each entry after it is written (outside the lock; its exceptions are ignored).
+    ``write(entry)`` adds one entry model (stamping its ``ts``: the time is taken and the line written
+    under one lock, and never goes back, so ``ts`` is non-decreasing line after line);
+    ``save_screenshot`` stores the image beside the record and adds a ``screenshot`` entry; ``finish``
+    adds ``run_finished`` once. ``on_entry`` (optional) is called with each written entry model
+    (outside the lock; its exceptions are ignored).
     """
 
     def __init__(self, runs_dir: str | Path, run_id: str,
-                 on_entry: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_entry: Callable[[Any], None] | None = None) -> None:
         self.run_id = run_id
         self.dir = Path(runs_dir) / run_id
         self.dir.mkdir(parents=True, exist_ok=False)
@@ -71,20 +70,27 @@ class RunRecord:
         self._file = self.path.open("a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
         self._shots = 0
+        self._last: _dt.datetime | None = None
         self.started = False
-        self.finished: dict[str, Any] | None = None
+        self.finished: RunFinished | None = None
         self.on_entry = on_entry
 
-    def write(self, type: str, **fields: Any) -> dict[str, Any]:
-        """Append one entry; raises ValueError for a type outside the contract."""
-        if type not in RECORD_TYPES:
-            raise ValueError(f"unknown record type {type!r}")
-        entry = {"ts": _now(), "type": type, **fields}
-        line = json.dumps(entry, ensure_ascii=False, default=str)
+    def write(self, entry: Any, /, **fields: Any) -> Any:
+        """Append one entry model and return it as written (with ``ts``). ``write("check", **fields)``
+        builds the model from a type and fields first (ValueError when they are not a valid entry)."""
+        if isinstance(entry, str):
+            entry = as_entry({"type": entry, **fields})
+        elif fields or entry.__class__ not in ENTRY_TYPES.values():
+            raise TypeError("write takes an entry model, or a type and its fields")
         with self._lock:
             if self._file.closed:
                 raise ValueError("record is closed")
-            self._file.write(line + "\n")
+            now = _dt.datetime.now(_dt.timezone.utc)
+            if self._last is not None and now < self._last:
+                now = self._last
+            self._last = now
+            entry = entry.model_copy(update={"ts": now.isoformat(timespec="milliseconds")})
+            self._file.write(json.dumps(entry.as_json(), ensure_ascii=False) + "\n")
         if self.on_entry is not None:
             try:
                 self.on_entry(entry)
@@ -94,7 +100,7 @@ class RunRecord:
 
     def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
                         screen_size: tuple[int, int] | None = None, reencoded: bool = False,
-                        call_id: str | None = None) -> dict[str, Any]:
+                        call_id: str | None = None) -> Screenshot:
         """Store the image as ``shot-NNNN.png|jpg`` and add a ``screenshot`` entry (sha256, sizes, frame)."""
         with self._lock:
             self._shots += 1
@@ -103,19 +109,20 @@ class RunRecord:
         name = f"shot-{number:04d}.{ext}"
         (self.dir / name).write_bytes(data)
         frame_list = [frame.x, frame.y, frame.w, frame.h] if hasattr(frame, "x") else list(frame)
-        return self.write(
-            "screenshot", file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime,
-            image_size=list(image_size), frame=frame_list,
-            screen_size=list(screen_size) if screen_size else None, reencoded=reencoded, call_id=call_id,
-        )
+        return self.write(Screenshot(
+            file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime, image_size=tuple(image_size),
+            frame=tuple(frame_list), screen_size=tuple(screen_size) if screen_size else None, reencoded=reencoded,
+            call_id=call_id,
+        ))
 
-    def finish(self, status: str, reason: str = "", **fields: Any) -> dict[str, Any]:
-        """Add the single ``run_finished`` entry (status: passed | failed | cancelled | error)."""
+    def finish(self, status: str, reason: str = "", **fields: Any) -> RunFinished:
+        """Add the single ``run_finished`` entry (status: passed | failed | cancelled | error; ``fields``:
+        those of :class:`controller.run.entries.RunFinished`)."""
         if status not in RUN_STATUSES:
             raise ValueError(f"unknown run status {status!r}")
         if self.finished is not None:
             return self.finished
-        self.finished = self.write("run_finished", status=status, reason=reason, **fields)
+        self.finished = self.write(RunFinished(status=status, reason=reason, **fields))
         return self.finished
 
     def close(self) -> None:
@@ -131,15 +138,11 @@ class RunRecord:
 
 
 MAX_RECORD_BYTES = 256 * 1024 * 1024
-"""Largest record file :func:`read_record` reads (a run writes a few hundred KiB)."""
+"""Largest record file :func:`read_entries` reads (a run writes a few hundred KiB)."""
 
 
-def read_record(path: str | Path) -> list[dict[str, Any]]:
-    """All entries of a record file (``record.jsonl`` or its run directory).
-
-    Raises OSError when unreadable, not a regular file or over :data:`MAX_RECORD_BYTES`, and ValueError
-    naming the line when a line is not a JSON object (or is nested too deeply to parse).
-    """
+def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
+    """The record file and its non-blank lines parsed as JSON, with their line numbers (1-based)."""
     path = Path(path)
     if path.is_dir():
         path = path / "record.jsonl"
@@ -147,18 +150,55 @@ def read_record(path: str | Path) -> list[dict[str, Any]]:
         raise OSError(f"{path}: not a regular file")
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise OSError(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
-    entries = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    parsed = []
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            parsed.append((number, json.loads(line)))
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}:{number}: an entry must be a JSON object")
-        entries.append(entry)
-    return entries
+    return path, parsed
+
+
+def _validated(path: str | Path) -> list[tuple[int, Any, Any]]:
+    path, parsed = _lines(path)
+    for number, data in parsed:
+        declared = entry_format(data)
+        if declared is not None and declared > FORMAT:
+            raise ValueError(f"{path}:{number}: record format {declared} is newer than this desktop-sandbox reads "
+                             f"(format {FORMAT}); read it with a newer version")
+    out = []
+    for number, data in parsed:
+        try:
+            entry = as_entry(data)
+        except EntryError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
+        if entry.ts is None:
+            raise ValueError(f"{path}:{number}: {entry.type} entry without ts")
+        out.append((number, data, entry))
+    return out
+
+
+def read_entries(path: str | Path) -> list[Any]:
+    """The entries of a record file (``record.jsonl`` or its run directory), as entry models.
+
+    Raises OSError when unreadable, not a regular file or over :data:`MAX_RECORD_BYTES`, and ValueError
+    naming the file and line (``path:line: ...``) when a line is not JSON (or is nested too deeply to
+    parse), is not a valid entry (its type, field and problem named), has no ``ts``, or belongs to a
+    record in a format newer than :data:`controller.run.entries.FORMAT`.
+    """
+    return [entry for _, _, entry in _validated(path)]
+
+
+def read_record(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a record file as the JSON objects on disk, each checked as :func:`read_entries`
+    checks it (same errors)."""
+    return [data for _, data, _ in _validated(path)]
 
 
 def _parse_ts(ts: str) -> _dt.datetime:
@@ -169,8 +209,9 @@ CHECK_FIELDS = ("kind", "target", "rule", "expected", "observed", "passed", "det
 """The fields of each check in :func:`summarize`'s ``checks`` (``detail`` only when the check has one)."""
 
 
-def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The summary of a record (``report --json`` prints it).
+def summarize(entries: Iterable[Any]) -> dict[str, Any]:
+    """The summary of a record (``report --json`` prints it). ``entries``: entry models, or JSON
+    objects (validated as entries; ValueError when one is not).
 
     Counts: ``steps`` (model responses), ``actions`` / ``actions_failed`` (input actions: every driver
     call except the SDK's screenshot actions), ``screenshot_actions`` / ``screenshot_actions_failed``
@@ -186,69 +227,77 @@ def summarize(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     list with ``expected`` and ``observed``); wall time in seconds (the whole run, sandbox start and
     teardown included, when ``run_finished`` carries ``wall_s``) and the phase ``timings``.
     """
-    entries = list(entries)
-    by = lambda t: [e for e in entries if e.get("type") == t]  # noqa: E731
-    actions = by("action")
-    inputs = [a for a in actions if a.get("action") != "screenshot"]
-    shot_actions = [a for a in actions if a.get("action") == "screenshot"]
-    approvals = by("approval")
-    decisions = [a for a in approvals if a.get("what") != "opt-in"]
-    opt_ins = [code for a in approvals if a.get("what") == "opt-in" for code in (a.get("codes") or [])]
-    network = by("network")
-    checks = by("check")
-    expectations = by("expectation")
-    finished = by("run_finished")
-    started = by("run_started")
-    responses = [r for r in by("model_response") if (r.get("http_status") or 200) < 400]
-    usage_missing = sum(1 for r in responses if not r.get("usage"))
+    entries = [as_entry(e) for e in entries]
+    by = lambda cls: [e for e in entries if isinstance(e, cls)]  # noqa: E731
+    actions: list[Action] = by(Action)
+    inputs = [a for a in actions if a.action != "screenshot"]
+    shot_actions = [a for a in actions if a.action == "screenshot"]
+    approvals: list[Approval] = by(Approval)
+    decisions = [a for a in approvals if a.what != "opt-in"]
+    opt_ins = [code for a in approvals if a.what == "opt-in" for code in a.codes]
+    network: list[Network] = by(Network)
+    network_logs: list[NetworkLog] = by(NetworkLog)
+    checks: list[Check] = by(Check)
+    expectations: list[Expectation] = by(Expectation)
+    finished: list[RunFinished] = by(RunFinished)
+    started: list[RunStarted] = by(RunStarted)
+    responses = [r for r in by(ModelResponse) if (r.http_status or 200) < 400]
+    usage_missing = sum(1 for r in responses if r.usage is None)
     totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     for r in responses:
         for k in totals:
-            totals[k] += int((r.get("usage") or {}).get(k) or 0)
-    wall = finished[-1].get("wall_s") if finished else None
-    if wall is None and started and finished:
-        wall = (_parse_ts(finished[-1]["ts"]) - _parse_ts(started[0]["ts"])).total_seconds()
+            totals[k] += (getattr(r.usage, k) if r.usage else None) or 0
+    last = finished[-1] if finished else None
+    wall = last.wall_s if last else None
+    if wall is None and started and last and started[0].ts and last.ts:
+        wall = (_parse_ts(last.ts) - _parse_ts(started[0].ts)).total_seconds()
+    unmet = [e for e in expectations if not e.met]
     return {
-        "task": (started[0].get("task") or {}).get("name") if started else None,
-        "mode": started[0].get("mode") if started else None,
+        "task": started[0].task.name if started else None,
+        "mode": started[0].mode if started else None,
         "steps": len(responses),
-        "computer_calls": len(by("computer_call")),
+        "computer_calls": len(by(ComputerCall)),
         "actions": len(inputs),
-        "actions_failed": len([a for a in inputs if a.get("error")]),
+        "actions_failed": len([a for a in inputs if a.error]),
         "screenshot_actions": len(shot_actions),
-        "screenshot_actions_failed": len([a for a in shot_actions if a.get("error")]),
-        "screenshots": len(by("screenshot")),
-        "approvals_approved": len([a for a in decisions if a.get("decision") == "approved"]),
-        "approvals_denied": len([a for a in decisions if a.get("decision") == "denied"]),
+        "screenshot_actions_failed": len([a for a in shot_actions if a.error]),
+        "screenshots": len(by(Screenshot)),
+        "approvals_approved": len([a for a in decisions if a.decision == "approved"]),
+        "approvals_denied": len([a for a in decisions if a.decision == "denied"]),
         "approvals_opt_in": opt_ins,
-        "network_log_complete": all(n.get("complete") is True for n in by("network_log")) and bool(by("network_log")),
-        "network_allowed": len([n for n in network if n.get("decision") == "allow"]),
-        "network_denied": len([n for n in network if n.get("decision") != "allow"]),
-        "checks_passed": len([c for c in checks if c.get("passed")]),
+        "network_log_complete": bool(network_logs) and all(n.complete for n in network_logs),
+        "network_allowed": len([n for n in network if n.decision == "allow"]),
+        "network_denied": len([n for n in network if n.decision != "allow"]),
+        "checks_passed": len([c for c in checks if c.passed]),
         "checks_total": len(checks),
-        "checks": [{k: c.get(k) for k in CHECK_FIELDS if k != "detail" or c.get("detail") is not None}
-                   for c in checks],
-        "expectations_met": len([e for e in expectations if e.get("met") is True]),
-        "expectations_unmet": len([e for e in expectations if e.get("met") is not True]),
-        "expectation_waits": sum(int(e.get("waits") or 0) for e in expectations),
-        "expectations_unmet_detail": [{"turn": e.get("turn"), "reason": e.get("reason"),
-                                       "unmet": e.get("unmet") or []}
-                                      for e in expectations if e.get("met") is not True],
+        "checks": [_check_fields(c) for c in checks],
+        "expectations_met": len(expectations) - len(unmet),
+        "expectations_unmet": len(unmet),
+        "expectation_waits": sum(e.waits for e in expectations),
+        "expectations_unmet_detail": [{"turn": e.turn, "reason": e.reason,
+                                       "unmet": [u.model_dump(mode="json", fallback=str) for u in e.unmet]}
+                                      for e in unmet],
         "usage": {**totals, "complete": usage_missing == 0, "missing": usage_missing},
-        "status": finished[-1].get("status") if finished else "unfinished",
-        "reason": finished[-1].get("reason") if finished else "",
+        "status": last.status if last else "unfinished",
+        "reason": last.reason if last else "",
         "wall_s": wall,
-        "timings": finished[-1].get("timings") if finished else None,
+        "timings": last.timings if last else None,
     }
+
+
+def _check_fields(check: Check) -> dict[str, Any]:
+    data = check.as_json()
+    return {k: data[k] for k in CHECK_FIELDS if k != "detail" or check.detail is not None}
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | None = None) -> Table:
-    """The summary table printed at the end of a run (and by ``desktop-sandbox report``)."""
-    entries = list(entries)
+def summary_table(entries: Iterable[Any], record_path: str | Path | None = None) -> Table:
+    """The summary table printed at the end of a run (and by ``desktop-sandbox report``); ``entries``
+    as :func:`summarize` takes them."""
+    entries = [as_entry(e) for e in entries]
     s = summarize(entries)
     # Names, reasons and observed values come from tasks, models and the guest: shown literally (no
     # markup), control characters escaped and cut (a guest value may be megabytes long).
@@ -274,14 +323,14 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
     if not u["complete"]:
         usage += f" - incomplete: {u['missing']} response(s) without usage"
     table.add_row("usage", usage)
-    for c in s["checks"]:
-        mark = "[green]pass[/]" if c.get("passed") else "[red]FAIL[/]"
-        detail = f"{c.get('rule')}"
-        if not c.get("passed"):
-            observed = observed_text(c) if c.get("observed") is None else f"observed {c.get('observed')!r}"
-            detail += f": expected {c.get('expected')!r}, {observed}"
+    for c in (e for e in entries if isinstance(e, Check)):
+        mark = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
+        detail = f"{c.rule}"
+        if not c.passed:
+            observed = observed_text(c) if c.observed is None else f"observed {c.observed!r}"
+            detail += f": expected {c.expected!r}, {observed}"
         # a short label keeps the value column wide: paths and the record path stay on one line
-        table.add_row("check", f"{mark} {shown(c.get('kind'), 20)} {shown(c.get('target'))} {shown(detail, 800)}")
+        table.add_row("check", f"{mark} {shown(c.kind, 20)} {shown(c.target)} {shown(detail, 800)}")
     if s["checks_total"] == 0 and s["status"] in ("cancelled", "error"):
         table.add_row("checks", f"not run ({shown(s['status'], 20)})")
     else:
@@ -290,7 +339,7 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
         table.add_row("screen expectations",
                       f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
                       f"({_count(s['expectation_waits'], 'wait')} inserted)")
-        for failure in s["expectations_unmet_detail"]:
+        for failure in (e for e in entries if isinstance(e, Expectation) and not e.met):
             table.add_row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
@@ -306,6 +355,7 @@ def summary_table(entries: Iterable[dict[str, Any]], record_path: str | Path | N
     return table
 
 
-def print_summary(entries: Iterable[dict[str, Any]], record_path: str | Path | None = None,
+def print_summary(entries: Iterable[Any], record_path: str | Path | None = None,
                   console: Console | None = None) -> None:
+    """Print :func:`summary_table` to ``console`` (a new one on stdout when None)."""
     (console or Console()).print(summary_table(entries, record_path))

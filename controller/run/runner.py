@@ -3,7 +3,9 @@
 Order: start the sandbox -> launch the task's apps -> wait for readiness (task ``[[ready]]`` files,
 then a stable screen) -> first screenshot -> ``openai.ComputerToolset(driver).run(...)`` (the SDK
 owns the loop) against the live API or the offline scripted server -> release inputs -> verify from
-the guest's files -> collect network decisions -> tear down -> ``run_finished``.
+the guest's files -> the rest of the network decisions -> tear down -> ``run_finished``. The gateway's
+decisions are copied into the record while the loop goes, after each model response and each driver
+call (:mod:`controller.run.recording`), so the record holds them in time order with the actions.
 
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
 the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
@@ -21,8 +23,6 @@ the launch and readiness lines, and the summary table ends the run.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import signal
 import threading
@@ -31,20 +31,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import httpx
 from openai import ComputerToolset
 from openai.lib.computer import ComputerUseError
 from rich.console import Console
 from rich.markup import escape
 
-from controller.run.approvals import ActionGate, Asker, Decision, SafetyCheckApprover, terminal_asker
+from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, terminal_asker
 from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
-from controller.run.model_client import RequestUsage, UsageMeter, live_client, offline_client
+from controller.run.entries import Approval, Check
+from controller.run.model_client import live_client, offline_client
 from controller.run.progress import RunPrinter, clean, make_console
-from controller.run.record import RunRecord, new_run_id, read_record, redact_action, print_summary
+from controller.run.record import RunRecord, new_run_id, print_summary, read_entries
+from controller.run.recording import (
+    BodyMeter, DecisionTail, RecordingHooks, decision_reader, expectation_recorder, run_started_entry,
+)
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer, load_script
 from controller.run.tasks import Task
 from controller.run.verify import GuestFileMissing, guest_path, run_checks
+from controller.sandbox.signals import SandboxInterrupted
 
 DEFAULT_MODEL = "gpt-6-astra"
 GUEST_HOME = "/home/sandbox"
@@ -155,12 +159,6 @@ class _Cancel:
                 signal.signal(s, h)
 
 
-def _task_digest(task: Task) -> str | None:
-    if task.source and task.source.is_file():
-        return hashlib.sha256(task.source.read_bytes()).hexdigest()
-    return None
-
-
 def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale: float = 1.0) -> dict[str, Any]:
     """Wait for each ``[[ready]]`` file (its ``timeout_s``, at most ``timeout_s``, both times the
     sandbox's ``time_scale``), then for a stable screen. Returns what was observed."""
@@ -220,78 +218,6 @@ def build_params(task: Task, model: str, first: SentScreenshot, legacy: bool) ->
     }
 
 
-class _RecordingHooks:
-    """Bridges SDK/driver events to the run record (model responses, calls, actions, screenshots)."""
-
-    def __init__(self, record: RunRecord, driver: SandboxDriver) -> None:
-        self.record = record
-        self.driver = driver
-        self.current_call: str | None = None
-        self.action_count = 0
-
-    def on_request(self, usage: RequestUsage, body: Any) -> None:
-        if usage.status >= 400:
-            err = body.get("error") if isinstance(body, dict) else None
-            self.record.write("model_response", response_id=None, http_status=usage.status, error=err, usage=None)
-            return
-        tokens = None
-        if usage.total_tokens is not None:
-            tokens = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-                      "total_tokens": usage.total_tokens}
-        self.record.write("model_response", response_id=usage.response_id, http_status=usage.status, usage=tokens)
-        for item in (body.get("output") or []) if isinstance(body, dict) else []:
-            if not isinstance(item, dict) or item.get("type") != "computer_call":
-                continue
-            actions = item.get("actions") if item.get("actions") is not None else [item.get("action")]
-            self.current_call = item.get("call_id")
-            self.record.write(
-                "computer_call", call_id=item.get("call_id"), form="actions" if "actions" in item and
-                item.get("actions") is not None else "action",
-                actions=[redact_action(a) if isinstance(a, dict) else a for a in actions],
-                pending_checks=item.get("pending_safety_checks") or [],
-            )
-
-    def on_diagnostic(self, event: dict[str, Any]) -> None:
-        if event.get("stage") != "action":
-            return
-        reason = event.get("reason")
-        error = None
-        if reason == "driver_failed":
-            error = self.driver.last_error or "driver failed"
-        elif reason == "cancelled":
-            error = "cancelled"
-        if event.get("member") != "screenshot":
-            self.action_count += 1
-        self.record.write("action", call_id=event.get("call_id"), action=event.get("member"),
-                          duration_ms=round(float(event.get("duration_ms") or 0.0), 2), error=error)
-
-    def on_screenshot(self, shot: SentScreenshot) -> None:
-        self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
-                                    screen_size=shot.screen_size, reencoded=shot.reencoded,
-                                    call_id=self.current_call)
-
-    def on_decision(self, decision: Decision) -> None:
-        self.record.write("approval", **decision.as_record())
-
-
-class _BodyMeter(UsageMeter):
-    """UsageMeter that also hands the parsed body to the recorder."""
-
-    def __init__(self, sink: Callable[[RequestUsage, Any], None]) -> None:
-        super().__init__()
-        self._sink = sink
-
-    def hook(self, response: httpx.Response) -> None:  # noqa: D102
-        before = len(self.requests)
-        super().hook(response)
-        if len(self.requests) > before:
-            try:
-                body = json.loads(response.content)
-            except ValueError:
-                body = None
-            self._sink(self.requests[-1], body)
-
-
 def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptions | None = None,
              console: Console | None = None) -> RunOutcome:
     """Run ``task`` on the sandbox ``open_sandbox(task)`` returns (a ``controller.sandbox.Sandbox``,
@@ -332,6 +258,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     checks: list[dict[str, Any]] = []
     status, reason, final_message = "error", "", None
     sandbox = None
+    network: DecisionTail | None = None
     server: ScriptedServer | None = None
     client = None
     driver: SandboxDriver | None = None
@@ -347,16 +274,9 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             return
         record.started = True
         script = options.script or (task.offline_script_path() if not live and task.offline else None)
-        record.write(
-            "run_started", task={"name": task.name, "source": str(task.source) if task.source else None,
-                                 "sha256": _task_digest(task)},
-            mode=mode, model=model if live else "scripted", legacy=legacy,
-            image=getattr(sb, "image_id", None), sandbox=getattr(sb, "id", None),
-            time_scale=getattr(sb, "time_scale", 1.0),
-            policy=task.network.model_dump(mode="json"), max_steps=max_steps,
-            screen=task.screen.model_dump(), model_view=task.model.model_dump(mode="json"),
-            script=str(script) if script else None, sandbox_start_s=timings.get("sandbox_start"),
-        )
+        record.write(run_started_entry(task, sb, mode=mode, model=model if live else "scripted", legacy=legacy,
+                                       max_steps=max_steps, script=script,
+                                       sandbox_start_s=timings.get("sandbox_start")))
 
     try:
         with cancel.installed(console):
@@ -366,7 +286,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             try:
                 if not live:
                     script_path = options.script or task.offline_script_path()
-                    scripted = ScriptedModel(load_script(script_path), on_expectation=_expectation_recorder(record))
+                    scripted = ScriptedModel(load_script(script_path), on_expectation=expectation_recorder(record))
                     server = ScriptedServer(scripted).start()
                 if cancel():
                     raise _Cancelled()
@@ -377,6 +297,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             if cancel():
                 raise _Cancelled()
             write_started(sandbox)
+            network = DecisionTail(record, decision_reader(sandbox)).start()
             time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
             if scripted is not None:
                 scripted.time_scale = time_scale
@@ -389,23 +310,31 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale)
             phase("launch_ready", t)
             console.print(_ready_line(ready, timings["launch_ready"]), markup=False, highlight=False)
+            network.poll()
             if cancel():
                 raise _Cancelled()
             policy = ScreenshotPolicy(format=task.model.format, quality=task.model.quality,
                                       max_width=task.model.max_width, max_height=task.model.max_height,
                                       crop=task.model.crop, max_bytes=task.model.max_bytes)
             driver = SandboxDriver(agent, policy)
-            hooks = _RecordingHooks(record, driver)
+            hooks = RecordingHooks(record, driver, network)
             driver.on_screenshot = hooks.on_screenshot
-            meter = _BodyMeter(hooks.on_request)
+            meter = BodyMeter(hooks.on_request)
             client = offline_client(server.base_url, meter) if server else live_client(meter)
+            denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
+
+            def on_decision(decision: Any) -> None:
+                if decision.decision == "denied":
+                    denials.append(decision)
+                hooks.on_decision(decision)
+
             approver = SafetyCheckApprover(asker=asker, auto_codes=options.approve_codes, console=console,
-                                           on_decision=hooks.on_decision)
+                                           on_decision=on_decision)
             for code in options.approve_codes:
-                record.write("approval", what="opt-in", decision="approved", by="command line",
-                             codes=[code], message=f"--approve-safety-check {code}")
+                record.write(Approval(what="opt-in", decision="approved", by="command line", codes=[code],
+                                      message=f"--approve-safety-check {code}"))
             gate = ActionGate(confirm=options.confirm_actions, step=options.step, asker=asker, console=console,
-                              on_decision=hooks.on_decision)
+                              on_decision=on_decision)
             t = time.monotonic()
             try:
                 first = driver.capture()
@@ -421,9 +350,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             except ComputerUseError as exc:
                 if cancel():
                     raise _Cancelled() from None
-                text = str(exc)
-                status = "failed" if ("approv" in text) else "error"
-                reason = f"loop stopped: {text}"
+                status = "failed" if denials else "error"
+                reason = f"loop stopped: {exc}"
             except _Cancelled:
                 raise
             except Exception as exc:  # API errors, driver errors, agent errors
@@ -441,7 +369,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 raise _Cancelled()
             t = time.monotonic()
             checks = run_checks(task.checks, agent, home=home,
-                                on_result=lambda r: record.write("check", **r))
+                                on_result=lambda r: record.write(Check(**r)))
             phase("verify", t)
             if status == "passed" and not checks:
                 status, reason = "failed", "the task has no checks: nothing was verified"
@@ -458,19 +386,18 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             with contextlib.suppress(Exception):
                 driver.release()
     except BaseException as exc:  # noqa: BLE001 - record whatever stopped the run, then re-raise below
-        name = type(exc).__name__
-        if name == "SandboxInterrupted":
+        if isinstance(exc, SandboxInterrupted):
             status, reason = "cancelled", str(exc)
         else:
-            status, reason = "error", f"{name}: {exc}"
+            status, reason = "error", f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, Exception):
                 write_started(sandbox)
                 _finish(record, sandbox, server, client, status, reason, timings, final_message, console, run_t0,
-                        cancel)
+                        cancel, network)
                 raise
     write_started(sandbox)
     status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
-                                     console, run_t0, cancel)
+                                     console, run_t0, cancel, network)
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
                       final_message=final_message, timings=timings,
                       scripted_requests=scripted.requests if scripted else None)
@@ -478,11 +405,6 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
 
 class _Cancelled(Exception):
     """Internal: the run was cancelled (the flag was set)."""
-
-
-def _expectation_recorder(record: RunRecord) -> Callable[[dict[str, Any]], None]:
-    """The scripted model's ``on_expectation``: each resolved turn becomes an ``expectation`` entry."""
-    return lambda entry: record.write("expectation", **entry)
 
 
 def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: str) -> tuple[str, str]:
@@ -498,22 +420,19 @@ def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: st
 
 def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, client: Any, status: str,
             reason: str, timings: dict[str, float], final_message: str | None, console: Console,
-            run_t0: float, cancel: _Cancel | None = None) -> tuple[str, str]:
-    """Network decisions, teardown, ``run_finished``, summary. Returns the final status and reason:
+            run_t0: float, cancel: _Cancel | None = None,
+            network: DecisionTail | None = None) -> tuple[str, str]:
+    """The network decisions not yet recorded (``network``: the run's tail of the gateway's log),
+    teardown, ``run_finished``, summary. Returns the final status and reason:
     ``cancelled`` when a signal came (``cancel``) before ``run_finished``, whatever the run had reached."""
     if sandbox is not None:
-        # The gateway's whole log, then one ``network_log`` entry saying whether it was read: a record
-        # whose decisions could not be collected says so instead of looking like a run without traffic.
-        try:
-            decisions = sandbox.decision_log()
-        except Exception as exc:  # noqa: BLE001 - teardown goes on; the record keeps the failure
-            record.write("network_log", complete=False, decisions=0, error=clean(exc, 500))
-            console.print(f"[yellow]could not read the gateway decision log: {escape(clean(exc, 500))}[/]")
-        else:
-            for d in decisions:
-                record.write("network", origin=d.get("origin"), decision=d.get("decision"), reason=d.get("reason"),
-                             via=d.get("via"), at=d.get("ts"))
-            record.write("network_log", complete=True, decisions=len(decisions))
+        # The decisions not yet recorded, then one ``network_log`` entry saying whether the whole log
+        # is in the record: one whose decisions could not be collected says so instead of looking like
+        # a run without traffic.
+        network = network or DecisionTail(record, decision_reader(sandbox))
+        netlog = network.finish()
+        if not netlog.complete:
+            console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]")
         if isinstance(record.on_entry, RunPrinter):
             record.on_entry.flush()  # the decisions, deduplicated, before any teardown message
     t = time.monotonic()
@@ -530,5 +449,5 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
     record.finish(status, reason, final_message=final_message, timings=timings,
                   wall_s=round(time.monotonic() - run_t0, 3))
     record.close()
-    print_summary(read_record(record.path), record.path, console=console)
+    print_summary(read_entries(record.path), record.path, console=console)
     return status, reason

@@ -1,8 +1,11 @@
-"""Sandboxes: a guest desktop behind the egress gateway, whatever runs it (Docker here, a VM elsewhere).
+"""Sandboxes: a guest desktop behind the egress gateway, whatever runs it (Docker containers, a QEMU VM).
 
 A backend starts the guest and the gateway, waits until the agent and the display answer, and gives the
-controller four things (``Sandbox``): the agent client, a way to run a command in the guest as its user
-(the network audit's probes), the gateway's decision log, and teardown that leaves nothing behind.
+controller what ``Sandbox`` declares: the agent (URL, token, client), a way to run a command in the guest
+as its user (the network audit's probes), the gateway's decision log, output, start timings, the guest's
+home, the network topology (``NetworkTopology``), and teardown that leaves nothing behind; as class
+methods, how to make its options, find or build its image, and list, remove and reap its sandboxes.
+Backends by name: ``controller.sandbox.registry.BACKENDS``. Owners and reaping: ``controller.sandbox.owner``.
 
 Use as a context manager; inside ``with`` SIGTERM and SIGHUP unwind like Ctrl-C, so teardown runs::
 
@@ -20,14 +23,31 @@ Isolation model: ARCHITECTURE.md, "Isolation model (Docker)".
 from __future__ import annotations
 
 import abc
-import contextlib
 import json
+import logging
 import os
-import signal
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+
+from controller.sandbox.errors import BackendUnavailable, SandboxError
+from controller.sandbox.readiness import (
+    DECISIONS_READ_MAX_BYTES, parse_decision_lines, parse_decision_log, wait_agent_ready, with_timeout,
+)
+from controller.sandbox.signals import (
+    INTERRUPT_SIGNALS,
+    SandboxInterrupted,
+    interruption,
+    raise_on_signals,
+    signals_deferred,
+)
+from controller.sandbox.topology import NetworkTopology
+
+__all__ = [  # re-exported from the helper modules, with this module's own names
+    "BackendUnavailable", "SandboxError", "SandboxInterrupted", "INTERRUPT_SIGNALS", "interruption",
+    "raise_on_signals", "signals_deferred", "parse_decision_log", "parse_decision_lines", "DECISIONS_READ_MAX_BYTES", "wait_agent_ready", "with_timeout",
+    "NetworkTopology", "LABEL_SANDBOX", "LABEL_ROLE", "LABEL_OWNER", "LABEL_OWNER_ID", "LABEL_DETACHED",
+    "DEFAULT_POLICY", "ExecResult", "SandboxSpec", "Sandbox", "reap", "pid_alive", "log",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from controller.agent_client import AgentClient
@@ -37,27 +57,16 @@ LABEL_SANDBOX = "desktop-sandbox.sandbox"
 LABEL_ROLE = "desktop-sandbox.role"
 """Label value: ``desktop``, ``gateway`` (containers), ``internal``, ``egress`` (networks)."""
 LABEL_OWNER = "desktop-sandbox.owner"
-"""Label value ``<hostname>:<pid>`` of the process that started the sandbox (to reap killed runs)."""
+"""Label value ``<hostname>:<pid>`` of the process that started the sandbox: for people and for
+``down --all --label``; never used to decide that a sandbox is abandoned (``LABEL_OWNER_ID`` is)."""
+LABEL_OWNER_ID = "desktop-sandbox.owner-id"
+"""Label value ``<machine id>:<boot id>:<pid namespace>:<pid>:<start time>`` of the process that started
+the sandbox (``controller.sandbox.owner.owner_id``): what orphan reaping judges."""
 LABEL_DETACHED = "desktop-sandbox.detached"
 """Label value ``1`` on sandboxes meant to outlive their starter (``desktop-sandbox up --detach``)."""
 
 DEFAULT_POLICY: dict[str, Any] = {"mode": "deny-all", "allow": []}
 """The policy when a task has no ``[network]`` table: deny everything."""
-
-
-class SandboxError(RuntimeError):
-    """A sandbox could not be started, or stopped answering. The message says which part and why."""
-
-
-class SandboxInterrupted(BaseException):
-    """Raised in the main thread on SIGTERM/SIGHUP while a sandbox is open, so ``with`` blocks unwind.
-
-    A BaseException (like KeyboardInterrupt) so that ``except Exception`` in callers does not swallow it.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by signal {signal.Signals(signum).name}")
-        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -95,10 +104,31 @@ class SandboxSpec:
 
 
 class Sandbox(abc.ABC):
-    """A running guest plus its gateway. Backend-neutral; see ``controller.sandbox.docker``."""
+    """A running guest plus its gateway: what every backend provides (``controller.sandbox.docker``,
+    ``controller.sandbox.vm``; by name: ``controller.sandbox.registry.BACKENDS``).
+
+    A caller goes through these members only: the class methods ``make_options``, ``ensure_image``,
+    ``start``, ``list_all``, ``remove``, ``remove_all``, ``reap_orphans``; on an instance ``id``,
+    ``agent_url``, ``agent_token``, ``agent``, ``image_id``, ``time_scale``, ``timings``,
+    ``ready_seconds``, ``guest_home``, ``exec_in_guest``, ``decision_log``, ``logs``, ``topology``,
+    ``close`` (and ``with``).
+    """
+
+    backend_name: ClassVar[str] = ""
+    """The registry name of the backend (``docker``, ``vm``)."""
+
+    default_ready_timeout: ClassVar[float] = 120.0
+    """Seconds a command line start waits for readiness on this backend (``SandboxSpec.ready_timeout``)."""
 
     id: str
     """Unique id of this sandbox (also the value of its ``desktop-sandbox.sandbox`` label)."""
+
+    guest_home: str = "/home/sandbox"
+    """The guest user's home directory, inside the guest (absolute path)."""
+
+    timings: dict[str, float]
+    """Seconds from the start call to each milestone of the start (``agent_live``, ``display_ready``,
+    and the backend's own, e.g. ``containers_started`` or ``vm_started``)."""
 
     time_scale: float = 1.0
     """How many times slower than a native guest this one reacts (1.0: containers, a VM with KVM or
@@ -110,6 +140,62 @@ class Sandbox(abc.ABC):
     _agent_url: str = ""
     _token: str = ""
     _image_id: str = ""
+
+    # -- class side: options, image, start, cleanup ---------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def make_options(cls, *, image: str | None = None, detached: bool = False) -> Any:
+        """The backend's options object for a command line start: ``image`` as the user gave it (Docker:
+        a tag; VM: an image directory) or None for the backend's default; ``detached``: the sandbox
+        outlives its starter (``up --detach``) and is never reaped automatically."""
+
+    @classmethod
+    @abc.abstractmethod
+    def ensure_image(cls, options: Any, say: Callable[[str], None]) -> Any:
+        """Make sure the image ``options`` names exists, building it when missing (minutes; ``say(text)``
+        reports progress). Returns the options to start with. Raises SandboxError when it cannot."""
+
+    @classmethod
+    @abc.abstractmethod
+    def start(cls, spec: "SandboxSpec | None" = None, options: Any = None) -> "Sandbox":
+        """Start a sandbox and wait until it is ready (``spec.ready_timeout`` seconds). Reaps provable
+        orphans first (``reap_orphans``). Raises SandboxError; on any failure, also a signal, what was
+        created is removed first (see ``_start_or_close``)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def list_all(cls) -> dict[str, dict[str, str]]:
+        """Sandboxes of this backend on this host: ``{id: labels}`` (``LABEL_*`` keys). Raises
+        BackendUnavailable when the backend cannot be asked."""
+
+    @classmethod
+    @abc.abstractmethod
+    def remove(cls, sandbox_id: str) -> list[str]:
+        """Remove everything of sandbox ``sandbox_id`` (live or not); returns the names removed ([] when
+        nothing of it exists). Raises BackendUnavailable when the backend cannot be asked."""
+
+    @classmethod
+    def remove_all(cls, labels: Mapping[str, str] | None = None) -> list[str]:
+        """Remove every sandbox of this backend, or with ``labels`` only those whose labels include each
+        ``key: value``. What ``desktop-sandbox down --all [--label K=V]`` does. Returns the names removed.
+        Raises BackendUnavailable when the backend cannot be asked."""
+        wanted = dict(labels or {})
+        removed: list[str] = []
+        for sandbox_id, have in cls.list_all().items():
+            if all(have.get(k) == v for k, v in wanted.items()):
+                removed += cls.remove(sandbox_id)
+        return removed
+
+    @classmethod
+    def reap_orphans(cls) -> list[str]:
+        """Remove this backend's sandboxes whose owner is provably dead and ours
+        (``controller.sandbox.owner.owner_state``); detached ones stay. A sandbox whose owner cannot be
+        proven dead (another machine or container, a reused pid, an older label) is reported in one
+        warning line on the ``controller.sandbox`` logger and left alone. Returns the ids removed."""
+        return reap(cls.list_all(), cls.remove)
+
+    # -- instance side --------------------------------------------------------------------------------
 
     @property
     def agent_url(self) -> str:
@@ -137,6 +223,21 @@ class Sandbox(abc.ABC):
         """Identity of what runs the guest (image digest ``sha256:...`` or VM image hash), for the record."""
         return self._image_id
 
+    @property
+    def ready_seconds(self) -> float | None:
+        """Seconds from the start call until the display answered; None before that."""
+        return getattr(self, "timings", {}).get("display_ready")
+
+    @abc.abstractmethod
+    def logs(self, role: str = "desktop", tail: int = 200) -> str:
+        """The last ``tail`` lines of output of ``role``: ``desktop`` (the guest) or ``gateway``; "" when
+        there is none (yet, or any more)."""
+
+    @abc.abstractmethod
+    def topology(self) -> NetworkTopology:
+        """Addresses and ports of this sandbox's network (for the network audit). Raises SandboxError
+        when the sandbox is not running."""
+
     @abc.abstractmethod
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         """Run ``argv`` (no shell) in the guest as the desktop user; wait for it and capture its output.
@@ -148,6 +249,14 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def decision_log(self) -> list[dict[str, Any]]:
         """The gateway's decisions so far, one dict per JSONL line (oldest first); [] when none yet."""
+
+    def decisions_since(self, start: int, max_lines: int = 1000,
+                        max_bytes: int = DECISIONS_READ_MAX_BYTES) -> list[Any]:
+        """Lines ``start``.. (0-based) of the gateway's decision log, at most ``max_lines`` lines and
+        ``max_bytes`` bytes, one item per complete line (:func:`parse_decision_lines`: the JSON value,
+        or the text of a line that is not JSON); [] when there are none yet. What the run record copies
+        while a run goes on, so a backend makes it cheap; this default slices :meth:`decision_log`."""
+        return list(self.decision_log()[start:start + max_lines])
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -215,136 +324,30 @@ class Sandbox(abc.ABC):
                 pass
 
 
-INTERRUPT_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that stop a run or a sandbox (Ctrl-C, ``kill``, a closed terminal)."""
+log = logging.getLogger("controller.sandbox")
 
 
-def interruption(signum: int) -> BaseException:
-    """What a noted signal turns into: KeyboardInterrupt for SIGINT, else ``SandboxInterrupted``."""
-    return KeyboardInterrupt() if signum == signal.SIGINT else SandboxInterrupted(signum)
+def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[str]]) -> list[str]:
+    """Remove the sandboxes of ``found`` (``{id: labels}``) whose owner is provably dead and ours.
 
-
-@contextlib.contextmanager
-def signals_deferred(signums: Sequence[int] = INTERRUPT_SIGNALS, *, redeliver: bool = True) -> Iterator[list[int]]:
-    """Within the block, ``signums`` are only noted (appended to the list this yields), never acted on.
-
-    For steps that must not be cut in half (a teardown, a Docker call whose result must be known). On
-    exit the previous handlers come back and, with ``redeliver``, each signal noted is raised once more
-    (in the order first seen), so they handle it now; without it the caller acts on the list. Outside the
-    main thread it does nothing and yields an empty list (Python delivers signals to the main thread).
+    Skips detached ones (``LABEL_DETACHED=1``) and ones whose owner is alive; logs one warning per
+    sandbox whose owner cannot be proven dead (``controller.sandbox.owner.owner_state``), naming it and
+    why, and leaves it. ``remove(id)`` removes one. Returns the ids removed.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    noted: list[int] = []
+    from controller.sandbox.owner import owner_state
 
-    def _note(signum: int, _frame: object) -> None:
-        noted.append(signum)
-
-    previous = {s: signal.signal(s, _note) for s in signums}
-    try:
-        yield noted
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if redeliver:
-            for s in dict.fromkeys(noted):
-                signal.raise_signal(s)
-
-
-@contextlib.contextmanager
-def raise_on_signals(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """Within the block, turn ``signums`` into ``SandboxInterrupted`` raised in the main thread.
-
-    Lets ``finally``/``with`` teardown run when a run is stopped with ``kill`` (Ctrl-C already raises
-    KeyboardInterrupt). Outside the main thread it does nothing (Python delivers signals there only).
-    Previous handlers are restored on exit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, _frame: object) -> None:
-        raise SandboxInterrupted(signum)
-
-    previous = {s: signal.signal(s, _raise) for s in signums}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def wait_agent_ready(
-    sandbox_id: str,
-    agent_url: str,
-    token: str,
-    *,
-    timeout: float,
-    check_alive: Callable[[], None],
-    describe: Callable[[], str],
-    timings: dict[str, float],
-    t0: float,
-    first_delay: float = 0.05,
-) -> None:
-    """Poll the agent's ``GET /livez`` and then ``GET /v1/display`` until each answers 200.
-
-    ``agent_url``/``token``: as ``Sandbox.agent_url``/``agent_token``. ``timeout``: seconds for both.
-    ``check_alive()`` runs after every poll that did not answer 200 and raises SandboxError when what runs
-    the guest or the gateway has exited. ``describe()``: the backend's last output, appended to the
-    timeout error. ``timings["agent_live"]``/``timings["display_ready"]``: seconds since ``t0``
-    (``time.monotonic()``) when each answered. Polls back off from ``first_delay`` (the first stage) or
-    0.05 s (the second) to 0.5 s. Raises SandboxError on timeout.
-    """
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    headers = {"Authorization": f"Bearer {token}"}
-    stage, path = "agent_live", "/livez"
-    delay = first_delay
-    last_error = ""
-    with httpx.Client(base_url=agent_url, timeout=5.0, trust_env=False) as http:
-        while True:
-            try:
-                resp = http.get(path, headers=headers)
-                if resp.status_code == 200:
-                    timings[stage] = time.monotonic() - t0
-                    if stage == "display_ready":
-                        return
-                    stage, path, delay = "display_ready", "/v1/display", 0.05
-                    continue
-                last_error = f"{path}: HTTP {resp.status_code} {resp.text[:200]}"
-            except httpx.HTTPError as exc:
-                last_error = f"{path}: {type(exc).__name__}: {exc}"
-            check_alive()
-            if time.monotonic() > deadline:
-                raise SandboxError(
-                    f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {describe()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-
-
-def parse_decision_log(text: str) -> list[dict[str, Any]]:
-    """The gateway's JSONL decision log as one dict per line (oldest first); a line being written right
-    now (not yet valid JSON) and blank lines are skipped."""
-    entries = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return entries
-
-
-def with_timeout(argv: Sequence[str], timeout: float | None) -> list[str]:
-    """``argv`` run under coreutils ``timeout`` in the guest when ``timeout`` (seconds) is given: killed
-    after it (SIGTERM, SIGKILL 2 s later), exit status 124. See ``Sandbox.exec_in_guest``."""
-    if timeout is None:
-        return list(argv)
-    return ["timeout", "--kill-after=2", f"{timeout:g}", *argv]
+    reaped = []
+    for sandbox_id, labels in found.items():
+        if labels.get(LABEL_DETACHED) == "1":
+            continue
+        state, reason = owner_state(labels.get(LABEL_OWNER_ID))
+        if state == "dead":
+            remove(sandbox_id)
+            reaped.append(sandbox_id)
+        elif state == "unproven":
+            log.warning("sandbox %s left in place (owner %s: %s); `desktop-sandbox down %s` removes it",
+                        sandbox_id, labels.get(LABEL_OWNER, "unknown"), reason, sandbox_id)
+    return reaped
 
 
 def pid_alive(pid: int) -> bool:

@@ -16,8 +16,9 @@ Per sandbox (id ``ds-<8 hex>``), all labelled ``desktop-sandbox.sandbox=<id>``:
 
 Readiness: ``/livez`` and then ``/v1/display`` answer through the relay. Teardown removes every container
 and network with the sandbox's label (also after an exception, Ctrl-C, SIGTERM); ``remove_all`` cleans
-up what killed runs left behind, and every start reaps sandboxes whose starting process on this host is
-gone (unless started detached).
+up what killed runs left behind, and every start reaps sandboxes whose starting process is provably dead
+and was this host's (``controller.sandbox.owner``; never detached ones). Cleanup: ``docker_cleanup``; container settings: ``docker_hardening``. Over 400 lines: the start
+sequence and the backend's class-side API (options, image, cleanup) are one unit around the container pair.
 
 Rule source: ARCHITECTURE.md, "Isolation model (Docker)".
 """
@@ -31,27 +32,40 @@ import shlex
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import docker
 import docker.errors
 from docker.models.containers import Container
 
 from controller.sandbox import (
+    DECISIONS_READ_MAX_BYTES,
+    parse_decision_lines,
     LABEL_DETACHED,
     LABEL_OWNER,
+    LABEL_OWNER_ID,
     LABEL_ROLE,
     LABEL_SANDBOX,
+    BackendUnavailable,
     ExecResult,
+    NetworkTopology,
     Sandbox,
     SandboxError,
     SandboxSpec,
     parse_decision_log,
-    pid_alive,
     signals_deferred,
     wait_agent_ready,
     with_timeout,
 )
+from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the backend's cleanup API
+    _remove,
+    list_sandboxes,
+    reap_orphans,
+    remove_all,
+    remove_sandbox,
+)
+from controller.sandbox.docker_hardening import _WRITE_FILE, _hardening, _tmpfs
+from controller.sandbox.owner import owner_id
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
 AGENT_PORT = 8000
@@ -65,25 +79,13 @@ DESKTOP_ALIAS = "desktop"
 AGENT_TOKEN_FILE = "/run/desktop-sandbox/agent-token"
 GATEWAY_POLICY_FILE = "/run/desktop-sandbox/policy.json"
 DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
+EXEC_MAX_BYTES = 16 * 1024 * 1024
+"""Most output (bytes, stdout and stderr together) collected from one command run in a container."""
+DECISION_LOG_MAX_BYTES = 256 * 1024 * 1024
+"""Most of the gateway's decision log read in one go (``decision_log``)."""
 """JSONL decision log of the gateway's policy addon, inside the gateway container."""
 DESKTOP_UID = 1000
 GATEWAY_UID = 1001
-
-_WRITE_FILE = (
-    "import base64,os,sys\n"
-    "path, mode = sys.argv[1], int(sys.argv[2], 8)\n"
-    "data = base64.b64decode(os.environ.pop('DS_DATA'))\n"
-    "tmp = path + '.partial'\n"
-    "fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)\n"
-    "view = memoryview(data)\n"
-    "while view:\n"
-    "    view = view[os.write(fd, view):]\n"
-    "os.close(fd)\n"
-    "os.rename(tmp, path)\n"
-)
-"""Writes a file atomically (temp + rename) inside a container; data arrives in the exec's environment
-(not in argv, not in the container's configuration)."""
-
 
 @dataclass
 class DockerOptions:
@@ -116,33 +118,21 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _hardening(user: str, tmpfs: dict[str, str], mem_limit: str, pids_limit: int) -> dict[str, Any]:
-    """Container options common to both roles (see the module docstring)."""
-    return {
-        "user": user,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
-        "read_only": True,
-        "tmpfs": tmpfs,
-        "mem_limit": mem_limit,
-        "memswap_limit": mem_limit,
-        "pids_limit": pids_limit,
-        "ipc_mode": "private",
-        "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
-        "init": False,
-        "privileged": False,
-    }
-
-
-def _tmpfs(size: str, uid: int, mode: str = "0700", exec_: bool = False) -> str:
-    opts = ["rw", "nosuid", "nodev", f"size={size}", f"uid={uid}", f"gid={uid}", f"mode={mode}"]
-    if not exec_:
-        opts.append("noexec")
-    return ",".join(opts)
+def engine() -> docker.DockerClient:
+    """``docker.from_env()``; raises BackendUnavailable (naming why) when the engine cannot be reached."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise BackendUnavailable(f"cannot reach the Docker engine: {exc}") from None
+    return client
 
 
 class DockerSandbox(Sandbox):
     """A running sandbox on the local Docker engine. Create with ``DockerSandbox.start``."""
+
+    backend_name = "docker"
+    default_ready_timeout = 120.0
 
     def __init__(self, client: docker.DockerClient, sandbox_id: str) -> None:
         self.client = client
@@ -176,6 +166,82 @@ class DockerSandbox(Sandbox):
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
 
+    @classmethod
+    def make_options(cls, *, image: str | None = None, detached: bool = False) -> DockerOptions:
+        return DockerOptions(image=image or DEFAULT_IMAGE, detached=detached)
+
+    @classmethod
+    def ensure_image(cls, options: DockerOptions, say: Callable[[str], None]) -> DockerOptions:
+        """Build ``options.image`` (``controller.sandbox.image``, Dockerfile.desktop) when the engine lacks
+        it, one ``say`` line per build step. Raises BackendUnavailable (no engine), SandboxError (build)."""
+        from controller.sandbox import image as image_build
+
+        client = engine()
+        try:
+            client.images.get(options.image)
+            return options
+        except docker.errors.ImageNotFound:
+            pass
+        say(f"image {options.image} missing: building it first (make desktop)")
+        base = "debian:bookworm-slim"
+        image_build.ensure_base(client, base, log=lambda m: say(f"base {m}"))
+        image_build.prepare_wheelhouse(client, log=lambda m: say(f"wheels {m}"))
+
+        def show(ev: image_build.BuildEvent) -> None:
+            if ev.is_step:
+                say(f"[{ev.step}/{ev.total}] {ev.text.split(' : ', 1)[-1][:110]}")
+
+        try:
+            image_build.build(options.image, base, client=client, on_event=show)
+        except image_build.BuildError as exc:
+            raise SandboxError(f"image build failed: {exc}") from None
+        return options
+
+    @classmethod
+    def list_all(cls) -> dict[str, dict[str, str]]:
+        return list_sandboxes(engine())
+
+    @classmethod
+    def remove(cls, sandbox_id: str) -> list[str]:
+        return remove_sandbox(engine(), sandbox_id)
+
+    @classmethod
+    def remove_all(cls, labels: Mapping[str, str] | None = None) -> list[str]:
+        if labels:
+            return super().remove_all(labels)
+        return remove_all(engine())
+
+    @classmethod
+    def reap_orphans(cls) -> list[str]:
+        return reap_orphans(engine())
+
+    def topology(self) -> NetworkTopology:
+        if self.gateway is None:
+            raise SandboxError(f"sandbox {self.id} has no gateway container")
+        try:
+            internal = self.client.networks.get(f"{self.id}-internal")
+            egress = self.client.networks.get(f"{self.id}-egress")
+            bridge = self.client.networks.get("bridge")
+            self.gateway.reload()
+        except docker.errors.NotFound as exc:
+            raise SandboxError(f"sandbox {self.id} is gone: {exc}") from None
+        networks = self.gateway.attrs["NetworkSettings"]["Networks"]
+        bindings = self.gateway.attrs["NetworkSettings"]["Ports"].get(f"{AGENT_PORT}/tcp") or []
+        host_port = next((int(b["HostPort"]) for b in bindings if b.get("HostIp") == "127.0.0.1"), 0)
+        host_ips = [ip for ip in map(_network_gateway, (internal, egress, bridge)) if ip]
+        return NetworkTopology(
+            backend=self.backend_name,
+            proxy_host=networks[internal.name]["IPAddress"],
+            proxy_port=GATEWAY_PROXY_PORT,
+            gateway_guest_ip=networks[internal.name]["IPAddress"],
+            gateway_egress_ip=networks[egress.name]["IPAddress"] or None,
+            agent_port=AGENT_PORT,
+            agent_host_port=host_port,
+            gateway_host_port=None,
+            host_ips=tuple(dict.fromkeys(host_ips)),
+            networks={"internal": internal.name, "egress": egress.name},
+        )
+
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         if self.desktop is None:
             raise SandboxError("sandbox has no desktop container")
@@ -190,10 +256,25 @@ class DockerSandbox(Sandbox):
     def decision_log(self) -> list[dict[str, Any]]:
         if self.gateway is None:
             return []
-        result = self._exec(self.gateway, ["cat", DECISION_LOG], user=f"{GATEWAY_UID}:{GATEWAY_UID}")
+        result = self._exec(self.gateway, ["cat", DECISION_LOG], user=f"{GATEWAY_UID}:{GATEWAY_UID}",
+                            timeout=30, max_bytes=DECISION_LOG_MAX_BYTES)
         if result.exit_code != 0:
             return []
         return parse_decision_log(result.stdout.decode("utf-8", "replace"))
+
+    def decisions_since(self, start: int, max_lines: int = 1000,
+                        max_bytes: int = DECISIONS_READ_MAX_BYTES) -> list[Any]:
+        """Lines ``start``.. (0-based) of the gateway's decision log, read in the gateway container with
+        ``tail``/``head`` (one exec; the log stays where the gateway writes it), at most ``max_lines``
+        lines and ``max_bytes`` bytes; a line cut by the byte cap or still being written is left for
+        the next read."""
+        if self.gateway is None:
+            return []
+        script = 'tail -n +"$1" "$2" 2>/dev/null | head -n "$3" | head -c "$4"'
+        result = self._exec(self.gateway, ["sh", "-c", script, "sh", str(start + 1), DECISION_LOG, str(max_lines),
+                                           str(max_bytes)], user=f"{GATEWAY_UID}:{GATEWAY_UID}", timeout=30,
+                            max_bytes=max_bytes + 4096)
+        return parse_decision_lines(result.stdout)
 
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
         """The last ``tail`` lines of a container's output (``role``: desktop | gateway)."""
@@ -216,7 +297,8 @@ class DockerSandbox(Sandbox):
     # -- start sequence -----------------------------------------------------------------------------
 
     def _labels(self, role: str, options: DockerOptions) -> dict[str, str]:
-        labels = {LABEL_SANDBOX: self.id, LABEL_ROLE: role, LABEL_OWNER: _owner(), **options.extra_labels}
+        labels = {LABEL_SANDBOX: self.id, LABEL_ROLE: role, LABEL_OWNER: _owner(), LABEL_OWNER_ID: owner_id(),
+                  **options.extra_labels}
         if options.detached:
             labels[LABEL_DETACHED] = "1"
         return labels
@@ -379,78 +461,37 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"cannot write {path} in {container.name}: {out.strip()}")
 
     def _exec(self, container: Container, argv: list[str], *, user: str,
-              timeout: float | None = None) -> ExecResult:
+              timeout: float | None = None, max_bytes: int = EXEC_MAX_BYTES) -> ExecResult:
+        """Run ``argv`` in ``container`` as ``user`` and collect its output, at most ``max_bytes``
+        (bytes, stdout and stderr together: the guest chooses what it prints). Raises SandboxError
+        when the exec fails or prints more (the command is then left to its ``timeout``)."""
+        api = self.client.api
         try:
-            result = container.exec_run(with_timeout(argv, timeout), user=user, demux=True)
+            exec_id = api.exec_create(container.id, with_timeout(argv, timeout), user=user)["Id"]
+            chunks = api.exec_start(exec_id, stream=True, demux=True)
+            out: list[bytes] = []
+            err: list[bytes] = []
+            total = 0
+            for stdout, stderr in chunks:
+                total += len(stdout or b"") + len(stderr or b"")
+                if total > max_bytes:
+                    chunks.close()
+                    raise SandboxError(f"exec in {container.name} printed more than {max_bytes} bytes")
+                if stdout:
+                    out.append(stdout)
+                if stderr:
+                    err.append(stderr)
+            code = api.exec_inspect(exec_id).get("ExitCode")
         except docker.errors.APIError as exc:
             raise SandboxError(f"exec in {container.name} failed: {exc.explanation or exc}") from exc
-        stdout, stderr = result.output if isinstance(result.output, tuple) else (result.output, b"")
-        return ExecResult(int(result.exit_code if result.exit_code is not None else -1), stdout or b"",
-                          stderr or b"")
+        return ExecResult(int(code if code is not None else -1), b"".join(out), b"".join(err))
 
 
-# -- cleanup ------------------------------------------------------------------------------------------
-
-def remove_sandbox(client: docker.DockerClient, sandbox_id: str) -> list[str]:
-    """Remove every container (forcefully) and then every network labelled with ``sandbox_id``.
-
-    Returns the names removed. Parts already gone are skipped silently.
-    """
-    return _remove(client, {"label": f"{LABEL_SANDBOX}={sandbox_id}"})
-
-
-def remove_all(client: docker.DockerClient | None = None) -> list[str]:
-    """Remove every container and network carrying the ``desktop-sandbox.sandbox`` label (any sandbox).
-
-    What ``desktop-sandbox down --all`` does. Returns the names removed.
-    """
-    return _remove(client or docker.from_env(), {"label": LABEL_SANDBOX})
-
-
-def list_sandboxes(client: docker.DockerClient | None = None) -> dict[str, dict[str, str]]:
-    """Sandboxes on this engine: ``{id: labels of one of its containers or networks}``."""
-    client = client or docker.from_env()
-    found: dict[str, dict[str, str]] = {}
-    for c in client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
-        found.setdefault(c.labels[LABEL_SANDBOX], dict(c.labels))
-    for n in client.networks.list(filters={"label": LABEL_SANDBOX}):
-        found.setdefault(n.attrs["Labels"][LABEL_SANDBOX], dict(n.attrs["Labels"]))
-    return found
-
-
-def reap_orphans(client: docker.DockerClient) -> list[str]:
-    """Remove sandboxes started on this host by a process that no longer exists (a killed run).
-
-    Detached sandboxes and those of other hosts or live processes are left alone. Returns their ids.
-    """
-    host = socket.gethostname()
-    reaped = []
-    for sandbox_id, labels in list_sandboxes(client).items():
-        if labels.get(LABEL_DETACHED) == "1":
-            continue
-        owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
-        if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
-            continue
-        remove_sandbox(client, sandbox_id)
-        reaped.append(sandbox_id)
-    return reaped
-
-
-def _remove(client: docker.DockerClient, filters: dict[str, str]) -> list[str]:
-    removed = []
-    for container in client.containers.list(all=True, filters=filters):
-        try:
-            container.remove(force=True, v=True)
-            removed.append(container.name)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: removal already in progress
-                raise
-    for network in client.networks.list(filters=filters):
-        try:
-            network.remove()
-            removed.append(network.name)
-        except docker.errors.NotFound:
-            pass
-    return removed
+def _network_gateway(network: Any) -> str | None:
+    """The IPv4 bridge address of a Docker network (the host's address on it), or None."""
+    network.reload()
+    for config in network.attrs.get("IPAM", {}).get("Config") or []:
+        gateway = config.get("Gateway")
+        if gateway and "." in gateway:
+            return gateway.split("/")[0]
+    return None

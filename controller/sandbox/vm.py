@@ -25,7 +25,12 @@ with QEMU's direct kernel boot. Per sandbox (id ``dv-<8 hex>``), in a private te
 
 Readiness: ``/livez`` and then ``/v1/display`` answer through the host forward. Teardown stops QEMU (and
 the forwarders it spawned), the gateway, and deletes the directory, also after an exception, Ctrl-C or
-SIGTERM; ``reap_orphans`` (run at every start) and ``remove_all`` clean up after killed runs.
+SIGTERM; ``reap_orphans`` (run at every start: only sandboxes whose starter is provably dead and was
+this host's, see ``controller.sandbox.owner``) and ``remove_all`` clean up after killed runs.
+
+Parts: ``vm_image`` (architecture, QEMU binary, acceleration, the image), ``vm_process`` (host
+processes, private directories, cleanup), ``vm_qga`` (qemu-guest-agent client). Over 400 lines: the
+start sequence (gateway, QEMU command line, readiness) shares the sandbox's state throughout.
 
 Acceleration: KVM on Linux when ``/dev/kvm`` is usable and the guest's architecture is the host's, HVF on
 macOS likewise, otherwise plain emulation (TCG). ``DESKTOP_SANDBOX_VM_ACCEL`` (kvm | hvf | tcg) overrides.
@@ -36,38 +41,61 @@ Rule source: ARCHITECTURE.md, "Isolation model", "VM path".
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
-import platform
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from controller.gateway import gateway_python
 from controller.sandbox import (
+    LABEL_DETACHED,
+    LABEL_OWNER,
+    LABEL_OWNER_ID,
+    LABEL_SANDBOX,
     ExecResult,
+    NetworkTopology,
     Sandbox,
     SandboxError,
     SandboxSpec,
+    DECISIONS_READ_MAX_BYTES,
+    parse_decision_lines,
     parse_decision_log,
-    pid_alive,
     signals_deferred,
     wait_agent_ready,
     with_timeout,
 )
+from controller.sandbox.owner import owner_id
+from controller.sandbox.vm_image import (  # noqa: F401 - re-exported: the backend's image API
+    BUILD_SCRIPT,
+    REPO_ROOT,
+    build_image,
+    choose_accel,
+    ensure_image,
+    host_arch,
+    image_dir,
+    qemu_binary,
+)
+from controller.sandbox.vm_process import (  # noqa: F401 - re-exported
+    TMP_PREFIX,
+    _free_port,
+    _stop_group,
+    list_vm_sandboxes,
+    remove_dir,
+    remove_vm_sandbox,
+    sandbox_dirs,
+)
+from controller.sandbox.vm_qga import GuestAgentChannel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-vm-image.sh"
 FORWARDER = Path(__file__).resolve().parent / "vm_forward.py"
 
 GUEST_ADDR = "10.0.2.15"
@@ -76,6 +104,10 @@ GATEWAY_GUEST_ADDR = "10.0.2.100"
 """The gateway's address as the guest sees it (``gateway`` in the guest's /etc/hosts)."""
 AGENT_PORT = 8000
 """The agent's port in the guest (the Docker backend's ``AGENT_PORT``)."""
+SLIRP_HOST = "10.0.2.2"
+"""The host's address on QEMU's user-mode network (closed to the guest by ``restrict=on``)."""
+SLIRP_DNS = "10.0.2.3"
+"""QEMU's user-mode DNS address (closed to the guest by ``restrict=on``)."""
 GATEWAY_PROXY_PORT = 3128
 """The proxy port the guest uses (the Docker backend's ``GATEWAY_PROXY_PORT``, images/firefox/policies.json)."""
 GUEST_USER = "sandbox"
@@ -93,134 +125,13 @@ GUEST_ENV = {
     "no_proxy": "127.0.0.1,localhost",
 }
 """Environment of commands run by ``exec_in_guest`` (as the session's, see desktop-sandbox.service)."""
-TMP_PREFIX = "desktop-sandbox-vm-"
 FW_CFG_PREFIX = "opt/desktop-sandbox"
-
-_ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-
-
 
 TCG_TIME_SCALE = 5.0
 """``Sandbox.time_scale`` of a guest under plain emulation (accel ``tcg``): measured here, Firefox and
 the desktop react 3-5 times slower than in a container (boot to ready 70-100 s against 4-5 s), more
 under host load; 5 keeps the offline exercise's deadlines meaningful without making a stuck run wait
 long."""
-
-def host_arch() -> str:
-    """The host's architecture in Debian terms: ``amd64`` or ``arm64`` (others raise SandboxError)."""
-    machine = platform.machine().lower()
-    if machine not in _ARCHES:
-        raise SandboxError(f"no VM guest for host architecture {machine}")
-    return _ARCHES[machine]
-
-
-def choose_accel(arch: str, qemu: str | None = None, kernel: Path | None = None) -> str:
-    """``kvm`` | ``hvf`` | ``tcg`` for a guest of ``arch`` on this host (env DESKTOP_SANDBOX_VM_ACCEL wins).
-
-    KVM is chosen only when ``/dev/kvm`` is usable *and* a probe boot of ``kernel`` with ``qemu`` prints
-    on the console within a few seconds (nested KVM can exist and still not run guests); otherwise TCG.
-    """
-    forced = os.environ.get("DESKTOP_SANDBOX_VM_ACCEL", "").strip().lower()
-    if forced:
-        if forced not in ("kvm", "hvf", "tcg"):
-            raise SandboxError(f"DESKTOP_SANDBOX_VM_ACCEL must be kvm, hvf or tcg, not {forced!r}")
-        return forced
-    if arch != host_arch():
-        return "tcg"
-    if sys.platform.startswith("linux") and os.access("/dev/kvm", os.R_OK | os.W_OK):
-        if qemu is None or kernel is None or _kvm_boots(qemu, kernel):
-            return "kvm"
-        return "tcg"
-    if sys.platform == "darwin":
-        return "hvf"
-    return "tcg"
-
-
-_KVM_PROBE: dict[tuple[str, str], bool] = {}
-
-
-def _kvm_boots(qemu: str, kernel: Path, timeout: float = 6.0) -> bool:
-    """Whether a KVM guest runs here: boot ``kernel`` (no disk) and wait for its first console output.
-
-    Cached per process. The probe VM has no network and no disk; it is killed at once.
-    """
-    key = (qemu, str(kernel))
-    if key in _KVM_PROBE:
-        return _KVM_PROBE[key]
-    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX + "probe-") as tmp:
-        console = Path(tmp) / "console.log"
-        proc = subprocess.Popen(
-            [qemu, "-nodefaults", "-no-user-config", "-display", "none", "-machine", "q35,accel=kvm"
-             if "x86_64" in Path(qemu).name else "virt,accel=kvm", "-cpu", "host", "-m", "256",
-             "-kernel", str(kernel), "-append", "console=ttyS0 console=ttyAMA0 panic=-1",
-             "-serial", f"file:{console}", "-no-reboot", "-net", "none"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        ok = False
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                if console.exists() and console.stat().st_size > 0:
-                    ok = True
-                    break
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.1)
-        finally:
-            _stop_group(proc, grace=0.5)
-    _KVM_PROBE[key] = ok
-    return ok
-
-
-def qemu_binary(arch: str) -> str | None:
-    """Path of ``qemu-system-x86_64`` / ``qemu-system-aarch64`` for ``arch``, or None when not installed."""
-    return shutil.which("qemu-system-x86_64" if arch == "amd64" else "qemu-system-aarch64")
-
-
-def image_dir(arch: str | None = None) -> Path:
-    """Where the VM image for the current inputs lives (built or not): ``$DESKTOP_SANDBOX_VM_IMAGE``, else
-    the directory ``scripts/build-vm-image.sh --print-dir`` names (a cache keyed by a hash of the inputs).
-    """
-    env = os.environ.get("DESKTOP_SANDBOX_VM_IMAGE")
-    if env:
-        return Path(env)
-    arch = arch or host_arch()
-    if not BUILD_SCRIPT.exists():
-        raise SandboxError(f"{BUILD_SCRIPT} not found; set DESKTOP_SANDBOX_VM_IMAGE to a built image directory")
-    out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir", "--arch", arch],
-                         capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise SandboxError(f"build-vm-image.sh --print-dir failed: {out.stderr.strip()}")
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
-def build_image(arch: str | None = None, *, force: bool = False) -> Path:
-    """Build (or find up to date) the VM image for ``arch``; progress goes to this process's stdout.
-
-    Returns the image directory. Raises SandboxError when the build fails (needs root, debootstrap).
-    """
-    argv = ["bash", str(BUILD_SCRIPT), "--arch", arch or host_arch()] + (["--force"] if force else [])
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
-    lines = proc.stdout.strip().splitlines()
-    for line in lines[:-1]:
-        print(line, flush=True)
-    if proc.returncode != 0 or not lines:
-        raise SandboxError(f"VM image build failed (exit {proc.returncode})")
-    return Path(lines[-1])
-
-
-def ensure_image(say: Any = print, arch: str | None = None) -> Path:
-    """The VM image directory for the current inputs, building it first when missing (minutes).
-
-    ``say(text)`` reports what happens. ``DESKTOP_SANDBOX_VM_IMAGE`` names a prebuilt image instead.
-    Raises SandboxError when the build fails.
-    """
-    path = image_dir(arch)
-    if (path / "manifest.json").exists():
-        return path
-    say(f"VM image {path.name} missing: building it (scripts/build-vm-image.sh)")
-    return build_image(arch)
 
 
 @dataclass
@@ -234,6 +145,8 @@ class VMOptions:
     ``images/apps.conformance.json`` adds the conformance probe), as for Docker.
     ``agent_args``: extra arguments of ``python -m guest serve`` (letters, digits, ``._=-`` only).
     ``keep_dir``: keep the private directory (console log, gateway log) after close, for diagnosis.
+    ``detached``: the sandbox outlives its starter (``up --detach``); it is then never reaped
+    automatically, only by ``desktop-sandbox down``.
     """
 
     image: Path | None = None
@@ -244,143 +157,14 @@ class VMOptions:
     apps_file: str = ""
     agent_args: list[str] = field(default_factory=list)
     keep_dir: bool = False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _cmdline_has(pid: int, marker: str) -> bool:
-    """True when process ``pid``'s command line contains ``marker`` (guards against pid reuse)."""
-    try:
-        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _stop_group(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
-    """SIGTERM the process's group, wait up to ``grace`` s, then SIGKILL the group; reap the process."""
-    if proc is None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # children left in the group (guestfwd forwarders) once the leader is gone
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class GuestAgentChannel:
-    """Client of qemu-guest-agent over its virtio-serial port (host end: a unix socket).
-
-    Speaks the QGA JSON protocol: ``guest-sync-delimited`` to resynchronise, then one command at a time.
-    Used only for ``guest-exec``/``guest-exec-status``. Thread-safe (one lock).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._sock: socket.socket | None = None
-        self._buf = b""
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        """Close the connection (the guest side is unaffected)."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        self._buf = b""
-
-    def _readline(self, deadline: float) -> bytes:
-        assert self._sock is not None
-        while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("guest agent did not answer")
-            self._sock.settimeout(remaining)
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("guest agent channel closed")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
-
-    def _sync(self, deadline: float) -> None:
-        """Connect if needed and discard stale output until a fresh sync id comes back."""
-        while True:
-            if self._sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.connect(str(self.path))
-                self._sock = sock
-            sync_id = secrets.randbelow(2**31)
-            msg = {"execute": "guest-sync-delimited", "arguments": {"id": sync_id}}
-            self._sock.sendall(json.dumps(msg).encode() + b"\n")
-            attempt_deadline = min(deadline, time.monotonic() + 3.0)
-            try:
-                while True:
-                    line = self._readline(attempt_deadline).lstrip(b"\xff").strip()
-                    if not line:
-                        continue
-                    try:
-                        reply = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    if reply.get("return") == sync_id:
-                        return
-            except TimeoutError:
-                if time.monotonic() >= deadline:
-                    raise
-                self._buf = b""  # guest agent not up yet (or a reply lost): resend
-
-    def command(self, name: str, arguments: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
-        """Run one QGA command and return its ``return`` value.
-
-        Raises SandboxError on an ``error`` reply, a closed channel, or no answer within ``timeout`` s.
-        """
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            try:
-                if self._sock is None:
-                    self._sync(deadline)
-                msg: dict[str, Any] = {"execute": name}
-                if arguments is not None:
-                    msg["arguments"] = arguments
-                assert self._sock is not None
-                self._sock.sendall(json.dumps(msg).encode() + b"\n")
-                while True:
-                    line = self._readline(deadline).lstrip(b"\xff").strip()
-                    if not line:
-                        continue
-                    reply = json.loads(line)
-                    if "error" in reply:
-                        raise SandboxError(f"guest agent {name}: {reply['error'].get('desc', reply['error'])}")
-                    if "return" in reply:
-                        return reply["return"]
-            except (OSError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
-                self.close()
-                raise SandboxError(f"guest agent {name}: {type(exc).__name__}: {exc}") from exc
-
-    def wait_ready(self, timeout: float) -> None:
-        """Block until the guest agent answers a sync (raises SandboxError after ``timeout`` s)."""
-        with self._lock:
-            try:
-                self._sync(time.monotonic() + timeout)
-            except (OSError, TimeoutError, ConnectionError) as exc:
-                self.close()
-                raise SandboxError(f"guest agent not answering: {exc}") from exc
+    detached: bool = False
 
 
 class VMSandbox(Sandbox):
     """A running VM sandbox. Create with ``VMSandbox.start``; see the module docstring."""
+
+    backend_name = "vm"
+    default_ready_timeout = 600.0
 
     def __init__(self, sandbox_id: str, workdir: Path) -> None:
         self.id = sandbox_id
@@ -395,6 +179,7 @@ class VMSandbox(Sandbox):
         self._qga: GuestAgentChannel | None = None
         self._closed = False
         self._keep_dir = False
+        self._labels: dict[str, str] = {}
         self.timings: dict[str, float] = {}
         """Seconds from the start call to each milestone (``gateway_ready``, ``vm_started``,
         ``agent_live``, ``display_ready``)."""
@@ -417,13 +202,47 @@ class VMSandbox(Sandbox):
         """
         spec = spec or SandboxSpec()
         options = options or VMOptions()
-        reap_orphans()
+        cls.reap_orphans()
         sandbox_id = f"dv-{secrets.token_hex(4)}"
         workdir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-"))
         sandbox = cls(sandbox_id, workdir)
         sandbox._keep_dir = options.keep_dir
+        sandbox._labels = {LABEL_SANDBOX: sandbox_id, LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
+                           LABEL_OWNER_ID: owner_id(), **({LABEL_DETACHED: "1"} if options.detached else {})}
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
+
+    @classmethod
+    def make_options(cls, *, image: str | None = None, detached: bool = False) -> VMOptions:
+        return VMOptions(image=Path(image) if image else None, detached=detached)
+
+    @classmethod
+    def ensure_image(cls, options: VMOptions, say: Callable[[str], None]) -> VMOptions:
+        """``options`` with ``image`` set: the given directory (SandboxError when it holds no built image),
+        else the one for the current inputs, built first when missing (minutes, ``say`` reports it)."""
+        if options.image is not None:
+            if not (Path(options.image) / "manifest.json").exists():
+                raise SandboxError(f"VM image not built ({options.image}); build it with scripts/build-vm-image.sh")
+            return options
+        return dataclasses.replace(options, image=ensure_image(say, options.arch))
+
+    @classmethod
+    def list_all(cls) -> dict[str, dict[str, str]]:
+        return list_vm_sandboxes()
+
+    @classmethod
+    def remove(cls, sandbox_id: str) -> list[str]:
+        return remove_vm_sandbox(sandbox_id)
+
+    def topology(self) -> NetworkTopology:
+        if self.qemu is None or self.qemu.poll() is not None:
+            raise SandboxError(f"VM of sandbox {self.id} is not running")
+        return NetworkTopology(
+            backend=self.backend_name, proxy_host=GATEWAY_GUEST_ADDR, proxy_port=GATEWAY_PROXY_PORT,
+            gateway_guest_ip=GATEWAY_GUEST_ADDR, gateway_egress_ip=None, agent_port=AGENT_PORT,
+            agent_host_port=self.agent_host_port, gateway_host_port=self.gateway_host_port,
+            host_ips=(SLIRP_HOST, SLIRP_DNS), networks={},
+        )
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         if self._qga is None or self.qemu is None or self.qemu.poll() is not None:
@@ -460,6 +279,23 @@ class VMSandbox(Sandbox):
             return []
         return parse_decision_log(text)
 
+    def decisions_since(self, start: int, max_lines: int = 1000,
+                        max_bytes: int = DECISIONS_READ_MAX_BYTES) -> list[Any]:
+        """Lines ``start``.. of the host-side gateway's decision log (a local file), at most
+        ``max_lines`` lines and ``max_bytes`` bytes (see :meth:`Sandbox.decisions_since`)."""
+        try:
+            data = (self.workdir / "decisions.jsonl").read_bytes()
+        except OSError:
+            return []
+        lines = data.split(b"\n")[:-1][start:start + max_lines]  # complete lines only
+        piece, size = [], 0
+        for line in lines:
+            size += len(line) + 1
+            if size > max_bytes and piece:
+                break
+            piece.append(line + b"\n")
+        return parse_decision_lines(b"".join(piece))
+
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
         """The last ``tail`` lines of the guest console (``desktop``) or the gateway's output (``gateway``)."""
         path = self.console_log if role == "desktop" else self.workdir / "gateway.log"
@@ -486,6 +322,7 @@ class VMSandbox(Sandbox):
 
     def _start(self, spec: SandboxSpec, options: VMOptions) -> None:
         t0 = time.monotonic()
+        self._write_owner()
         arch = options.arch or host_arch()
         qemu = qemu_binary(arch)
         if qemu is None:
@@ -502,7 +339,6 @@ class VMSandbox(Sandbox):
         self.accel = options.accel or choose_accel(arch, qemu, image / "vmlinuz")
         self.time_scale = TCG_TIME_SCALE if self.accel == "tcg" else 1.0
 
-        self._write_owner()
         policy = self.workdir / "policy.json"
         policy.write_text(spec.policy_json())
         gateway_port = self.gateway_host_port = self._start_gateway(policy)
@@ -547,11 +383,11 @@ class VMSandbox(Sandbox):
         self._wait_ready(spec.ready_timeout, t0)
 
     def _write_owner(self) -> None:
-        """Record who owns this sandbox's processes, for ``reap_orphans``/``remove_all``."""
+        """Record who owns this sandbox and its processes (``owner.json``, shape in
+        ``controller.sandbox.vm_process``), for ``reap_orphans``/``remove_all``."""
         owner = {
             "id": self.id,
-            "host": socket.gethostname(),
-            "owner_pid": os.getpid(),
+            "labels": self._labels,
             "qemu_pid": self.qemu.pid if self.qemu else None,
             "gateway_pid": self.gateway.pid if self.gateway else None,
         }
@@ -655,50 +491,13 @@ class VMSandbox(Sandbox):
 
 # -- cleanup ------------------------------------------------------------------------------------------
 
-def _sandbox_dirs() -> list[Path]:
-    return sorted(Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}dv-*"))
-
-
-def _remove_dir(path: Path) -> str | None:
-    """Stop the processes recorded in ``path``/owner.json (if still theirs) and delete ``path``."""
-    try:
-        owner = json.loads((path / "owner.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        owner = {}
-    sandbox_id = owner.get("id", path.name)
-    for key in ("qemu_pid", "gateway_pid"):
-        pid = owner.get(key)
-        if isinstance(pid, int) and pid_alive(pid) and _cmdline_has(pid, str(path)):
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-                for _ in range(50):
-                    if not pid_alive(pid):
-                        break
-                    time.sleep(0.1)
-    shutil.rmtree(path, ignore_errors=True)
-    return sandbox_id
-
-
 def reap_orphans() -> list[str]:
-    """Remove VM sandboxes of this host whose starting process is gone (a killed run). Returns their ids."""
-    host = socket.gethostname()
-    reaped = []
-    for path in _sandbox_dirs():
-        try:
-            owner = json.loads((path / "owner.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # being created right now, or not ours
-        if owner.get("host") != host or pid_alive(int(owner.get("owner_pid", 0) or 0)):
-            continue
-        removed = _remove_dir(path)
-        if removed:
-            reaped.append(removed)
-    return reaped
+    """Remove VM sandboxes whose starting process is provably dead and was this host's (a killed run);
+    report the ones that cannot be proven dead (see ``Sandbox.reap_orphans``). Returns their ids."""
+    return VMSandbox.reap_orphans()
 
 
 def remove_all() -> list[str]:
-    """Stop and delete every VM sandbox on this host (what ``desktop-sandbox down --all`` does for VMs)."""
-    return [r for r in (_remove_dir(p) for p in _sandbox_dirs()) if r]
+    """Stop and delete every VM sandbox on this host (what ``desktop-sandbox down --all`` does for VMs).
+    Returns what was removed (``<id>-qemu``, ``<id>-gateway``, ``<id>-dir``, ...)."""
+    return VMSandbox.remove_all()

@@ -14,8 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import controller.audit
-from controller.audit import AuditReport, Probe, ProbeResult
+import controller.audit.probes
+from controller.audit import AuditReport, Probe, ProbePlan, ProbeResult
 from controller.gateway.policy import Decision
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "audit.md"
@@ -140,17 +140,17 @@ def check_model_is_documented() -> None:
 
 
 def record_probe_list(monkeypatch) -> list[Probe]:
-    """Make ``run_audit`` keep the probe list it builds (``controller.audit.build_probes``); returns the
+    """Make ``run_audit`` keep the probe list it builds (``controller.audit.probes.build_probes``); returns the
     list it fills. A report holds one result per listed probe, in order, then the summary probes."""
     built: list[Probe] = []
-    build = controller.audit.build_probes
+    build = controller.audit.probes.build_probes
 
-    def recording(ctx):
-        probes = build(ctx)
+    def recording(plan: ProbePlan) -> list[Probe]:
+        probes = build(plan)
         built.extend(probes)
         return probes
 
-    monkeypatch.setattr(controller.audit, "build_probes", recording)
+    monkeypatch.setattr(controller.audit.probes, "build_probes", recording)
     return built
 
 

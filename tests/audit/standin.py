@@ -1,5 +1,6 @@
-"""The audit without Docker: ``controller.audit.run_audit`` (the real probe list, judging and report)
-against a stand-in for the sandbox and the targets, whose guest sees each probe refused, as a deny-all
+"""The audit without Docker: ``controller.audit.run_audit`` (the real probe list, judging and report) on
+the topology ``controller.audit.docker_topology`` reads from a stand-in for a Docker sandbox, with stand-in
+targets, whose guest sees each probe refused, as a deny-all
 sandbox would, except the probes named in ``through``, which get through (an allowed origin, or an escape).
 
 Used by tests/audit/test_report.py for the JSON report's shape and, through :func:`audit_factory`, for
@@ -13,7 +14,7 @@ from collections.abc import Collection
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from controller.audit import DENY_BODY, AuditReport, AuditTargets, HostCanary, run_audit
+from controller.audit import DENY_BODY, AuditReport, AuditTargets, HostCanary, docker_topology, run_audit
 from controller.gateway.policy import NetworkPolicy
 from controller.sandbox import ExecResult
 
@@ -66,7 +67,8 @@ def _origin(spec: dict[str, Any]) -> str:
 
 
 class StandInSandbox:
-    """What ``run_audit`` uses of a started sandbox; its guest is refused everything but ``through``."""
+    """What ``docker_topology`` reads of a started Docker sandbox (its gateway attached to the targets);
+    its guest is refused everything but ``through``."""
 
     id = SANDBOX
     image_id = "sha256:" + "ab" * 32
@@ -145,7 +147,8 @@ def targets() -> AuditTargets:
 def run_standin_audit(policy: NetworkPolicy, through: Collection[str] = ()) -> AuditReport:
     """``run_audit`` of ``policy`` on the stand-in (a real host canary, which nothing reaches)."""
     with HostCanary() as canary:
-        return run_audit(StandInSandbox(through), policy, targets(), canary, timeout=30)
+        return run_audit(docker_topology(StandInSandbox(through)), policy, targets=targets(), host_canary=canary,
+                         timeout=30)
 
 
 def audit_factory(through: Collection[str] = ()):
@@ -156,3 +159,12 @@ def audit_factory(through: Collection[str] = ()):
         return run_standin_audit(policy, through)
 
     return audit
+
+
+def stand_in_for_the_image_check() -> None:
+    """Make the Docker backend's ``ensure_image`` (run by the CLI before an audit; it asks the engine)
+    accept any image, for a CLI run on the stand-in, where there is no engine."""
+    from controller.sandbox.docker import DockerSandbox
+
+    if hasattr(DockerSandbox, "ensure_image"):
+        DockerSandbox.ensure_image = classmethod(lambda cls, options, say=print: options)  # type: ignore[method-assign]

@@ -83,13 +83,13 @@ def test_dns_query_against_a_local_resolver_and_its_silence():
     threading.Thread(target=serve, daemon=True).start()
     try:
         [result] = netprobe.run([{"name": "q", "kind": "dns", "server": "127.0.0.1",
-                                  "port": server.getsockname()[1], "name": "x.canary.audit.test"}])
+                                  "port": server.getsockname()[1], "qname": "x.canary.audit.test"}])
     finally:
         server.close()
     assert result["observed"] == "answer" and result["detail"] == ["192.0.2.7"]
     assert b"\x06canary\x05audit\x04test\x00" in seen[0]
     [silent] = netprobe.run([{"name": "q", "kind": "dns", "server": "127.0.0.1", "port": closed_port(),
-                              "name": "x.audit.test", "transport": "tcp"}])
+                              "qname": "x.audit.test", "transport": "tcp"}])
     assert silent["observed"] == "refused"
 
 

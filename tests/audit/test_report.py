@@ -47,9 +47,11 @@ def test_an_escape_fails_the_report():
 
 
 def _cli_on_standin(tmp_path: Path, *args: str, through: Collection[str] = ()) -> subprocess.CompletedProcess:
-    """``desktop-sandbox audit ARGS`` whose ``controller.audit.audit`` is the stand-in run."""
+    """``desktop-sandbox audit ARGS`` whose ``controller.audit.audit`` is the stand-in run (no engine, so
+    the Docker backend's image check, which needs one, is stood in for too)."""
     code = ("import controller.audit, tests.audit.standin as s; "
             f"controller.audit.audit = s.audit_factory({sorted(through)!r}); "
+            "s.stand_in_for_the_image_check(); "
             "from controller.cli import app; app(prog_name='desktop-sandbox')")
     env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
     env.update(PYTHONPATH=str(ROOT), DOCKER_HOST="unix:///nonexistent/docker.sock", COLUMNS="200")

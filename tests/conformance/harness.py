@@ -136,11 +136,11 @@ class Probe:
 
     def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool], mark: int = 0,
                  timeout: float = 10.0) -> list[dict[str, Any]]:
-        """Events after ``mark`` once ``predicate(events)`` holds; past ``timeout`` s, fails saying
-        what the probe is doing (:meth:`diagnosis`)."""
+        """Events after ``mark`` once ``predicate(events)`` holds; past ``timeout`` s (times the
+        desktop's ``time_scale``), fails saying what the probe is doing (:meth:`diagnosis`)."""
         try:
-            return poll(lambda: (lambda ev: ev if predicate(ev) else None)(self.since(mark)), timeout,
-                        what="probe events")
+            return poll(lambda: (lambda ev: ev if predicate(ev) else None)(self.since(mark)),
+                        timeout * self.desktop.time_scale, what="probe events")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; {self.diagnosis(mark)}") from None
 
@@ -180,7 +180,7 @@ class Probe:
         ``FocusIn`` arrived) and the server reported no button down and no Lock (Caps Lock) on."""
         try:
             poll(lambda: any(e["type"] == "FocusIn" for e in self.events()) and self.focus_lost() is None,
-                 timeout, what="the probe to get the keyboard focus")
+                 timeout * self.desktop.time_scale, what="the probe to get the keyboard focus")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; {self.diagnosis()}") from None
         ready = next(e for e in self.events() if e["type"] == "ready")
@@ -249,7 +249,7 @@ class TextSink:
         want = len(expected) + 1
         try:
             return poll(lambda: (lambda c: c[before:] if len(c) - before >= want else None)(self.content()),
-                        timeout, what="typed text in the terminal")
+                        timeout * self.desktop.time_scale, what="typed text in the terminal")
         except AssertionError:
             return self.content()[before:]
 
@@ -262,7 +262,11 @@ class AgentDesktop:
 
     ``workdir`` must be under the agent's ``--files-root``; ``display`` (optional) is the X display
     name reachable from the test process, used by :meth:`pressed` and :meth:`kill` (local pids).
+    ``time_scale``: how much slower than a local desktop the guest is (a VM under plain emulation: 5,
+    the sandbox's own factor); every deadline of the harness is multiplied by it.
     """
+
+    time_scale: float = 1.0
 
     def __init__(self, client: AgentClient, workdir: str, display: str | None = None) -> None:
         self.client, self.workdir, self.display = client, workdir, display
@@ -292,7 +296,7 @@ class AgentDesktop:
         except ProcessLookupError:
             return
 
-        poll(lambda: not self.alive(pid), timeout, what=f"process {pid} to exit")
+        poll(lambda: not self.alive(pid), timeout * self.time_scale, what=f"process {pid} to exit")
 
     def start_probe(self, *, pattern: bool = False, animate: float = 0.0, timeout: float = 15.0) -> Probe:
         """Launch the probe window and wait for its ``ready`` line."""
@@ -315,7 +319,7 @@ class AgentDesktop:
             "-geometry", "120x24+0+0", "-fa", "", "-fn", "fixed", "-u8",
             "-e", "sh", "-c", 'stty -echo; exec cat > "$1"', "sink", path,
         ])
-        poll(lambda: self._exists(path), timeout, what="the terminal to start")
+        poll(lambda: self._exists(path), timeout * self.time_scale, what="the terminal to start")
         return TextSink(self, pid, path, geometry)
 
     def _exists(self, path: str) -> bool:

@@ -32,9 +32,10 @@ def test_screenshot_saved_beside_the_record_with_its_hash(tmp_path):
     data = b"\x89PNG\r\n\x1a\n-not-really"
     entry = rec.save_screenshot(data, "image/png", image_size=(640, 400), frame=Frame(0, 0, 1280, 800))
     rec.close()
-    assert (rec.dir / entry["file"]).read_bytes() == data
-    assert entry["sha256"] == hashlib.sha256(data).hexdigest()
-    assert entry["image_size"] == [640, 400] and entry["frame"] == [0, 0, 1280, 800]
+    assert (rec.dir / entry.file).read_bytes() == data
+    assert entry.sha256 == hashlib.sha256(data).hexdigest()
+    [line] = read_record(rec.dir)
+    assert line["image_size"] == [640, 400] and line["frame"] == [0, 0, 1280, 800]
 
 
 def test_typed_text_is_redacted():
@@ -95,3 +96,61 @@ def test_records_that_are_not_entries_are_refused_or_summarised(tmp_path, conten
     summary = summarize(entries)
     assert summary["status"] == "unfinished"
     Console(record=True).print(summary_table(entries))
+
+
+def _report(run, *args: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env.update(PYTHONPATH=str(root), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "controller.cli", "report", *args, str(run)], capture_output=True,
+                          text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+
+GOOD_LINES = [
+    '{"ts": "2030-01-01T00:00:00.000+00:00", "type": "run_started", "format": 1, "task": {"name": "t"}}',
+    '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "action": "click", "error": null}',
+    '{"ts": "2030-01-01T00:00:02.000+00:00", "type": "run_finished", "status": "passed", "reason": "ok"}',
+]
+
+
+@pytest.mark.parametrize("change, needles", [
+    ((0, GOOD_LINES[0].replace('"format": 1', '"format": 2')),
+     ["record.jsonl:1:", "format 2 is newer", "format 1"]),
+    ((2, GOOD_LINES[2].replace('"type": "run_finished"', '"type": "run_finished", "extra_field": 1')),
+     ["record.jsonl:3:", "run_finished entry", "extra_field"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": "slow"}'),
+     ["record.jsonl:2:", "action entry", "duration_ms"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "teleport"}'),
+     ["record.jsonl:2:", "unknown entry type 'teleport'"]),
+    ((1, '{"type": "action", "action": "click"}'), ["record.jsonl:2:", "action entry without ts"]),
+    ((2, '{"ts": "2030-01-01T00:00:02.000+00:00", "type": "run_finished", "status": "passed", "reason": "\x1b[2J'),
+     ["record.jsonl:3:", "not JSON"]),
+])
+def test_report_refuses_malformed_and_newer_records_naming_file_and_line(tmp_path, change, needles):
+    lines = list(GOOD_LINES)
+    lines[change[0]] = change[1]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.jsonl").write_text("\n".join(lines) + "\n")
+    for args in ((), ("--json",)):
+        out = _report(run, *args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        [line] = out.stderr.strip().splitlines()
+        assert "\x1b" not in line and out.stdout == ""
+        for needle in needles:
+            assert needle in line, (needle, line)
+
+
+def test_report_reads_a_good_record_and_one_from_before_the_format_field(tmp_path):
+    for name, first in (("now", GOOD_LINES[0]), ("before", GOOD_LINES[0].replace('"format": 1, ', ""))):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "record.jsonl").write_text("\n".join([first, *GOOD_LINES[1:]]) + "\n")
+        out = _report(run, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["actions"] == 1

@@ -31,6 +31,32 @@ class FakeSandbox(Sandbox):
             step(self)
             self._checkpoint()
 
+    @classmethod
+    def make_options(cls, *, image=None, detached=False):  # noqa: ANN001, ANN206
+        return None
+
+    @classmethod
+    def ensure_image(cls, options, say):  # noqa: ANN001, ANN206
+        return options
+
+    @classmethod
+    def start(cls, spec=None, options=None):  # noqa: ANN001, ANN206
+        raise NotImplementedError
+
+    @classmethod
+    def list_all(cls) -> dict[str, dict[str, str]]:
+        return {}
+
+    @classmethod
+    def remove(cls, sandbox_id: str) -> list[str]:
+        return []
+
+    def logs(self, role: str = "desktop", tail: int = 200) -> str:
+        return ""
+
+    def topology(self):  # noqa: ANN201
+        raise NotImplementedError
+
     def exec_in_guest(self, argv, *, timeout=None):  # noqa: ANN001, ANN201
         raise NotImplementedError
 

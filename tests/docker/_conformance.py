@@ -56,11 +56,12 @@ class ContainerDesktop(AgentDesktop):
     def __init__(self, sandbox, client: AgentClient) -> None:
         super().__init__(client, WORKDIR, display=None)
         self.sandbox = sandbox
+        self.time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
 
     def kill(self, pid: int, timeout: float = 10.0) -> None:
         self.sandbox.exec_in_guest(["kill", str(pid)], timeout=10)
         # `kill -0` succeeds on a zombie too, so this waits until the agent has reaped the child.
-        poll(lambda: not self.alive(pid), timeout, interval=0.1, what=f"process {pid} to exit")
+        poll(lambda: not self.alive(pid), timeout * self.time_scale, interval=0.1, what=f"process {pid} to exit")
 
     def alive(self, pid: int) -> bool:
         return self.sandbox.exec_in_guest(["kill", "-0", str(pid)], timeout=10).exit_code == 0

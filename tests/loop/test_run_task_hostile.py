@@ -98,7 +98,7 @@ def test_typed_text_never_enters_the_record_nor_the_unattended_approval_display(
     assert SECRET not in record_text
     shown = capsys.readouterr()
     assert SECRET not in shown.out + shown.err
-    assert "text_length" in shown.out + shown.err  # the display says that text would be typed
+    assert f"type <{len(SECRET)} chars>" in shown.out + shown.err  # the display says that text would be typed
 
 
 def test_typed_text_is_shown_to_a_person_who_is_asked(tmp_path):

@@ -100,7 +100,7 @@ def test_root_file_system_is_read_only(vm_sandbox):
 
 
 def test_audit_passes_on_the_vm(vm_sandbox, tmp_path):
-    from controller.audit.vm import audit_vm
+    from controller.audit import audit_vm
     from controller.gateway.policy import NetworkPolicy
 
     report = audit_vm(NetworkPolicy(), sandbox=vm_sandbox)

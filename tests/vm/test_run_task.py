@@ -26,7 +26,7 @@ def test_pickup_offline_exercise_passes_on_the_vm(vm_image, tmp_path):
     from controller.sandbox.vm import VMSandbox
 
     started: list[VMSandbox] = []
-    open_vm = sandbox_opener("vm", "unused-for-vm")
+    open_vm = sandbox_opener("vm", None)
 
     def opener(task):
         sb = open_vm(task)

@@ -1,0 +1,28 @@
+"""The audit's exceptions: one class per reason it could not run, all under :class:`AuditError`.
+
+Callers (the CLI's ``audit`` command) catch :class:`AuditError`; tests and callers that need the reason
+match the subclass, never the message text.
+"""
+
+from __future__ import annotations
+
+
+class AuditError(RuntimeError):
+    """The audit could not run (image missing, targets did not start, gateway or guest probe failed)."""
+
+
+class AuditImageMissing(AuditError):
+    """The guest image the audit was asked to use is not in the Docker engine."""
+
+
+class AuditTargetsFailed(AuditError):
+    """An audit target container exited or did not announce readiness before its deadline."""
+
+
+class GatewayNotListening(AuditError):
+    """The gateway's proxy did not announce ``gateway listening on`` before the deadline."""
+
+
+class ProbeRunFailed(AuditError):
+    """``guest/netprobe.py`` did not run to completion in the guest (non-zero exit, killed at its
+    deadline) or its output was not a probe report (not JSON, over the size cap, no ``results`` list)."""

@@ -1,0 +1,326 @@
+"""The run record's entries (record format :data:`FORMAT`): one pydantic model per entry ``type``.
+
+A record is ``runs/<run-id>/record.jsonl``: one JSON object a line, each one of the models below
+(:data:`Entry`, a union discriminated on ``type``). The first line is ``run_started``, which carries
+``format`` (the format this code writes, :data:`FORMAT`); a reader refuses a record whose format is
+newer than the one it knows. A ``run_started`` without ``format`` is format 1.
+
+Time: ``ts`` is the controller's UTC time (ISO-8601, milliseconds) when the line was written. Lines
+are in the order written and their ``ts`` never decreases (a wall clock stepping back repeats the
+last ``ts``). Network decisions come from the gateway, which has its own clock: a ``network`` entry
+is written when the controller read the decision from the gateway's log (after the action during
+which it was made, or at teardown at the latest), so its ``ts`` orders it among the actions; the
+gateway's own time is ``at``, kept for reference and never used for ordering.
+
+Typed text never enters the record (``type`` actions carry ``text_length`` only) and nothing here
+ever sees the API key. Sizes: model px for actions, screen px for frames, as named per field.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT = 1
+"""The record format this code writes and the newest it reads."""
+
+
+def _utc_timestamp(value: str) -> str:
+    when = _dt.datetime.fromisoformat(value)
+    if when.utcoffset() is None:
+        raise ValueError("timestamp without a time zone")
+    return value
+
+
+Timestamp = Annotated[str, AfterValidator(_utc_timestamp)]
+"""ISO-8601 time with its offset (``2030-01-01T00:00:00.000+00:00``)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
+
+
+class _Entry(_Model):
+    """Fields every entry has. ``ts``: None until :class:`controller.run.record.RunRecord` writes it
+    (a record read from disk has it on every line)."""
+
+    ts: Optional[Timestamp] = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry as the JSON object written to the record (``ts`` and ``type`` first)."""
+        return self.model_dump(mode="json", fallback=str)
+
+
+class TaskRef(_Model):
+    """The task a run ran: its ``name``, task file (``source``) and that file's ``sha256`` (hex)."""
+
+    name: Optional[str] = None
+    source: Optional[str] = None
+    sha256: Optional[str] = None
+
+
+class RunStarted(_Entry):
+    """The sandbox is up (or did not start: ``sandbox`` None). ``format``: the record format;
+    ``mode``: live | offline; ``model``: the live model or ``scripted``; ``image``: what runs the guest
+    (``sha256:...``); ``time_scale``: the sandbox's slowness factor; ``policy``: the network policy;
+    ``screen`` / ``model_view``: the task's screen and model-image settings; ``script``: the offline
+    script path; ``sandbox_start_s``: seconds the sandbox took to start."""
+
+    type: Literal["run_started"] = "run_started"
+    format: int = Field(FORMAT, strict=True, ge=1, le=FORMAT)
+    task: TaskRef
+    mode: Optional[str] = None
+    model: Optional[str] = None
+    legacy: Optional[bool] = None
+    image: Optional[str] = None
+    sandbox: Optional[str] = None
+    time_scale: Optional[float] = None
+    policy: Optional[dict[str, Any]] = None
+    max_steps: Optional[int] = None
+    screen: Optional[dict[str, Any]] = None
+    model_view: Optional[dict[str, Any]] = None
+    script: Optional[str] = None
+    sandbox_start_s: Optional[float] = None
+
+
+class Usage(_Model):
+    """Token counts of one model response (None when the response did not say)."""
+
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    total_tokens: Optional[int] = None
+
+
+class ModelResponse(_Entry):
+    """One ``/responses`` answer: ``http_status`` (a failed request: >= 400 with the body's ``error``),
+    ``response_id``, ``usage`` (None when the response had none)."""
+
+    type: Literal["model_response"] = "model_response"
+    response_id: Optional[str] = None
+    http_status: Optional[int] = None
+    usage: Optional[Usage] = None
+    error: Any = None
+
+
+class ComputerCall(_Entry):
+    """A computer_call the model sent: ``form`` (``actions`` list or the legacy single ``action``),
+    ``actions`` as sent (coordinates in model px; ``type`` actions redacted to ``text_length``),
+    ``pending_checks``: its pending safety checks (``{"id", "code"?, "message"?}``)."""
+
+    type: Literal["computer_call"] = "computer_call"
+    call_id: Optional[str] = None
+    form: Optional[Literal["actions", "action"]] = None
+    actions: list[Any] = Field(default_factory=list)
+    pending_checks: list[Any] = Field(default_factory=list)
+
+
+class Action(_Entry):
+    """One driver call the SDK made: ``action`` (the action type, or ``screenshot``), ``duration_ms``
+    (milliseconds), ``error`` (None when it succeeded; ``cancelled`` when a signal stopped it)."""
+
+    type: Literal["action"] = "action"
+    call_id: Optional[str] = None
+    action: Optional[str] = None
+    duration_ms: Optional[float] = None
+    error: Optional[str] = None
+
+
+class Screenshot(_Entry):
+    """An image sent to the model, stored beside the record as ``file``: its ``sha256`` (hex),
+    ``mime``, ``image_size`` (model px), ``frame`` (x, y, w, h of the screen it shows, screen px),
+    ``screen_size`` (screen px), ``reencoded`` (cut down to fit the size limit)."""
+
+    type: Literal["screenshot"] = "screenshot"
+    file: str
+    sha256: str
+    mime: str
+    image_size: tuple[int, int]
+    frame: tuple[int, int, int, int]
+    screen_size: Optional[tuple[int, int]] = None
+    reencoded: bool = False
+    call_id: Optional[str] = None
+
+
+class Approval(_Entry):
+    """A decision on a safety check or an action (``what``: safety_check | action), or an opt-in
+    given on the command line (``what``: opt-in, ``codes`` approved unattended)."""
+
+    type: Literal["approval"] = "approval"
+    what: Literal["safety_check", "action", "opt-in"]
+    decision: Literal["approved", "denied"]
+    by: str
+    call_id: Optional[str] = None
+    codes: list[Optional[str]] = Field(default_factory=list)
+    check_ids: list[Optional[str]] = Field(default_factory=list)
+    action: Optional[str] = None
+    message: Optional[str] = None
+
+
+class Network(_Entry):
+    """One gateway decision, written when the controller read it (see the module's note on time).
+
+    ``seq``: its line number in the gateway's decision log (1-based; one line per decision, so the
+    record holds each line once); ``origin``, ``decision``, ``reason``, ``via``: as the gateway wrote
+    them (:class:`controller.gateway.policy.Decision`, control characters escaped, cut); ``at``: the
+    gateway's own time of the decision."""
+
+    type: Literal["network"] = "network"
+    seq: Optional[int] = None
+    origin: str
+    decision: Literal["allow", "deny"]
+    reason: Optional[str] = None
+    via: Optional[str] = None
+    at: Optional[str] = None
+
+
+class NetworkLog(_Entry):
+    """Once, at teardown: whether the gateway's decision log was read in full (``complete``: every
+    line is in the record as a ``network`` entry), ``decisions`` (lines in that log) and why not
+    (``error``)."""
+
+    type: Literal["network_log"] = "network_log"
+    complete: bool
+    decisions: int = 0
+    error: Optional[str] = None
+
+
+class Check(_Entry):
+    """One verification result: ``kind`` (file | sqlite), ``target`` (guest path), ``rule``,
+    ``expected``, ``observed`` (None when nothing could be read: ``detail`` says why), ``passed``;
+    ``expected_hex`` / ``observed_hex`` when bytes differ, ``bound`` (files bound into a query) and
+    ``copied`` (database files copied) for sqlite checks."""
+
+    type: Literal["check"] = "check"
+    kind: Optional[str] = None
+    target: Optional[str] = None
+    rule: Optional[str] = None
+    expected: Any = None
+    observed: Any = None
+    passed: bool
+    detail: Optional[str] = None
+    expected_hex: Optional[str] = None
+    observed_hex: Optional[str] = None
+    bound: Optional[dict[str, Optional[str]]] = None
+    copied: Optional[list[str]] = None
+
+
+class UnmetExpectation(_Model):
+    """One screen expectation that did not hold: its ``index`` in the turn, ``kind``, the
+    ``expectation`` as scripted (regions in model px), ``expected`` (described) and ``observed``."""
+
+    index: Optional[int] = None
+    kind: Optional[str] = None
+    expectation: Optional[dict[str, Any]] = None
+    expected: Optional[str] = None
+    observed: Any = None
+
+
+class Expectation(_Entry):
+    """An offline script turn whose screen expectations were resolved: ``met`` (after ``waits``
+    inserted waits, ``waited_s`` seconds, ``retries`` redone steps), or given up on (``reason``,
+    ``timeout_s``, ``unmet``)."""
+
+    type: Literal["expectation"] = "expectation"
+    turn: Optional[int] = None
+    call_id: Optional[str] = None
+    met: bool
+    waits: int = 0
+    waited_s: Optional[float] = None
+    retries: Optional[int] = None
+    expected: Optional[list[str]] = None
+    reason: Optional[str] = None
+    timeout_s: Optional[float] = None
+    unmet: list[UnmetExpectation] = Field(default_factory=list)
+
+
+RunStatus = Literal["passed", "failed", "cancelled", "error"]
+
+
+class RunFinished(_Entry):
+    """The last line: ``status``, ``reason``, the model's ``final_message``, phase ``timings``
+    (seconds per phase) and ``wall_s`` (seconds, sandbox start and teardown included)."""
+
+    type: Literal["run_finished"] = "run_finished"
+    status: RunStatus
+    reason: str = ""
+    final_message: Optional[str] = None
+    timings: Optional[dict[str, float]] = None
+    wall_s: Optional[float] = None
+
+
+Entry = Annotated[
+    Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, Network, NetworkLog, Check,
+          Expectation, RunFinished],
+    Field(discriminator="type"),
+]
+"""Any record entry."""
+
+ENTRY_TYPES: dict[str, type[_Entry]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, Network, NetworkLog, Check,
+                Expectation, RunFinished)
+}
+"""Entry model per ``type``."""
+
+class EntryError(ValueError):
+    """A JSON object that is not a record entry; the message names the field and the problem."""
+
+
+def problem(exc: ValidationError) -> str:
+    """The first error of ``exc`` as ``field.path: message`` (plus how many more there are)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "entry"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def as_entry(data: Any) -> Any:
+    """``data`` as its entry model: an entry is returned as is, a mapping is validated. Raises
+    :class:`EntryError` (a ValueError) naming the type and the field that is wrong."""
+    if isinstance(data, _Entry):
+        return data
+    if not isinstance(data, Mapping):
+        raise EntryError(f"an entry must be a JSON object, not {type(data).__name__}")
+    kind = data.get("type")
+    if kind not in ENTRY_TYPES:
+        raise EntryError("entry without a type" if kind is None else f"unknown entry type {str(kind)[:40]!r}")
+    try:
+        return ENTRY_TYPES[kind].model_validate(dict(data))
+    except ValidationError as exc:
+        raise EntryError(f"{kind} entry: {problem(exc)}") from None
+
+
+def entry_format(data: Any) -> Optional[int]:
+    """The record format a parsed line declares: ``format`` of a ``run_started`` object (1 when it
+    has none); None for any other line."""
+    if isinstance(data, Mapping) and data.get("type") == "run_started":
+        value = data.get("format", 1)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def reference_markdown() -> str:
+    """The record reference, rendered from the models above (markdown: one row per entry type with
+    its fields and its docstring; docs/ARCHITECTURE.md carries it between ``<!-- record-reference -->``
+    markers, kept equal by a test)."""
+    lines = ["| `type` | fields (besides `ts`, `type`) | what it is |", "|---|---|---|"]
+    for kind, cls in ENTRY_TYPES.items():
+        fields = ", ".join(f"`{n}`" for n in cls.model_fields if n not in ("ts", "type"))
+        doc = " ".join((cls.__doc__ or "").split()).replace("``", "`").replace("|", "\\|")
+        lines.append(f"| `{kind}` | {fields} | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "ENTRY_TYPES", "FORMAT", "Action", "Approval", "Check", "ComputerCall", "Entry", "EntryError", "Expectation",
+    "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
+    "UnmetExpectation", "Usage", "as_entry", "entry_format", "problem", "reference_markdown",
+]
+
+
+if __name__ == "__main__":  # pragma: no cover - a helper for editing the docs
+    print(reference_markdown(), end="")

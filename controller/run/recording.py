@@ -1,0 +1,291 @@
+"""What a run writes to its record while it goes: the SDK's and the driver's events as entry models
+(:class:`RecordingHooks`) and the gateway's network decisions, copied in as they appear
+(:class:`DecisionTail`).
+
+Network decisions reach the record in time order with the actions: after every model response and
+every driver call the hooks ask a background reader for the lines the gateway's decision log gained
+since (so the action path never waits on the gateway), which writes each decision not yet recorded,
+when it is read; at teardown :meth:`DecisionTail.finish` reads the whole log once more, writes what is still
+missing, and adds the ``network_log`` entry saying whether every line of the log is in the record.
+A decision is identified by its line number in the gateway's log (the log is append-only, one
+decision a line), so none is written twice and none is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+from pydantic import ValidationError
+
+from controller.gateway.policy import Decision
+from controller.run.approvals import Decision as ApprovalDecision
+from controller.run.driver import SandboxDriver, SentScreenshot
+from controller.run.entries import (
+    Action, Approval, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted, TaskRef, Usage,
+    problem,
+)
+from controller.run.model_client import RequestUsage, UsageMeter
+from controller.run.record import RunRecord, redact_action
+from controller.run.tasks import Task
+from controller.text import clean
+
+MAX_DECISIONS_PER_READ = 1000
+"""Most decisions one read during the run copies into the record (the rest wait for the next read)."""
+
+MAX_DECISIONS = 100_000
+"""Most decisions a run records; a log with more is recorded up to here and marked incomplete."""
+
+FIELD_CHARS = {"origin": 500, "reason": 300, "via": 20, "at": 40}
+"""Longest text (characters, after escaping) kept of each field of a decision: the origin is the raw
+target when the gateway could not parse it, so a guest chooses it."""
+
+
+def _text(value: Any) -> str | None:
+    """A string field from the model's JSON: strings kept, anything else as its JSON text (cut)."""
+    if value is None or isinstance(value, str):
+        return value
+    return clean(json.dumps(value, default=str), 200)
+
+
+def network_entry(item: Any, seq: int) -> Network | str:
+    """The ``network`` entry for line ``seq`` (1-based) of the gateway's log, parsed as ``item``; or
+    why that line is not a decision (a short text). Text fields are escaped and cut
+    (:data:`FIELD_CHARS`). Fields a newer gateway adds are ignored."""
+    if not isinstance(item, dict):
+        return f"line {seq}: not a JSON object"
+    try:
+        d = Decision.model_validate({k: v for k, v in item.items() if k in Decision.model_fields})
+    except ValidationError as exc:
+        return clean(f"line {seq}: {problem(exc)}", 200)
+    return Network(seq=seq, origin=clean(d.origin, FIELD_CHARS["origin"]), decision=d.decision,
+                   reason=clean(d.reason, FIELD_CHARS["reason"]),
+                   via=clean(d.via, FIELD_CHARS["via"]) if d.via is not None else None,
+                   at=clean(d.ts, FIELD_CHARS["at"]))
+
+
+class DecisionTail:
+    """Copies the gateway's decisions into ``record`` as they appear.
+
+    ``read(start, max_lines)``: lines ``start``.. (0-based) of the gateway's decision log, at most
+    ``max_lines``, one item per complete line (the parsed JSON value, or the text of a line that is not
+    JSON): :meth:`controller.sandbox.Sandbox.decisions_since`. :meth:`poll` records the lines after the
+    last one handled (at most :data:`MAX_DECISIONS_PER_READ`) and never raises. :meth:`start` runs
+    the reads on a background thread instead, so :meth:`poke` (after each model response and driver
+    call) never waits for the gateway: pokes that arrive during a read make one more read after it.
+    :meth:`finish` stops that thread, reads to the end of the log, records what is still missing and
+    writes the ``network_log`` entry. Thread-safe.
+    """
+
+    def __init__(self, record: RunRecord, read: Callable[[int, int], list[Any]]) -> None:
+        self.record = record
+        self.read = read
+        self.consumed = 0
+        """Lines of the gateway's log handled so far (recorded, or counted in ``invalid``)."""
+        self.invalid: list[str] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: str | None = None
+
+    def _take(self, lines: Any) -> int:
+        if not isinstance(lines, list):
+            self._failure = f"the decision log read gave a {type(lines).__name__}, not a list of lines"
+            return 0
+        room = max(0, MAX_DECISIONS - self.consumed)
+        for seq, item in enumerate(lines[:room], self.consumed + 1):
+            entry = network_entry(item, seq)
+            if isinstance(entry, str):
+                self.invalid.append(entry)
+            else:
+                self.record.write(entry)
+        self.consumed += min(len(lines), room)
+        return min(len(lines), room)
+
+    def poll(self) -> int:
+        """Record the decisions logged since the last read; returns how many lines were handled (0
+        also when the log could not be read: :meth:`finish` reads again and reports)."""
+        with self._lock:
+            try:
+                lines = self.read(self.consumed, MAX_DECISIONS_PER_READ)
+            except Exception:  # noqa: BLE001 - the run goes on; finish() reads again and reports
+                return 0
+            return self._take(lines)
+
+    def start(self) -> "DecisionTail":
+        """Read on a background thread from now on (see the class docstring); returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="decision-tail", daemon=True)
+            self._thread.start()
+        return self
+
+    def poke(self) -> None:
+        """Ask for a read: at once on the background thread when started, else in this thread."""
+        if self._thread is None:
+            self.poll()
+        else:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.poll()
+
+    def finish(self, join_timeout: float = 60.0) -> NetworkLog:
+        """Stop the background reads, read to the end of the log, record every decision not yet
+        recorded, and write ``network_log``: ``complete`` only when every line of the log is in the
+        record. ``join_timeout``: seconds to wait for a read in flight."""
+        if self._thread is not None:
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(join_timeout)
+        with self._lock:
+            errors: list[str] = []
+            if self._thread is not None and self._thread.is_alive():
+                errors.append(f"a read of the gateway's log did not end in {join_timeout:g}s")
+            while not errors and self.consumed < MAX_DECISIONS:
+                try:
+                    lines = self.read(self.consumed, MAX_DECISIONS_PER_READ)
+                except Exception as exc:  # noqa: BLE001 - teardown goes on; the record keeps the failure
+                    errors.append(f"cannot read the gateway's log: {clean(exc, 300)}")
+                    break
+                if not self._take(lines):
+                    break
+            if self._failure:
+                errors.append(self._failure)
+            if self.consumed >= MAX_DECISIONS:
+                try:
+                    more = bool(self.read(self.consumed, 1))
+                except Exception:  # noqa: BLE001 - counted as more: the record is capped either way
+                    more = True
+                if more:
+                    errors.append(f"more than {MAX_DECISIONS} decisions: only the first {MAX_DECISIONS} "
+                                  "are recorded")
+            if self.invalid:
+                errors.append(f"{len(self.invalid)} lines are not decisions ({self.invalid[0]})")
+            return self.record.write(NetworkLog(complete=not errors, decisions=self.consumed,
+                                                error=clean("; ".join(errors), 500) if errors else None))
+
+
+def decision_reader(sandbox: Any) -> Callable[[int, int], list[Any]]:
+    """The ``read`` of a :class:`DecisionTail` for ``sandbox``: its ``decisions_since`` (every backend
+    has one), else lines sliced from its ``decision_log()`` (a sandbox made of parts, in tests)."""
+    since = getattr(sandbox, "decisions_since", None)
+    if callable(since):
+        return lambda start, max_lines: since(start, max_lines)
+    return lambda start, max_lines: list(sandbox.decision_log()[start:start + max_lines])
+
+
+class RecordingHooks:
+    """Bridges SDK/driver events to the run record (model responses, calls, actions, screenshots,
+    approvals), reading new network decisions (``network``, a :class:`DecisionTail`) after each model
+    response and each driver call."""
+
+    def __init__(self, record: RunRecord, driver: SandboxDriver, network: DecisionTail | None = None) -> None:
+        self.record = record
+        self.driver = driver
+        self.network = network
+        self.current_call: str | None = None
+        self.action_count = 0
+
+    def _poll(self) -> None:
+        if self.network is not None:
+            self.network.poke()
+
+    def on_request(self, usage: RequestUsage, body: Any) -> None:
+        """One ``/responses`` answer (``body``: its parsed JSON, None when it was not JSON)."""
+        if usage.status >= 400:
+            err = body.get("error") if isinstance(body, dict) else None
+            self.record.write(ModelResponse(response_id=None, http_status=usage.status, error=err, usage=None))
+            self._poll()
+            return
+        tokens = None
+        if usage.total_tokens is not None:
+            tokens = Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                           total_tokens=usage.total_tokens)
+        self.record.write(ModelResponse(response_id=_text(usage.response_id), http_status=usage.status, usage=tokens))
+        for item in (body.get("output") or []) if isinstance(body, dict) else []:
+            if not isinstance(item, dict) or item.get("type") != "computer_call":
+                continue
+            listed = item.get("actions") is not None
+            actions = item.get("actions") if listed else [item.get("action")]
+            checks = item.get("pending_safety_checks")
+            self.current_call = _text(item.get("call_id"))
+            self.record.write(ComputerCall(
+                call_id=self.current_call, form="actions" if listed else "action",
+                actions=[redact_action(a) if isinstance(a, dict) else a
+                         for a in (actions if isinstance(actions, list) else [actions])],
+                pending_checks=checks if isinstance(checks, list) else [],
+            ))
+        self._poll()
+
+    def on_diagnostic(self, event: dict[str, Any]) -> None:
+        """The SDK's diagnostics: each driver call becomes an ``action`` entry."""
+        if event.get("stage") != "action":
+            return
+        reason = event.get("reason")
+        error = None
+        if reason == "driver_failed":
+            error = self.driver.last_error or "driver failed"
+        elif reason == "cancelled":
+            error = "cancelled"
+        if event.get("member") != "screenshot":
+            self.action_count += 1
+        self.record.write(Action(call_id=_text(event.get("call_id")), action=_text(event.get("member")),
+                                 duration_ms=round(float(event.get("duration_ms") or 0.0), 2), error=_text(error)))
+        self._poll()
+
+    def on_screenshot(self, shot: SentScreenshot) -> None:
+        """An image sent to the model: stored beside the record."""
+        self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
+                                    screen_size=shot.screen_size, reencoded=shot.reencoded,
+                                    call_id=self.current_call)
+
+    def on_decision(self, decision: ApprovalDecision) -> None:
+        """An approval decision (safety check or action)."""
+        self.record.write(Approval(**decision.as_record()))
+
+
+def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy: bool, max_steps: int,
+                      script: Path | None, sandbox_start_s: float | None) -> RunStarted:
+    """The ``run_started`` entry of ``task`` on ``sandbox`` (None: it did not start): the task file's
+    sha256, the sandbox's id, image and ``time_scale``, the task's policy and screen settings."""
+    digest = hashlib.sha256(task.source.read_bytes()).hexdigest() if task.source and task.source.is_file() else None
+    return RunStarted(
+        task=TaskRef(name=task.name, source=str(task.source) if task.source else None, sha256=digest),
+        mode=mode, model=model, legacy=legacy, image=getattr(sandbox, "image_id", None),
+        sandbox=getattr(sandbox, "id", None), time_scale=getattr(sandbox, "time_scale", 1.0),
+        policy=task.network.model_dump(mode="json"), max_steps=max_steps, screen=task.screen.model_dump(mode="json"),
+        model_view=task.model.model_dump(mode="json"), script=str(script) if script else None,
+        sandbox_start_s=sandbox_start_s,
+    )
+
+
+def expectation_recorder(record: RunRecord) -> Callable[[dict[str, Any]], None]:
+    """The scripted model's ``on_expectation``: each resolved turn becomes an ``expectation`` entry."""
+    return lambda entry: record.write(Expectation(**entry))
+
+
+class BodyMeter(UsageMeter):
+    """UsageMeter that also hands the parsed body to the recorder (``sink(usage, body)``)."""
+
+    def __init__(self, sink: Callable[[RequestUsage, Any], None]) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def hook(self, response: httpx.Response) -> None:  # noqa: D102
+        before = len(self.requests)
+        super().hook(response)
+        if len(self.requests) > before:
+            try:
+                body = json.loads(response.content)
+            except ValueError:
+                body = None
+            self._sink(self.requests[-1], body)

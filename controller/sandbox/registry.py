@@ -1,0 +1,67 @@
+"""Backends by name: ``BACKENDS["docker"]`` is ``DockerSandbox``, ``BACKENDS["vm"]`` is ``VMSandbox``.
+
+A backend's module is imported the first time its class is looked up, so importing the registry (or
+listing its names for ``--backend``) imports neither the Docker SDK nor the QEMU code. Adding a backend
+is one module with a ``Sandbox`` subclass plus one line in :data:`_ENTRIES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from controller.sandbox import Sandbox
+
+_ENTRIES: dict[str, tuple[str, str]] = {
+    "docker": ("controller.sandbox.docker", "DockerSandbox"),
+    "vm": ("controller.sandbox.vm", "VMSandbox"),
+}
+"""name -> (module, class). The first entry is the default backend of ``up``, ``run-task`` and ``audit``."""
+
+_AUDITS: dict[str, tuple[str, str]] = {
+    "docker": ("controller.audit", "audit"),
+    "vm": ("controller.audit.vm", "audit_vm"),
+}
+"""name -> (module, function) of the network audit on that backend: ``audit(policy, *, image=...)``
+returning an ``AuditReport`` (``image``: what the backend's ``ensure_image`` options name)."""
+
+DEFAULT_BACKEND = next(iter(_ENTRIES))
+
+
+class _Backends(Mapping[str, "type[Sandbox]"]):
+    """Read-only mapping name -> backend class, importing each backend's module on first lookup."""
+
+    def __getitem__(self, name: str) -> "type[Sandbox]":
+        module, attr = _ENTRIES[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ENTRIES)
+
+    def __len__(self) -> int:
+        return len(_ENTRIES)
+
+
+BACKENDS: Mapping[str, "type[Sandbox]"] = _Backends()
+"""name -> ``Sandbox`` subclass (``docker``, ``vm``); lazy, see the module docstring."""
+
+
+def backend_names() -> list[str]:
+    """The registered backend names, default first (for ``--backend`` choices and messages)."""
+    return list(_ENTRIES)
+
+
+def get_backend(name: str) -> "type[Sandbox]":
+    """The backend class registered as ``name``. Raises KeyError naming the known ones otherwise."""
+    if name not in _ENTRIES:
+        raise KeyError(f"unknown backend {name!r} (one of {', '.join(_ENTRIES)})")
+    return BACKENDS[name]
+
+
+def audit_function(name: str):  # noqa: ANN201 - controller.audit's types are not imported here
+    """The network audit for backend ``name`` (see :data:`_AUDITS`). Raises KeyError when it has none."""
+    if name not in _AUDITS:
+        raise KeyError(f"no network audit for backend {name!r}")
+    module, attr = _AUDITS[name]
+    return getattr(importlib.import_module(module), attr)
