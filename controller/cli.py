@@ -3,6 +3,9 @@
 Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (a backend of
 controller.sandbox.registry), ``run-task`` (controller.run.runner), ``report`` (controller.run.record),
 ``audit`` (controller.audit), ``bench`` (controller.bench). ``--backend`` names a backend of the registry.
+
+Over 400 lines: every command's options, help text and refusals (one line, exit 2) are here and nowhere
+else, so what a user can type reads in one place; the work itself lives in the modules above.
 """
 
 from __future__ import annotations
@@ -194,12 +197,13 @@ def up(
                     sandbox = backend_cls.start(spec, options)
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
-            else:
-                token_file = _write_token(sandbox.id, sandbox.agent_token)
-            if noted:
+            if noted:  # before the token file exists: the start is abandoned
                 console.print(f"cancelled ({signal.Signals(noted[0]).name}): the sandbox start was abandoned",
                               markup=False)
                 raise typer.Exit(130)
+            # from here a signal ends a started sandbox the usual way (removed, exit 0), also one that
+            # comes while the token file is written or the table printed
+            token_file = _write_token(sandbox.id, sandbox.agent_token)
             table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.ready_seconds, network, token_file,
                                   detach)
             console.print(table)
@@ -324,8 +328,8 @@ def run_task_cmd(
     """
     from controller.run.runner import RunOptions, run_task
     from controller.sandbox import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals, signals_deferred
-    from controller.offline.scripted_server import load_script
-    from controller.run.tasks import load_task
+    from controller.offline.scripted_server import ScriptError, load_script
+    from controller.run.tasks import TaskError, load_task
 
     # Until the run's record is finished no signal cuts a step in half: before the run begins they are
     # noted here (the run then ends `cancelled` at once, with its record), from then on run_task handles
@@ -333,7 +337,7 @@ def run_task_cmd(
     with signals_deferred(redeliver=False) as noted:
         try:
             task = load_task(task_file)
-        except ValueError as exc:  # TaskError: one line naming the file and the field
+        except TaskError as exc:  # one line naming the file and the field
             _refuse(f"cannot load task: {exc}")
         _backend(backend)
         confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
@@ -352,7 +356,7 @@ def run_task_cmd(
         if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
             try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
                 load_script(script or task.offline_script_path())
-            except ValueError as exc:  # ScriptError, or a task without [offline]
+            except (ScriptError, TaskError) as exc:  # a bad script, or a task without [offline]
                 _refuse(f"cannot use the offline script: {exc}")
         open_sandbox = _not_opened
         if not noted:
@@ -448,7 +452,7 @@ def audit(
     from controller.gateway.policy import NetworkPolicy
     from controller.sandbox import SandboxError
     from controller.sandbox.registry import audit_function
-    from controller.run.tasks import load_task
+    from controller.run.tasks import TaskError, load_task
     from controller.validation import describe_validation_error
 
     backend_cls = _backend(backend)
@@ -457,7 +461,7 @@ def audit(
     if task is not None:
         try:
             network = load_task(task).network
-        except ValueError as exc:  # TaskError: one line naming the file and the field
+        except TaskError as exc:  # one line naming the file and the field
             _refuse(f"cannot load task: {exc}")
     else:
         try:
@@ -468,8 +472,8 @@ def audit(
             _refuse(f"bad policy {policy}: cannot read: {exc.strerror or exc}")
         except tomllib.TOMLDecodeError as exc:
             _refuse(f"bad policy {policy}: TOML syntax error: {exc}")
-        except ValueError as exc:  # not UTF-8
-            _refuse(f"bad policy {policy}: {' '.join(str(exc).split())}")
+        except UnicodeDecodeError as exc:
+            _refuse(f"bad policy {policy}: not UTF-8 text (byte {exc.start})")
     try:
         options = backend_cls.ensure_image(backend_cls.make_options(image=image_tag), console.print)
         with console.status(f"auditing ({backend} sandbox, probes)"):

@@ -145,6 +145,10 @@ def build_probes(plan: ProbePlan) -> list[Probe]:
     recorder_forms = [t.recorder_ip, ip_forms(t.recorder_ip)[1]] if t is not None else []
     for form in [METADATA, "0xa9fea9fe", *recorder_forms, "127.0.0.1", "[::1]"]:
         tunnel(f"connect-{form}:443", "proxy-connect", f"{form}:443", no_hits(443), tls=True)
+    for host_ip in topo.host_ips:  # the host's own addresses, as a tunnel target
+        tunnel(f"connect-{host_ip}:443", "proxy-connect", f"{host_ip}:443", no_hits(target="host"), tls=True)
+    for port in topo.loopback_ports:  # the sandbox's ports on the host's loopback, as a plain tunnel
+        tunnel(f"connect-127.0.0.1:{port}", "proxy-connect", f"127.0.0.1:{port}", tls=False)
 
     # the gateway's other ports and its relay
     ok = ("none-open", f"open:{topo.proxy_port}")
@@ -164,8 +168,10 @@ def build_probes(plan: ProbePlan) -> list[Probe]:
         add(f"{topo.host_label}-tcp-{host_ip}", topo.host_label, f"{host_ip}:{','.join(map(str, host_ports))}",
             "blocked", {"kind": "scan", "host": host_ip, "ports": [[p, p] for p in host_ports], "timeout": 1.5},
             blocked(connected, no_hits(target="host")))
-        add(f"{topo.host_label}-udp-{host_ip}", topo.host_label, host_port(host_ip, plan.canary_port), "blocked",
-            {"kind": "udp", "host": host_ip, "port": plan.canary_port}, blocked(connected, no_hits(target="host")))
+        for port in (plan.canary_port, 53, 123):  # the host canary, and the host's DNS and NTP
+            name = f"{topo.host_label}-udp-{host_ip}" + ("" if port == plan.canary_port else f"-{port}")
+            add(name, topo.host_label, host_port(host_ip, port), "blocked",
+                {"kind": "udp", "host": host_ip, "port": port}, blocked(connected, no_hits(target="host")))
 
     probes.extend(origin_probes(plan, proxy))
     return probes

@@ -26,12 +26,7 @@ assistant message saying so and keeps the failure in :attr:`ScriptedModel.unmet`
 ends the run ``failed``. ``on_expectation`` (optional) sees one entry per resolved turn (met, or
 given up), for the run record.
 
-Each line is checked when the script is loaded, so a typo is reported with its line rather than as a
-failed run: actions follow the action schema in its model form (:func:`wire.actions.parse_action`: a
-known ``type``, that type's fields and no others, integers for coordinates and scroll amounts, keys
-as lists of strings, ...) and no coordinate is negative, and pending safety checks are
-``{"id", "code"?, "message"?}`` with string (or null) values. Whether a point lies inside the model
-image is known only at run time; the driver refuses it then.
+Each line is checked when the script is loaded (:mod:`controller.offline.script`).
 
 The turn to answer is derived from the request itself (the number of ``computer_call_output``
 items in its input that answer script turns, not waits), so the server is stateless across runs
@@ -53,7 +48,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Callable
 
 import uvicorn
@@ -62,110 +56,12 @@ from fastapi.responses import JSONResponse
 
 from controller.offline import expectations as ex
 from controller.offline.expectations import MAX_WAITS_PER_TURN
-from wire.actions import ActionInvalid, first_outside, parse_action
+from controller.offline.script import (  # noqa: F401 - ScriptError, load_script: re-exported
+    ScriptError, load_script, validate_first_turn, validate_turn,
+)
 
 
 IMAGE_TOKENS = 1105
-
-
-class ScriptError(ValueError):
-    """A script line is not a valid model turn (contract 3)."""
-
-
-def load_script(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSONL script; blank lines and lines starting with ``//`` are skipped.
-
-    Raises :class:`ScriptError` naming the file (and the line) for anything that is not a valid turn,
-    and for files that cannot be read or are not UTF-8.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    turns: list[dict[str, Any]] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("//"):
-            continue
-        try:
-            turn = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise ScriptError(f"{path}:{number}: {exc}") from None
-        except RecursionError:
-            raise ScriptError(f"{path}:{number}: JSON nested too deeply") from None
-        validate_turn(turn, where=f"{path}:{number}")
-        if not turns:
-            _validate_first_turn(turn, where=f"{path}:{number}")
-        turns.append(turn)
-    if not turns:
-        raise ScriptError(f"{path}: empty script")
-    return turns
-
-
-def _validate_first_turn(turn: dict[str, Any], where: str) -> None:
-    """Raise :class:`ScriptError` when the first turn expects a change: it has no earlier turn."""
-    parsed = ex.parse_turn(turn)
-    for i, exp in enumerate(parsed.expect if parsed else []):
-        if exp.kind == "changed":
-            raise ScriptError(f"{where}: expect[{i}]: changed needs an earlier turn to compare with; "
-                              "the first turn has none")
-
-
-def validate_turn(turn: Any, where: str = "turn") -> None:
-    """Raise :class:`ScriptError` unless ``turn`` is one of the three contract shapes."""
-    if not isinstance(turn, dict):
-        raise ScriptError(f"{where}: a turn must be a JSON object")
-    kinds = [k for k in ("actions", "action", "message") if k in turn]
-    if len(kinds) != 1:
-        raise ScriptError(f"{where}: a turn needs exactly one of actions, action, message")
-    allowed = {kinds[0], "usage", "comment"} | ({"pending_safety_checks"} if kinds[0] != "message" else set())
-    extra = set(turn) - allowed - ex.TURN_FIELDS
-    if extra:
-        raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
-    try:
-        expected = ex.parse_turn(turn)
-    except ValueError as exc:
-        raise ScriptError(f"{where}: {exc}") from None
-    if expected is not None and expected.expect_retry is not None:
-        for i, action in enumerate(expected.expect_retry.actions):
-            _validate_action(action, f"{where}: expect_retry.actions[{i}]")
-    if kinds[0] == "actions" and (not isinstance(turn["actions"], list) or not turn["actions"]):
-        raise ScriptError(f"{where}: actions must be a non-empty list")
-    if kinds[0] == "action" and not isinstance(turn["action"], dict):
-        raise ScriptError(f"{where}: action must be an object")
-    if kinds[0] == "message" and not isinstance(turn["message"], str):
-        raise ScriptError(f"{where}: message must be a string")
-    if "usage" in turn and turn["usage"] is not None:
-        raise ScriptError(f"{where}: usage may only be null (leave usage out of that response)")
-    actions = turn["actions"] if kinds[0] == "actions" else [turn["action"]] if kinds[0] == "action" else []
-    for i, action in enumerate(actions):
-        _validate_action(action, f"{where}: action {i}")
-    checks = turn.get("pending_safety_checks", [])
-    if not isinstance(checks, list):
-        raise ScriptError(f"{where}: pending_safety_checks must be a list")
-    for check in checks:
-        if not isinstance(check, dict) or not isinstance(check.get("id"), str):
-            raise ScriptError(f"{where}: each pending safety check needs a string id")
-        extra = set(check) - {"id", "code", "message"}
-        if extra:
-            raise ScriptError(f"{where}: unknown pending safety check fields {sorted(extra)}")
-        for name in ("code", "message"):
-            if check.get(name) is not None and not isinstance(check[name], str):
-                raise ScriptError(f"{where}: pending safety check {name} must be a string or null")
-
-
-def _validate_action(action: Any, where: str) -> None:
-    """Raise :class:`ScriptError` (``where: what``) unless ``action`` is a Responses computer action in
-    the schema's model form (:func:`wire.actions.parse_action`) with no negative coordinate."""
-    try:
-        parsed = parse_action(action)
-    except ActionInvalid as exc:
-        raise ScriptError(f"{where}: {exc}") from None
-    negative = first_outside(parsed)
-    if negative is not None:
-        raise ScriptError(f"{where}: coordinates must not be negative (model px), got {negative}")
 
 
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
@@ -212,7 +108,7 @@ class ScriptedModel:
         for i, turn in enumerate(turns):
             validate_turn(turn, where=f"turn {i}")
         if turns:
-            _validate_first_turn(turns[0], where="turn 0")
+            validate_first_turn(turns[0], where="turn 0")
         self.turns = turns
         self.model = model
         self.requests: list[dict[str, Any]] = []

@@ -18,6 +18,10 @@ The console shows the run as it goes: the record's listener (:class:`controller.
 prints one line per record entry (sandbox start, model steps, computer_calls with their actions
 summarised -- typed text only as a length --, approvals, network decisions, checks), the runner adds
 the launch and readiness lines, and the summary table ends the run.
+
+Over 400 lines: one run's sequence, with the cancellation rule (no signal cuts a step in half; the
+record is always finished) threaded through every phase, reads best as one function beside its helpers;
+the record's entries and their writing are in :mod:`controller.run.recording`.
 """
 
 from __future__ import annotations

@@ -268,9 +268,9 @@ class Task(_Strict):
         return self
 
     def offline_script_path(self) -> Path:
-        """Absolute path of the offline script; raises ValueError when the task has none."""
+        """Absolute path of the offline script; raises TaskError when the task has none."""
         if self.offline is None:
-            raise ValueError(f"task {self.name!r} has no [offline] script")
+            raise TaskError(f"task {self.name!r} has no [offline] script")
         base = self.source.parent if self.source else Path.cwd()
         return (base / self.offline.script).resolve()
 

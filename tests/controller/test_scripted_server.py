@@ -519,3 +519,17 @@ def test_the_shipped_scripts_expect_the_screen_before_each_dependent_step():
     typing = [t for t in demo if any(a["type"] == "type" for a in t.get("actions", []))]
     assert len(typing) == 1 and typing[0]["pending_safety_checks"] and typing[0]["expect"][0]["kind"] == "color"
     assert not any(a["type"] == "wait" for t in pickup + demo for a in t.get("actions", []))
+
+
+def test_a_script_comment_must_be_text_and_a_huge_script_is_refused_unread(tmp_path, monkeypatch):
+    from controller.offline import script
+
+    bad = tmp_path / "comment.jsonl"
+    bad.write_text('{"comment": ["not", "text"], "message": "done"}\n')
+    with pytest.raises(script.ScriptError, match="comment.jsonl:1: comment must be a string"):
+        script.load_script(bad)
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"message": "done"}\n' * 100)
+    monkeypatch.setattr(script, "MAX_SCRIPT_BYTES", 1000)
+    with pytest.raises(script.ScriptError, match="larger than 1000 bytes"):
+        script.load_script(big)

@@ -1,0 +1,128 @@
+"""The offline script (contract 3): a JSONL file, one model turn a line, loaded and checked before
+any sandbox starts, so a typo is reported with its file and line rather than as a failed run.
+
+Each turn is one of the three contract shapes (``actions``, the legacy single ``action``, or
+``message``), with the optional ``pending_safety_checks``, ``usage`` (null only), ``comment`` (a string)
+and screen expectations (:mod:`controller.offline.expectations`). Actions follow the action schema in
+its model form (:func:`wire.actions.parse_action`) with no negative coordinate (model px); whether a
+point lies inside the model image is known only at run time. A script larger than
+:data:`MAX_SCRIPT_BYTES` is refused unread.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from controller.offline import expectations as ex
+from wire.actions import ActionInvalid, first_outside, parse_action
+
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
+"""Largest script file read (bytes)."""
+
+
+class ScriptError(ValueError):
+    """A script line is not a valid model turn (contract 3)."""
+
+
+def load_script(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL script; blank lines and lines starting with ``//`` are skipped.
+
+    Raises :class:`ScriptError` naming the file (and the line) for anything that is not a valid turn,
+    and for files that cannot be read or are not UTF-8.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SCRIPT_BYTES + 1)
+        if len(data) > MAX_SCRIPT_BYTES:
+            raise ScriptError(f"{path}: larger than {MAX_SCRIPT_BYTES} bytes")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    turns: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("//"):
+            continue
+        try:
+            turn = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ScriptError(f"{path}:{number}: {exc}") from None
+        except RecursionError:
+            raise ScriptError(f"{path}:{number}: JSON nested too deeply") from None
+        validate_turn(turn, where=f"{path}:{number}")
+        if not turns:
+            validate_first_turn(turn, where=f"{path}:{number}")
+        turns.append(turn)
+    if not turns:
+        raise ScriptError(f"{path}: empty script")
+    return turns
+
+
+def validate_first_turn(turn: dict[str, Any], where: str) -> None:
+    """Raise :class:`ScriptError` when the first turn expects a change: it has no earlier turn."""
+    parsed = ex.parse_turn(turn)
+    for i, exp in enumerate(parsed.expect if parsed else []):
+        if exp.kind == "changed":
+            raise ScriptError(f"{where}: expect[{i}]: changed needs an earlier turn to compare with; "
+                              "the first turn has none")
+
+
+def validate_turn(turn: Any, where: str = "turn") -> None:
+    """Raise :class:`ScriptError` unless ``turn`` is one of the three contract shapes."""
+    if not isinstance(turn, dict):
+        raise ScriptError(f"{where}: a turn must be a JSON object")
+    kinds = [k for k in ("actions", "action", "message") if k in turn]
+    if len(kinds) != 1:
+        raise ScriptError(f"{where}: a turn needs exactly one of actions, action, message")
+    allowed = {kinds[0], "usage", "comment"} | ({"pending_safety_checks"} if kinds[0] != "message" else set())
+    extra = set(turn) - allowed - ex.TURN_FIELDS
+    if extra:
+        raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
+    try:
+        expected = ex.parse_turn(turn)
+    except ValueError as exc:
+        raise ScriptError(f"{where}: {exc}") from None
+    if expected is not None and expected.expect_retry is not None:
+        for i, action in enumerate(expected.expect_retry.actions):
+            _validate_action(action, f"{where}: expect_retry.actions[{i}]")
+    if kinds[0] == "actions" and (not isinstance(turn["actions"], list) or not turn["actions"]):
+        raise ScriptError(f"{where}: actions must be a non-empty list")
+    if kinds[0] == "action" and not isinstance(turn["action"], dict):
+        raise ScriptError(f"{where}: action must be an object")
+    if kinds[0] == "message" and not isinstance(turn["message"], str):
+        raise ScriptError(f"{where}: message must be a string")
+    if "comment" in turn and not isinstance(turn["comment"], str):
+        raise ScriptError(f"{where}: comment must be a string")
+    if "usage" in turn and turn["usage"] is not None:
+        raise ScriptError(f"{where}: usage may only be null (leave usage out of that response)")
+    actions = turn["actions"] if kinds[0] == "actions" else [turn["action"]] if kinds[0] == "action" else []
+    for i, action in enumerate(actions):
+        _validate_action(action, f"{where}: action {i}")
+    checks = turn.get("pending_safety_checks", [])
+    if not isinstance(checks, list):
+        raise ScriptError(f"{where}: pending_safety_checks must be a list")
+    for check in checks:
+        if not isinstance(check, dict) or not isinstance(check.get("id"), str):
+            raise ScriptError(f"{where}: each pending safety check needs a string id")
+        extra = set(check) - {"id", "code", "message"}
+        if extra:
+            raise ScriptError(f"{where}: unknown pending safety check fields {sorted(extra)}")
+        for name in ("code", "message"):
+            if check.get(name) is not None and not isinstance(check[name], str):
+                raise ScriptError(f"{where}: pending safety check {name} must be a string or null")
+
+
+def _validate_action(action: Any, where: str) -> None:
+    """Raise :class:`ScriptError` (``where: what``) unless ``action`` is a Responses computer action in
+    the schema's model form (:func:`wire.actions.parse_action`) with no negative coordinate."""
+    try:
+        parsed = parse_action(action)
+    except ActionInvalid as exc:
+        raise ScriptError(f"{where}: {exc}") from None
+    negative = first_outside(parsed)
+    if negative is not None:
+        raise ScriptError(f"{where}: coordinates must not be negative (model px), got {negative}")
