@@ -43,13 +43,19 @@ case "$arch" in amd64|arm64) ;; *) echo "build-vm-image: --arch must be amd64 or
 # probes; its virtio port is root-only inside the guest).
 include="systemd-sysv,udev,kmod,initramfs-tools,linux-image-$arch,qemu-guest-agent"
 
-hash_files() { # stable hash of the named files/directories' contents and paths
-  (cd "$repo" && find "$@" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z \
-    | xargs -0 sha256sum) | sha256sum | cut -c1-16
+hash_files() { # stable hash of the named files/directories' contents and paths (relative to the repo)
+  # In a git checkout: the files git tracks or would track (what .gitignore leaves out -- caches, test
+  # leftovers -- does not change the key); elsewhere every file but Python caches.
+  (cd "$repo" && if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+       git ls-files -z --cached --others --exclude-standard -- "$@"
+     else
+       find "$@" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0
+     fi | { grep -zv -e '\.pyc$' -e '__pycache__/' || true; } | LC_ALL=C sort -z \
+       | { xargs -0 -r sha256sum 2>/dev/null || true; }) | sha256sum | cut -c1-16
 }
 deps=$(python3 -c 'import tomllib,sys; p=tomllib.load(open(sys.argv[1],"rb"))["project"]; print("\n".join(p["dependencies"]))' "$repo/pyproject.toml")
 system_key=$( { echo "$arch $suite $mirror $include"; echo "$deps"; sed -n '/^# system-layer-begin/,/^# system-layer-end/p' "$0"; \
-  sha256sum "$repo/images/provision.sh"; } | sha256sum | cut -c1-16)
+  sha256sum < "$repo/images/provision.sh"; } | sha256sum | cut -c1-16)
 final_key=$( { echo "$system_key"; hash_files images guest wire scripts/vm Dockerfile.desktop; sed -n '/^# final-layer-begin/,/^# final-layer-end/p' "$0"; } \
   | sha256sum | cut -c1-16)
 out="$cache/$arch-$final_key"

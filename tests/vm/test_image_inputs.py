@@ -24,3 +24,29 @@ def test_the_real_dockerfile_declares_what_the_session_needs():
     settings = dict(_module().env_settings((ROOT / "Dockerfile.desktop").read_text()))
     for key in ("DISPLAY", "AGENT_TOKEN_FILE", "AGENT_APPS_FILE", "AGENT_BIND", "PATH"):
         assert key in settings, key
+
+
+def _copy_inputs(dest: Path) -> Path:
+    """The build script's inputs (what its cache key hashes) copied to ``dest``, outside any git checkout."""
+    import shutil
+
+    for name in ("images", "guest", "wire", "scripts"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("Dockerfile.desktop", "pyproject.toml"):
+        shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def test_the_vm_image_cache_key_does_not_depend_on_where_the_checkout_is(tmp_path):
+    import subprocess
+
+    keys = []
+    for where in (tmp_path / "a", tmp_path / ("a-much-longer-folder-name-" + "x" * 40) / "checkout"):
+        where.mkdir(parents=True)
+        script = _copy_inputs(where) / "scripts" / "build-vm-image.sh"
+        out = subprocess.run(["bash", str(script), "--print-dir", "--arch", "amd64"], capture_output=True, text=True,
+                             timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+        assert out.returncode == 0, out.stderr
+        keys.append(Path(out.stdout.strip()).name)
+    assert keys[0] == keys[1], keys
+    assert keys[0].startswith("amd64-")
