@@ -1,0 +1,64 @@
+"""The tree reads as the design (docs/ARCHITECTURE.md, Layout): imports go one way.
+
+``wire`` imports neither side; the guest never imports the controller; nothing below the top imports
+the CLI or the runner; the sandboxes, the gateway, the offline model and the audit do not import the
+run loop. Checked on the source (every ``import``/``from`` statement, also inside functions), so a
+new module that breaks the layering fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute, resolved for relative imports)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _modules(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+RULES = [
+    (("wire",), ("controller", "guest", "openai", "fastapi", "Xlib", "mitmproxy", "docker")),
+    (("guest",), ("controller",)),
+    (("controller/sandbox", "controller/gateway", "controller/offline", "controller/audit"),
+     ("controller.cli", "controller.run", "controller.bench")),
+    (("controller/run",), ("controller.cli", "controller.bench", "controller.audit")),
+]
+
+
+@pytest.mark.parametrize("folders, forbidden", RULES, ids=[",".join(r[0]) for r in RULES])
+def test_imports_go_one_way(folders, forbidden):
+    wrong = []
+    for path in _modules(*folders):
+        for name in _imports(path):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_nothing_below_the_top_imports_the_cli_or_the_runner():
+    top = {ROOT / "controller" / "cli.py", ROOT / "controller" / "bench.py"}
+    wrong = [f"{p.relative_to(ROOT)} imports {n}" for p in _modules("controller", "guest", "wire") if p not in top
+             for n in _imports(p) if n == "controller.cli" or n.startswith("controller.cli.")
+             or (n.startswith("controller.run.runner") and p.parent.name != "run")]
+    assert not wrong, "\n".join(wrong)
