@@ -36,6 +36,9 @@ pending safety checks of its call (ids, codes and messages, in order), or whose 
 well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the mime; and it refuses
 (``invalid_image``) a request for a turn with expectations that holds no screenshot it can decode.
 Refusals are HTTP 400 ``{"error": {"code", "message", "param", "type"}}``.
+
+Over 400 lines: :class:`ScriptedModel` is one state machine (turns, waits, retries, give-ups) whose
+request checks mirror the real API's; split, each half would need the other's state.
 """
 
 from __future__ import annotations
