@@ -384,3 +384,35 @@ __all__ = [
     "Click", "DoubleClick", "Drag", "Keypress", "Move", "Point", "Screenshot", "Scroll", "Type", "Wait",
     "as_dict", "describe", "first_outside", "model_required", "parse_action",
 ]
+
+
+def _field_text(name: str, info: Any) -> str:
+    """One field as the reference shows it: ``name``, ``name = default`` or ``name?`` (optional)."""
+    if info.is_required():
+        return f"`{name}`"
+    if info.default is None:
+        return f"`{name}?`"
+    return f"`{name} = {info.default!r}`".replace("'", '"')
+
+
+def reference_markdown() -> str:
+    """The action reference, rendered from the models (markdown: one row per type with its fields in
+    the agent's form, the fields a model must send, and its example; docs/ARCHITECTURE.md carries it
+    between ``<!-- action-reference -->`` markers, kept equal by a test)."""
+    import json
+
+    lines = ["| `type` | fields | the model must send | example | what it does |", "|---|---|---|---|---|"]
+    for kind, model in MODELS.items():
+        fields = ", ".join(_field_text(n, i) for n, i in model.model_fields.items() if n != "type") or "–"
+        needed = ", ".join(f"`{n}`" for n in sorted(model_required(model) - {"type"})) or "–"
+        doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
+        lines.append(f"| `{kind}` | {fields} | {needed} | `{json.dumps(model.example)}` | {doc} |")
+    limits = (f"Limits: `type` text at most {MAX_TEXT_CHARS} characters; `drag` path 2 to {MAX_PATH_POINTS} "
+              f"points; `keypress` 1 to {MAX_CHORD_KEYS} keys; `button` one of "
+              + ", ".join(f"`{b}`" for b in BUTTONS) + ".")
+    return "\n".join(lines) + "\n\n" + limits + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - a helper for editing the docs
+    print(reference_markdown(), end="")
+

@@ -177,3 +177,17 @@ def test_progress_and_approvals_describe_each_type(kind):
 @pytest.mark.parametrize("kind", ACTION_TYPES)
 def test_the_cli_offers_each_type_to_confirm(kind):
     assert kind in cli.ACTION_TYPES
+
+
+def test_the_architecture_doc_carries_the_action_reference_rendered_from_the_schema():
+    import re
+    from pathlib import Path
+
+    from wire import actions
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md").read_text()
+    block = re.search(r"<!-- action-reference:start -->\n(.*?)<!-- action-reference:end -->", doc, re.S)
+    assert block, "docs/ARCHITECTURE.md lost its action-reference block"
+    assert block.group(1) == actions.reference_markdown(), "run: python -m wire.actions, paste into the doc"
+    for kind in actions.ACTION_TYPES:
+        assert f"| `{kind}` |" in block.group(1)
