@@ -16,10 +16,17 @@ Kinds and their outcomes:
 * ``resolve`` {host}: getaddrinfo in the guest; ``resolved`` (detail: addresses) | ``failed``
 * ``dns`` {server, port, qname, transport udp|tcp}: a raw A query for ``qname``; ``answer`` (detail: addresses) |
   ``no-answer`` (a reply without addresses, e.g. SERVFAIL) | ``no-reply`` | ``unreachable`` | ``refused``
-* ``http`` {proxy_host, proxy_port, url, follow}: absolute-form GET through the proxy; ``status:<code>``
-  (detail: body head, Location); with ``follow`` one redirect is followed and reported as ``hops``
-* ``connect`` {proxy_host, proxy_port, authority, tls, sni}: CONNECT through the proxy;
-  ``status:<code>``; when 200 and ``tls``: ``tls-established`` | ``tls-failed``
+* ``http`` {proxy_host, proxy_port, url, follow, host}: absolute-form GET through the proxy;
+  ``status:<code>`` (detail: ``hops``, each with the body head and Location); with ``follow`` one redirect
+  is followed; ``host`` (a string, or a list for one header line each, ``[]`` for none) replaces the
+  ``Host`` header, which is otherwise the URL's authority
+* ``connect`` {proxy_host, proxy_port, authority, tls, sni, request}: CONNECT through the proxy;
+  ``status:<code>``; when 200 and ``tls``: ``tls-established`` | ``tls-failed``; when 200 and
+  ``request`` {path, host}: one plaintext GET of ``path`` inside the tunnel (``host`` as for ``http``,
+  default the CONNECT authority), ``status:<code>`` of that request (detail: ``hops``, ``connect``: 200)
+
+Every HTTP response is read with a deadline (``timeout``, default 6 s, for the whole exchange) and a
+cap (a head of at most 16 KiB, 512 body bytes); a slower or longer answer is cut off there.
 * ``scan`` {host, ports: [[first, last], ...]}: TCP connect scan; ``open:<ports>`` | ``none-open``
 * ``ipv6`` {}: the guest's IPv6 addresses and routes; ``ipv6-off`` | ``ipv6-on``
 """
@@ -36,6 +43,7 @@ import socket
 import ssl
 import struct
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -175,32 +183,105 @@ def probe_dns(p: dict) -> tuple[str, Any]:
     return ("answer", addresses) if addresses else ("no-answer", {"rcode": rcode})
 
 
-def _proxy_get(proxy_host: str, proxy_port: int, url: str) -> dict:
-    sock = socket.create_connection((proxy_host, proxy_port), timeout=TIMEOUT * 3)
+MAX_HEAD = 16384
+"""Bytes of an HTTP response head read at most."""
+MAX_BODY = 512
+"""Bytes of an HTTP response body read at most."""
+
+
+def _deadline(p: dict) -> float:
+    return time.monotonic() + float(p.get("timeout", TIMEOUT * 3))
+
+
+def _recv(sock: socket.socket, deadline: float, size: int) -> bytes:
+    """At most ``size`` bytes from ``sock``; raises socket.timeout once ``deadline`` has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("deadline passed")
+    sock.settimeout(left)
+    return sock.recv(size)
+
+
+def _read_response(sock: socket.socket, deadline: float, connect: bool = False) -> dict:
+    """``{"status", "location", "body"}`` of one HTTP/1 response on ``sock``: the head (at most
+    :data:`MAX_HEAD` bytes) and at most :data:`MAX_BODY` body bytes (none for a 2xx answer to CONNECT),
+    all before ``deadline`` (``time.monotonic``). Raises socket.timeout past the deadline,
+    http.client.HTTPException for a head that is malformed, too long or cut short."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > MAX_HEAD:
+            raise http.client.LineTooLong("response head")
+        chunk = _recv(sock, deadline, 4096)
+        if not chunk:
+            raise http.client.RemoteDisconnected("closed before a complete response head")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    if len(head) > MAX_HEAD:
+        raise http.client.LineTooLong("response head")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (parts[1].isascii() and parts[1].isdigit()
+                                                                  and len(parts[1]) == 3):
+        raise http.client.BadStatusLine(lines[0][:80])
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers.setdefault(name.strip().lower(), value.strip())
+    length = headers.get("content-length", "")
+    if (connect and 200 <= status < 300) or status in (204, 304) or 100 <= status < 200:
+        want = 0
+    elif length.isascii() and length.isdigit():
+        want = min(int(length), MAX_BODY)
+    else:
+        want = MAX_BODY
+    while len(body) < want:
+        chunk = _recv(sock, deadline, want - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return {"status": status, "location": headers.get("location"),
+            "body": body[:200].decode("utf-8", "replace")}
+
+
+def _host_lines(host: Any, default: str) -> str:
+    """``Host`` header lines: ``default`` when ``host`` is None, else one line per value (a string is one
+    value). Raises ValueError for a value that is not a string or holds CR, LF or NUL."""
+    values = [default] if host is None else [host] if isinstance(host, str) else host
+    if not isinstance(values, list) or not all(isinstance(v, str) and not set(v) & set("\r\n\0") for v in values):
+        raise ValueError("host must be a string or a list of strings without CR, LF or NUL")
+    return "".join(f"Host: {value}\r\n" for value in values)
+
+
+def _get(sock: socket.socket, target: str, host_lines: str, deadline: float) -> dict:
+    sock.sendall(f"GET {target} HTTP/1.1\r\n{host_lines}Connection: close\r\n\r\n".encode("utf-8"))
+    return _read_response(sock, deadline)
+
+
+def _proxy_get(p: dict, url: str, host: Any) -> dict:
+    deadline = _deadline(p)
+    lines = _host_lines(host, urlsplit(url).netloc)
+    sock = socket.create_connection((p["proxy_host"], int(p["proxy_port"])), timeout=TIMEOUT * 3)
     try:
-        netloc = urlsplit(url).netloc
-        sock.sendall(f"GET {url} HTTP/1.1\r\nHost: {netloc}\r\nConnection: close\r\n\r\n".encode("latin-1"))
-        response = http.client.HTTPResponse(sock, method="GET")
-        response.begin()
-        body = response.read(512)
-        return {"status": response.status, "location": response.getheader("Location"),
-                "body": body[:200].decode("utf-8", "replace")}
+        return _get(sock, url, lines, deadline)
     finally:
         sock.close()
 
 
 def probe_http(p: dict) -> tuple[str, Any]:
-    proxy_host, proxy_port = p["proxy_host"], int(p["proxy_port"])
     hops = []
     url = p["url"]
+    host = p.get("host")
     try:
         for _ in range(2 if p.get("follow") else 1):
-            hop = _proxy_get(proxy_host, proxy_port, url)
+            hop = _proxy_get(p, url, host)
             hop["url"] = url
             hops.append(hop)
             if not (300 <= hop["status"] < 400 and hop["location"]):
                 break
             url = hop["location"]
+            host = None
     except (OSError, http.client.HTTPException) as exc:
         return _error_word(exc), {"hops": hops, "error": str(exc)}
     return f"status:{hops[-1]['status']}", {"hops": hops}
@@ -208,16 +289,23 @@ def probe_http(p: dict) -> tuple[str, Any]:
 
 def probe_connect(p: dict) -> tuple[str, Any]:
     authority = p["authority"]
+    inner = p.get("request")
+    inner_lines = _host_lines(inner.get("host"), authority) if inner else ""
+    deadline = _deadline(p)
     try:
         sock = socket.create_connection((p["proxy_host"], int(p["proxy_port"])), timeout=TIMEOUT * 3)
     except OSError as exc:
         return _error_word(exc), str(exc)
     try:
         sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("latin-1"))
-        response = http.client.HTTPResponse(sock, method="CONNECT")
-        response.begin()
-        if response.status != 200 or not p.get("tls"):
-            return f"status:{response.status}", response.read(200).decode("utf-8", "replace")
+        response = _read_response(sock, deadline, connect=True)
+        if response["status"] != 200 or not (p.get("tls") or inner):
+            return f"status:{response['status']}", response["body"]
+        if inner:
+            hop = _get(sock, str(inner["path"]), inner_lines, deadline)
+            hop["url"] = str(inner["path"])
+            return f"status:{hop['status']}", {"connect": 200, "hops": [hop]}
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

@@ -174,6 +174,7 @@ def build_probes(plan: ProbePlan) -> list[Probe]:
                 {"kind": "udp", "host": host_ip, "port": port}, blocked(connected, no_hits(target="host")))
 
     probes.extend(origin_probes(plan, proxy))
+    probes.extend(host_header_probes(plan, proxy))
     return probes
 
 
@@ -204,6 +205,46 @@ def origin_probes(plan: ProbePlan, proxy: dict[str, Any]) -> list[Probe]:
     for origin_text in plan.policy.allow:
         if plan.targets is None or Origin.parse(origin_text) != fixture:
             out.append(policy_origin_probe(origin_text, proxy["proxy_host"], proxy["proxy_port"]))
+    return out
+
+
+HOST_HEADER_PATH = "/host-header/"
+"""Path prefix of the ``host-header`` probes' requests; each probe's own path is this plus its name."""
+
+
+def host_header_probes(plan: ProbePlan, proxy: dict[str, Any]) -> list[Probe]:
+    """The ``host-header`` group (with targets only): requests for the allowed target whose other fields
+    name another destination — a ``Host`` naming the denied target, another port, two ``Host`` headers,
+    user info; the same inside a CONNECT tunnel to the allowed target, and an absolute-form request for
+    the denied target with the allowed ``Host`` there. Each is expected refused by the gateway whatever
+    the policy (a policy that names :data:`FIXTURE_ORIGIN` lets the plain requests reach the Host check;
+    the tunnel ones reach it only when it also names ``https://allowed.audit.test:8080``). A probe
+    escaped when the gateway let it through or a target recorded its path, or the recorder its port."""
+    if plan.targets is None:
+        return []
+    allowed = f"{ALLOWED_NAME}:{TARGET_HTTP_PORT}"
+    denied = f"{DENIED_NAME}:{TARGET_HTTP_PORT}"
+    out: list[Probe] = []
+
+    def judge(path: str) -> Judge:
+        return blocked(through_proxy, lambda hits: no_hits(TARGET_HTTP_PORT)(hits) and not any(
+            path in str(h.get("head", "")) for h in hits))
+
+    plain = [("host-header-denied", denied), ("host-header-other-port", f"{ALLOWED_NAME}:{TARGET_HTTP_PORT + 1}"),
+             ("host-header-duplicate", [allowed, denied]), ("host-header-userinfo", f"{ALLOWED_NAME}@{denied}")]
+    for name, host in plain:
+        path = HOST_HEADER_PATH + name
+        url = f"{FIXTURE_ORIGIN}{path}"
+        out.append(Probe(name, "host-header", f"{url} Host: {host}", "blocked",
+                         {"name": name, "kind": "http", **proxy, "url": url, "host": host}, judge(path)))
+    tunneled = [("host-header-tunnel-denied", HOST_HEADER_PATH + "host-header-tunnel-denied", denied),
+                ("host-header-tunnel-absolute", f"http://{denied}{HOST_HEADER_PATH}host-header-tunnel-absolute",
+                 allowed)]
+    for name, target, host in tunneled:
+        out.append(Probe(name, "host-header", f"CONNECT {allowed}, GET {target} Host: {host}", "blocked",
+                         {"name": name, "kind": "connect", **proxy, "authority": allowed, "tls": False,
+                          "request": {"path": target, "host": host}},
+                         judge(HOST_HEADER_PATH + name)))
     return out
 
 

@@ -2,21 +2,32 @@
 
 Where it decides (mitmproxy hooks):
 
-* ``http_connect`` — a CONNECT ``host:port`` is the origin ``https://host:port``; denied => 403.
+* ``http_connect`` — a CONNECT ``host:port`` is the origin ``https://host:port``; denied => 403. A
+  ``Host`` header on the CONNECT, when there is one, must name that origin too.
 * ``tls_clienthello`` — TLS inside an allowed tunnel is passed through untouched (no interception, no
   CA in the guest) only when the ClientHello's SNI names the CONNECT host (or is absent for an IP-literal
   host); otherwise the tunnel is closed before any upstream connection is made.
 * ``requestheaders`` — every plain-HTTP request (absolute-form, or plaintext inside a tunnel) is
-  judged on its own URL, so redirects and sub-resources to a denied origin are denied one by one; a
-  Host header cannot redirect a request, because the connection goes to the decided address.
+  judged on its own URL, so redirects and sub-resources to a denied origin are denied one by one.
 * ``server_connect`` — the single point where upstream TCP connections open. A connection opens only
   when an allow decision for this client and exactly this (host, port) exists, and it is re-pointed to
   the address that decision checked (no second lookup, so DNS rebinding cannot swap it). Anything else
   is killed.
 
+Every field that names a destination must agree with the origin that was decided. The TCP connection
+goes to the decided address whatever the request says, but the server there may host many sites (virtual
+hosting, a CDN) and picks one by the ``Host`` header or HTTP/2 ``:authority``: a request whose Host
+named another site would reach a site that was never allowed. So an allowed request is refused
+(``host-mismatch: ...``, see :func:`~controller.gateway.policy.destination_mismatch`) unless its single
+Host header, its request target's authority (absolute-form inside a tunnel, HTTP/2 ``:authority``) and,
+inside a CONNECT tunnel, the tunnel's host and port all name the decided origin by the policy's
+canonicalisation (:class:`~controller.gateway.policy.Origin`). The absolute URI of a proxied request is
+the decided origin itself; the SNI check above covers TLS.
+
 Each decision is appended, one JSON object a line, to the decision log (see
-:class:`~controller.gateway.policy.Decision`, the model the controller reads the log back with). Denied HTTP requests get ``403`` with a one-line
-``text/plain`` body ``denied by sandbox egress policy: <reason>``.
+:class:`~controller.gateway.policy.Decision`, the model the controller reads the log back with): one
+line per request or tunnel, a host mismatch logged as a deny in place of the allow. Denied HTTP requests
+get ``403`` with a one-line ``text/plain`` body ``denied by sandbox egress policy: <reason>``.
 """
 
 from __future__ import annotations
@@ -25,12 +36,15 @@ import asyncio
 import os
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import server_hooks
 
-from controller.gateway.policy import Decision, NetworkPolicy, Origin, PolicyError, Resolver, system_resolver
+from controller.gateway.policy import (
+    Decision, NetworkPolicy, Origin, PolicyError, Resolver, destination_mismatch, system_resolver,
+)
+from controller.text import clean
 
 DENIED_STATUS = 403
 DENIED_PREFIX = "denied by sandbox egress policy: "
@@ -97,10 +111,29 @@ class EgressPolicy:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    async def _decide(self, scheme: str, host: str, port: int, client: connection.Client, via: str) -> Decision:
+    async def _decide(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        client: connection.Client,
+        via: str,
+        mismatch: Callable[[Origin], Optional[str]],
+    ) -> Decision:
+        """The policy's decision on (scheme, host, port); an allow becomes a deny with the reason
+        ``mismatch(origin)`` gives when that is not None. Logged once; an allow is kept for
+        ``server_connect``."""
         decision = await asyncio.to_thread(
             self.policy.decide, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver
         )
+        if decision.allowed:
+            try:
+                reason = mismatch(Origin.from_parts(scheme, host, port))
+            except PolicyError as exc:  # pragma: no cover - decide() already parsed it
+                reason = f"invalid-origin: {exc}"
+            if reason is not None:
+                decision = Decision(origin=decision.origin, decision="deny", reason=reason, client=decision.client,
+                                    via=via)
         self.log.write(decision)
         if decision.allowed:
             self._allowed[(client.id, host, port)] = decision
@@ -119,10 +152,24 @@ class EgressPolicy:
 
     # -- hooks ------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _fields(request: http.Request) -> tuple[list[str], Optional[str]]:
+        """(every Host header value, the request target's authority or HTTP/2 ``:authority``, None when
+        absent) of ``request``, as the client sent them (bytes read as UTF-8, undecodable bytes kept as
+        surrogates, which no host accepts)."""
+        authority = request.data.authority.decode("utf-8", "surrogateescape") or None
+        return list(request.headers.get_all("Host")), authority
+
     async def http_connect(self, flow: http.HTTPFlow) -> None:
-        """CONNECT host:port => origin https://host:port; denied => 403 and no upstream connection."""
+        """CONNECT host:port => origin https://host:port; denied => 403 and no upstream connection. A Host
+        header naming another origin, or more than one, is a deny (``host-mismatch: ...``)."""
         request = flow.request
-        decision = await self._decide("https", request.host, request.port, flow.client_conn, "connect")
+        hosts, authority = self._fields(request)
+
+        def mismatch(origin: Origin) -> Optional[str]:
+            return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=False)
+
+        decision = await self._decide("https", request.host, request.port, flow.client_conn, "connect", mismatch)
         if not decision.allowed:
             self._deny_response(flow, decision.reason)
             return
@@ -156,11 +203,24 @@ class EgressPolicy:
         self._record(str(origin), reason, data.context.client, "tls")
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        """Judge every plain HTTP request on its own scheme, host and port."""
+        """Judge every plain HTTP request on its own scheme, host and port (for an absolute-form request:
+        its URI; inside a tunnel: the tunnel's host and port). Allowed only when its Host header (exactly
+        one for HTTP/1), its target's authority or ``:authority``, and inside a tunnel the tunnel's host
+        and port, all name that origin; otherwise a deny (``host-mismatch: ...``)."""
         request = flow.request
         if flow.response is not None:
             return
-        decision = await self._decide(request.scheme, request.host, request.port, flow.client_conn, "request")
+        hosts, authority = self._fields(request)
+        tunnel = self._tunnels.get(flow.server_conn.id)
+        required = not (request.is_http2 or request.is_http3)
+
+        def mismatch(origin: Origin) -> Optional[str]:
+            if tunnel is not None and (tunnel.host, tunnel.port) != (origin.host, origin.port):
+                return f"host-mismatch: request for {origin} inside the tunnel to {clean(str(tunnel), 80)}"
+            return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=required)
+
+        decision = await self._decide(request.scheme, request.host, request.port, flow.client_conn, "request",
+                                      mismatch)
         if not decision.allowed:
             self._deny_response(flow, decision.reason)
 

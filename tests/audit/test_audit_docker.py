@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from controller.audit import DENIED_NAME, FIXTURE_ORIGIN, TARGET_HTTP_PORT, audit
+from controller.audit import DENIED_NAME, DENY_BODY, FIXTURE_ORIGIN, TARGET_HTTP_PORT, audit
 from controller.gateway.policy import NetworkPolicy
 from tests.require import unavailable
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
 REQUIRED_CATEGORIES = {"direct", "dns", "doh-dot", "proxy-metadata", "proxy-private", "proxy-loopback",
-                       "proxy-connect", "gateway", "docker-host", "origins", "summary"}
+                       "proxy-connect", "gateway", "docker-host", "origins", "host-header", "summary"}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,12 @@ def test_allowlist_reaches_exactly_the_allowed_origin(docker_client):
     assert all(h["target"] == "allowed" for h in report.target_hits)
     allows = [d for d in report.decisions if d["decision"] == "allow"]
     assert {d["origin"] for d in allows} == {FIXTURE_ORIGIN}
+    # the allowed origin's requests naming another destination met the gateway's Host check itself
+    for name in ("host-header-denied", "host-header-other-port", "host-header-duplicate", "host-header-userinfo"):
+        probe = next(p for p in report.probes if p.name == name)
+        assert probe.detail["hops"][0]["body"].startswith(DENY_BODY + "host-mismatch: "), probe
+    mismatches = [d for d in report.decisions if d["reason"].startswith("host-mismatch: ")]
+    assert len(mismatches) == 4 and {d["origin"] for d in mismatches} == {FIXTURE_ORIGIN}
     _no_audit_networks(docker_client)
 
 

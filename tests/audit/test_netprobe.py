@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,153 @@ def test_proxy_verdicts():
     assert through_proxy("tls-established", "TLSv1.3")
     assert not through_proxy("refused", "proxy down")
     assert _proxy_refused("status:400", {"hops": [{"status": 400, "body": ""}]})
+
+
+class FakeProxy:
+    """A loopback stand-in for the gateway: records each request head it gets and answers it with
+    ``reply(head)`` (None: no answer). A CONNECT gets ``connect_answer``; after a 200 the request inside
+    the tunnel is answered by ``reply`` too."""
+
+    def __init__(self, reply, connect_answer: bytes = b"HTTP/1.1 200 Connection established\r\n\r\n") -> None:
+        self.reply = reply
+        self.connect_answer = connect_answer
+        self.received: list[bytes] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        data = b""
+        conn.settimeout(10)
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            if data.startswith(b"CONNECT "):
+                conn.sendall(self.connect_answer)
+                self.received.append(data)
+                if not self.connect_answer.startswith(b"HTTP/1.1 200 "):
+                    self.done.wait(10)
+                    return
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+            self.received.append(data)
+            answer = self.reply(data)
+            if answer is not None:
+                conn.sendall(answer)
+            self.done.wait(10)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.done.set()
+        self.sock.close()
+
+
+def _ok(body: bytes = b"ok"):
+    return lambda _data: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize("host, lines", [
+    (None, [b"Host: allowed.test:8080"]),
+    ("denied.test:8080", [b"Host: denied.test:8080"]),
+    (["allowed.test:8080", "denied.test:8080"], [b"Host: allowed.test:8080", b"Host: denied.test:8080"]),
+    ([], []),
+])
+def test_http_probe_sends_the_host_lines_it_is_given(host, lines):
+    proxy = FakeProxy(_ok())
+    try:
+        spec = {"name": "h", "kind": "http", "proxy_host": "127.0.0.1", "proxy_port": proxy.port,
+                "url": "http://allowed.test:8080/x", **({} if host is None else {"host": host})}
+        [result] = netprobe.run([spec])
+    finally:
+        proxy.close()
+    assert result["observed"] == "status:200" and result["detail"]["hops"][0]["body"] == "ok", result
+    [request] = proxy.received
+    head = request.split(b"\r\n")
+    assert head[0] == b"GET http://allowed.test:8080/x HTTP/1.1"
+    assert [line for line in head if line.lower().startswith(b"host:")] == lines
+
+
+@pytest.mark.parametrize("host", [["a\r\nX-Injected: 1"], "a\nb", [1], {"a": 1}])
+def test_a_host_that_would_break_the_request_is_an_error_observation(host):
+    [result] = netprobe.run([{"name": "h", "kind": "http", "proxy_host": "127.0.0.1", "proxy_port": closed_port(),
+                              "url": "http://a.test/", "host": host}])
+    assert result["observed"] == "error", result
+
+
+def test_connect_probe_sends_one_request_inside_the_tunnel():
+    proxy = FakeProxy(_ok(b"inside"))
+    try:
+        [result] = netprobe.run([{"name": "t", "kind": "connect", "proxy_host": "127.0.0.1", "proxy_port": proxy.port,
+                                  "authority": "allowed.test:8080",
+                                  "request": {"path": "/p", "host": "denied.test:8080"}}])
+    finally:
+        proxy.close()
+    assert result["observed"] == "status:200", result
+    assert result["detail"]["connect"] == 200 and result["detail"]["hops"][0]["body"] == "inside"
+    connect_head, inner = proxy.received
+    assert connect_head.startswith(b"CONNECT allowed.test:8080 HTTP/1.1\r\n")
+    assert inner.startswith(b"GET /p HTTP/1.1\r\nHost: denied.test:8080\r\n")
+
+
+def test_a_refused_connect_reports_the_gateway_body():
+    body = DENY_BODY.encode() + b"host-mismatch: x\n"
+    proxy = FakeProxy(_ok(), b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        [result] = netprobe.run([{"name": "t", "kind": "connect", "proxy_host": "127.0.0.1", "proxy_port": proxy.port,
+                                  "authority": "allowed.test:8080", "request": {"path": "/p"}}])
+    finally:
+        proxy.close()
+    assert result["observed"] == "status:403" and result["detail"] == body.decode()
+    assert len(proxy.received) == 1
+    assert not through_proxy(result["observed"], result["detail"])
+
+
+@pytest.mark.parametrize("reply", [
+    lambda _d: None,                                                     # never answers
+    lambda _d: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",  # body never completes
+    lambda _d: b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 4000,                # a head past the cap
+])
+def test_http_reads_are_capped_and_end_by_the_deadline(reply):
+    proxy = FakeProxy(reply)
+    try:
+        started = time.monotonic()
+        [result] = netprobe.run([{"name": "h", "kind": "http", "proxy_host": "127.0.0.1", "proxy_port": proxy.port,
+                                  "url": "http://a.test/", "timeout": 1.0}])
+        elapsed = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert elapsed < 5, elapsed
+    assert result["observed"] in ("timeout", "error", "status:200"), result
+    if result["observed"] == "status:200":
+        assert result["detail"]["hops"][0]["body"] == "partial"
+
+
+def test_a_long_body_is_read_only_to_the_cap():
+    proxy = FakeProxy(_ok(b"x" * 100_000))
+    try:
+        [result] = netprobe.run([{"name": "h", "kind": "http", "proxy_host": "127.0.0.1", "proxy_port": proxy.port,
+                                  "url": "http://a.test/"}])
+    finally:
+        proxy.close()
+    assert result["observed"] == "status:200" and result["detail"]["hops"][0]["body"] == "x" * 200

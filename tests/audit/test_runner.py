@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from controller.audit import AuditTopology, HostCanary, ProbeRunFailed, build_probes, docker_topology, run_audit
+from controller.audit import (
+    DENY_BODY, AuditTopology, HostCanary, ProbeRunFailed, build_probes, docker_topology, run_audit,
+)
 from controller.audit.judges import through_proxy
 from controller.audit.probes import ProbePlan
 from controller.audit.runner import MAX_PROBE_OUTPUT, run_probes
@@ -101,3 +103,26 @@ def test_the_same_probe_list_serves_a_backend_without_targets(through, escaped):
     assert {"host-tcp-10.0.2.2", "proxy-loopback-127.0.0.1:40001", "policy-origin-https://example.com"} <= set(names)
     assert report.effective_policy == report.policy and report.target_hits == []
     assert report.escaped == escaped and report.passed is not escaped
+
+
+def test_host_header_probes_escape_when_let_through_or_seen_by_a_target():
+    probes = {p.name: p for p in _probes(_topology(None)) if p.category == "host-header"}
+    assert sorted(probes) == sorted(["host-header-denied", "host-header-other-port", "host-header-duplicate",
+                                     "host-header-userinfo", "host-header-tunnel-denied",
+                                     "host-header-tunnel-absolute"])
+    assert probes["host-header-duplicate"].spec["host"] == ["allowed.audit.test:8080", "denied.audit.test:8080"]
+    assert probes["host-header-tunnel-denied"].spec["request"] == {
+        "path": "/host-header/host-header-tunnel-denied", "host": "denied.audit.test:8080"}
+    refused = {"hops": [{"status": 403, "body": DENY_BODY + "host-mismatch: Host x names y, not z\n"}]}
+    answered = {"hops": [{"status": 200, "body": "audit-allowed /host-header/x"}]}
+    other = [{"target": "allowed", "hit": "http", "port": 8080, "peer": "172.26.0.4", "head": "GET /probe HTTP/1.1"}]
+    for name, probe in probes.items():
+        path = f"/host-header/{name}"
+        seen = [{"target": "allowed", "hit": "http", "port": 8080, "peer": "172.26.0.4",
+                 "head": f"GET http://denied.audit.test:8080{path} HTTP/1.1"}]
+        recorder = [{"target": "recorder", "hit": "tcp", "port": 8080, "peer": "172.26.0.4", "head": ""}]
+        assert probe.judge("status:403", refused, other) == (True, False), name
+        assert probe.judge("status:403", DENY_BODY + "not-allowlisted\n", []) == (True, False), name
+        assert probe.judge("status:200", answered, []) == (False, True), name
+        assert probe.judge("status:403", refused, seen) == (False, True), name
+        assert probe.judge("status:403", refused, recorder) == (False, True), name

@@ -15,6 +15,7 @@ from controller.gateway.policy import (
     Origin,
     PolicyError,
     canonical_host,
+    destination_mismatch,
     classify_address,
     parse_ip_literal,
     parse_ipv4_literal,
@@ -464,3 +465,64 @@ def test_trailing_dot_in_any_spelling_is_stripped(text):
     """A full stop that IDNA maps to '.' at the end of a name is the same trailing dot."""
     assert str(Origin.parse(text)) == "https://example.com"
     assert canonical_host(text.split("//", 1)[1]) == "example.com"
+
+
+# ------------------------------------------------------------------------- fields naming a destination
+
+HTTP_8099 = Origin.from_parts("http", "127.0.0.1", 8099)
+IDN = Origin.from_parts("https", "b\u00fccher.example")
+
+
+@pytest.mark.parametrize("origin, hosts, authority", [
+    (HTTP_8099, ["127.0.0.1:8099"], None),
+    (HTTP_8099, ["2130706433:8099"], None),
+    (HTTP_8099, ["127.1:08099"], None),
+    (HTTP_8099, ["127.0.0.1.:8099"], "127.0.0.1:8099"),
+    (HTTP_8099, [], "0x7f000001:8099"),
+    (Origin.from_parts("http", "example.com"), ["EXAMPLE.com."], None),
+    (Origin.from_parts("http", "example.com"), ["example.COM:80"], None),
+    (IDN, ["xn--bcher-kva.example"], None),
+    (IDN, ["B\u00dcCHER.example.:443"], "xn--bcher-kva.example:443"),
+    (Origin.from_parts("http", "[::1]", 8099), ["[0:0::1]:8099"], None),
+])
+def test_fields_naming_the_decided_origin_in_any_spelling_agree(origin, hosts, authority):
+    assert destination_mismatch(origin, hosts=hosts, authority=authority) is None
+
+
+@pytest.mark.parametrize("origin, hosts, authority, reason", [
+    (HTTP_8099, ["127.0.0.2:8098"], None,
+     "host-mismatch: Host 127.0.0.2:8098 names http://127.0.0.2:8098, not http://127.0.0.1:8099"),
+    (HTTP_8099, ["127.0.0.1"], None, "host-mismatch: Host 127.0.0.1 names http://127.0.0.1, not http://127.0.0.1:8099"),
+    (HTTP_8099, ["127.0.0.1:8099", "127.0.0.1:8099"], None, "host-mismatch: duplicate Host headers"),
+    (HTTP_8099, [], None, "host-mismatch: no Host header"),
+    (HTTP_8099, ["127.0.0.1:8099"], "127.0.0.2:8099", "host-mismatch: authority 127.0.0.2:8099 names"),
+    (HTTP_8099, ["x@127.0.0.1:8099"], None, "host-mismatch: Host x@127.0.0.1:8099 does not parse"),
+    (HTTP_8099, ["127.0.0.1:8099/"], None, "host-mismatch: Host 127.0.0.1:8099/ does not parse"),
+    (HTTP_8099, ["127.0.0.1:"], None, "host-mismatch: Host 127.0.0.1: does not parse"),
+    (HTTP_8099, ["127.0.0.1:80a"], None, "host-mismatch: Host 127.0.0.1:80a does not parse"),
+    (HTTP_8099, ["127.0.0.1:99999"], None, "host-mismatch: Host 127.0.0.1:99999 does not parse"),
+    (HTTP_8099, ["[127.0.0.1]:8099"], None, "host-mismatch: Host [127.0.0.1]:8099 does not parse"),
+    (HTTP_8099, ["127.0.0.1 :8099"], None, "host-mismatch: Host 127.0.0.1 :8099 does not parse"),
+    (HTTP_8099, [""], None, "host-mismatch: Host  does not parse"),
+    (Origin.from_parts("http", "[::1]", 8099), ["::1:8099"], None, "host-mismatch: Host ::1:8099 does not parse"),
+    (IDN, ["bucher.example"], None, "host-mismatch: Host bucher.example names https://bucher.example"),
+    (IDN, ["xn--bcher-kva.example.evil.test"], None, "host-mismatch: Host xn--bcher-kva.example.evil.test names"),
+    (HTTP_8099, ["x\x1b[2J\n"], None, "host-mismatch: Host x\\x1b[2J\\n does not parse"),
+])
+def test_fields_naming_anything_else_are_a_mismatch(origin, hosts, authority, reason):
+    got = destination_mismatch(origin, hosts=hosts, authority=authority)
+    assert got is not None and got.startswith(reason), got
+    assert got.isprintable()
+
+
+def test_a_connect_may_carry_no_host_header_but_not_a_foreign_one():
+    origin = Origin.from_parts("https", "example.com", 8443)
+    assert destination_mismatch(origin, hosts=[], authority="example.com:8443", host_required=False) is None
+    assert destination_mismatch(origin, hosts=[], host_required=False) is None
+    assert destination_mismatch(origin, hosts=["example.com"], authority="example.com:8443",
+                                host_required=False).startswith("host-mismatch: Host example.com names https://example.com,")
+
+
+def test_a_long_host_is_cut_in_the_reason():
+    reason = destination_mismatch(HTTP_8099, hosts=["a" * 5000])
+    assert reason is not None and len(reason) < 300
