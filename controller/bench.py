@@ -58,6 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.agent_client import AgentClient
+from controller.text import clean, clean_lines
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
 from guest.localrun import AgentProcess, Xvfb
@@ -262,7 +263,7 @@ def _guest_floor(sandbox: Any, n: int) -> list[float]:
     argv = [GUEST_PYTHON, "-c", FLOOR_SCRIPT, str(n), str(POLICY.max_width), str(POLICY.max_height)]
     result = sandbox.exec_in_guest(argv, timeout=120)
     if result.exit_code != 0:
-        raise RuntimeError(f"in-guest floor script failed: {result.stderr.decode('utf-8', 'replace')[-400:]}")
+        raise RuntimeError(f"in-guest floor script failed: {clean_lines(result.stderr.decode('utf-8', 'replace'), 400)}")
     return [float(v) for v in json.loads(result.stdout)]
 
 
@@ -390,7 +391,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     docker = report["docker"]
     if "skipped" in docker:
-        lines.append(f"docker sandbox: skipped ({docker['skipped']})")
+        lines.append(f"docker sandbox: skipped ({clean(docker['skipped'], 400)})")
     else:
         lines.append(f"docker sandbox {docker['image']}: driver -> AgentClient -> relay -> agent, demo page, idle screen")
         lines.append(f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8}")
@@ -426,7 +427,8 @@ def _print(report: dict[str, Any]) -> None:
     console.print(table)
     docker = report["docker"]
     if "skipped" in docker:
-        console.print(f"docker sandbox: skipped ({docker['skipped']})", highlight=False)
+        console.print(f"docker sandbox: skipped ({clean(docker['skipped'], 400)})", markup=False, emoji=False,
+                      highlight=False)
     else:
         table = Table(title=f"docker sandbox {docker['image']} — driver -> relay -> agent, demo page, idle screen")
         for col in ("operation", "p50 ms", "p95 ms", "n", "x floor"):

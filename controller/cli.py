@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tomllib
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -24,7 +25,7 @@ from rich.table import Table
 
 from controller.run.progress import make_console
 from controller.sandbox.registry import DEFAULT_BACKEND, backend_names, get_backend
-from controller.text import clean
+from controller.text import clean, clean_lines
 from wire.actions import ACTION_TYPES
 
 if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.get("TERMINAL_WIDTH"):
@@ -33,8 +34,33 @@ if not sys.stdout.isatty() and not os.environ.get("COLUMNS") and not os.environ.
 
     typer.rich_utils.MAX_WIDTH = 120
 
-app = typer.Typer(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
-                  no_args_is_help=True, add_completion=False)
+
+UNCAUGHT_CHARS = 20000
+"""Longest traceback of an uncaught exception :class:`_App` prints (characters; its end is kept)."""
+
+ERROR_CHARS = 8000
+"""Longest error message (a backend's, which may quote a console or a log) ``_error`` prints."""
+
+
+class _App(typer.Typer):
+    """``typer.Typer`` that prints an uncaught exception's traceback with every line escaped
+    (:func:`controller.text.clean_lines`: its message may quote the guest's console, a container's
+    output or an answer from the guest) on stderr, literally, and exits 1, instead of typer's
+    traceback, which prints the message raw. Only ``app(...)`` (the installed command) goes
+    through here; ``typer.testing.CliRunner`` calls the command itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - shown escaped, then the usual exit status 1
+            text = "".join(traceback.format_exception(exc))
+            console.print(clean_lines(text.rstrip("\n"), UNCAUGHT_CHARS), style="red", markup=False, emoji=False,
+                          highlight=False)
+            raise SystemExit(1) from None
+
+
+app = _App(help="A real Linux desktop for computer-use models, behind a default-deny gateway.",
+           no_args_is_help=True, add_completion=False)
 console = make_console(stderr=True)
 
 
@@ -42,12 +68,29 @@ REFUSAL_CHARS = 1000
 """Longest refusal line ``_refuse`` prints (characters)."""
 
 
+def _say(message: Any, limit: int = REFUSAL_CHARS, *, label: str = "", style: str | None = None) -> None:
+    """Print one line on stderr literally: control characters escaped, cut to ``limit`` characters
+    (:func:`controller.text.clean`), no markup, no emoji codes; after ``label`` (trusted console
+    markup, e.g. ``[cyan]base[/]``) when given; in ``style`` when given."""
+    text = clean(message, limit)
+    if label:
+        console.print(f"{label} {escape(text)}", emoji=False, highlight=False, style=style)
+    else:
+        console.print(text, markup=False, emoji=False, highlight=False, style=style)
+
+
+def _error(prefix: str, exc: BaseException) -> None:
+    """Print ``prefix`` (red) and ``exc``'s message on stderr: its lines kept, each escaped
+    (:func:`controller.text.clean_lines`, the last :data:`ERROR_CHARS` characters), never markup."""
+    console.print(f"[red]{escape(prefix)}[/] {escape(clean_lines(exc, ERROR_CHARS))}", emoji=False, highlight=False)
+
+
 def _refuse(message: str) -> None:
     """Print one line (literally, no markup) to stderr and exit 2: bad input, nothing was started.
 
     The message may quote the input (a task's or script's keys and values): it is shown with control
     characters escaped and cut to :data:`REFUSAL_CHARS` characters (:func:`controller.text.clean`)."""
-    console.print(clean(message, REFUSAL_CHARS), markup=False, highlight=False)
+    _say(message)
     raise typer.Exit(2)
 
 
@@ -86,24 +129,24 @@ def build(
     from controller.sandbox import image
 
     client = _docker_client()
-    how = image.ensure_base(client, base, log=lambda m: console.print(f"[cyan]base[/] {m}"))
-    console.print(f"[cyan]base[/] {base}: {how}")
+    how = image.ensure_base(client, base, log=lambda m: _say(m, label="[cyan]base[/]"))
+    _say(f"{base}: {how}", label="[cyan]base[/]")
     if wheelhouse:
-        image.prepare_wheelhouse(client, log=lambda m: console.print(f"[cyan]wheels[/] {m}"))
+        image.prepare_wheelhouse(client, log=lambda m: _say(m, label="[cyan]wheels[/]"))
 
     def show(ev: image.BuildEvent) -> None:
         if ev.is_step:
-            console.print(f"[bold][{ev.step}/{ev.total}][/] {ev.text.split(' : ', 1)[-1][:110]}")
+            _say(ev.text.split(' : ', 1)[-1], 110, label=f"[bold]{escape(f'[{ev.step}/{ev.total}]')}[/]")
         elif ev.cached:
             console.print("        [dim]cached[/]")
         elif verbose:
-            console.print(f"        [dim]{ev.text}[/]", highlight=False, markup=False)
+            _say(f"        {ev.text}", 2000, style="dim")
 
     with console.status("building", spinner="dots"):
         try:
             result = image.build(tag, base, no_cache=no_cache, client=client, on_event=show)
         except image.BuildError as exc:
-            console.print(f"[red]build failed:[/] {escape(str(exc))}", highlight=False)
+            _error("build failed:", exc)
             raise typer.Exit(1) from None
     console.print(
         f"[green]built[/] {result.tag} ({result.image_id[:19]}): {result.size_bytes / 1e6:.0f} MB, "
@@ -275,14 +318,14 @@ def down(
     if len(unavailable) == len(classes):
         _refuse("; ".join(unavailable))
     for line in unavailable:  # the other backends were asked; this one could not be
-        console.print(f"skipped {line}", markup=False, highlight=False)
+        _say(f"skipped {line}")
     unknown = [sid for sid in sandbox_ids or [] if sid not in found and not _token_path(sid).exists()]
     for sid in (sandbox_ids or []) + sorted(found):
         _token_path(sid).unlink(missing_ok=True)
     if all_ and not wanted and backend is None:
         for path in _token_path("x").parent.glob("*.token"):
             path.unlink(missing_ok=True)
-    console.print(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"))
+    _say(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"), 100_000)
     if unknown and not all_:
         # A mistyped id must not pass as done: nothing of it existed.
         _refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
@@ -390,7 +433,7 @@ def sandbox_opener(backend: str, image_tag: Optional[str]) -> Callable[[Any], An
 
     cls = _backend(backend)
     try:
-        options = cls.ensure_image(cls.make_options(image=image_tag), console.print)
+        options = cls.ensure_image(cls.make_options(image=image_tag), _say)
     except BackendUnavailable as exc:
         _refuse(str(exc))
 
@@ -475,11 +518,11 @@ def audit(
         except UnicodeDecodeError as exc:
             _refuse(f"bad policy {policy}: not UTF-8 text (byte {exc.start})")
     try:
-        options = backend_cls.ensure_image(backend_cls.make_options(image=image_tag), console.print)
+        options = backend_cls.ensure_image(backend_cls.make_options(image=image_tag), _say)
         with console.status(f"auditing ({backend} sandbox, probes)"):
             result = audit_function(backend)(network, image=options.image)
     except (AuditError, SandboxError, docker.errors.DockerException) as exc:
-        console.print(f"[red]audit could not run:[/] {escape(str(exc))}", highlight=False)
+        _error("audit could not run:", exc)
         raise typer.Exit(2) from None
     render_table(result, make_console())
     if json_out is not None:

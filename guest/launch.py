@@ -13,15 +13,39 @@ conformance suite relies on exactly that). That is intended: the endpoint serves
 holder (the controller starting a task's apps), inside the guest, whose user can do the same at the
 desktop; the model never calls it. An allowlist that must not allow this lists only programs
 without such options, or a fixed argv ending in ``--`` where the program honours it.
+
+Privilege separation: where the agent runs as a user of its own (the desktop image: user ``agent``,
+not the desktop user ``sandbox``), it cannot start programs as the desktop user itself. With
+``$AGENT_LAUNCH_SOCKET`` set (an absolute path of a Unix stream socket), :class:`Launcher` hands each
+allowlisted argv to the launch broker listening there (:func:`serve_broker`, images/session/launcher.py,
+run by supervisord as root with only CAP_SETUID/CAP_SETGID/CAP_KILL), which checks the connecting
+process's uid (``SO_PEERCRED``) and the argv against the same allowlist and starts it as the desktop
+user. The broker only ever switches to that one user, and its socket's directory is closed to the
+desktop user, so the desktop user can neither reach it nor gain the agent's rights through it.
+Protocol: one JSON line ``{"argv": [str, ...], "display": ":N"}`` (at most ``BROKER_MAX_REQUEST`` bytes)
+answered by one JSON line ``{"pid": int}`` or ``{"error": str}``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import re
+import socket
+import socketserver
+import struct
 import subprocess
 import threading
 from pathlib import Path
+
+LAUNCH_SOCKET_ENV = "AGENT_LAUNCH_SOCKET"
+"""Environment variable naming the launch broker's socket; unset or empty: launch directly."""
+BROKER_MAX_REQUEST = 64 * 1024
+"""Largest request line (bytes) the broker reads."""
+BROKER_TIMEOUT_S = 10.0
+"""Seconds either side waits for the other's line."""
+_DISPLAY = re.compile(r":\d{1,5}(\.\d{1,3})?")
 
 
 class LaunchError(Exception):
@@ -51,9 +75,11 @@ def load_allowlist(path: str | None) -> dict[str, list[str]]:
 class Launcher:
     """Starts allowlisted apps on ``display`` and reaps them."""
 
-    def __init__(self, allowlist: dict[str, list[str]], display: str) -> None:
+    def __init__(self, allowlist: dict[str, list[str]], display: str, broker: str | None = None) -> None:
+        """``broker``: the launch broker's socket path; ``None`` reads ``$AGENT_LAUNCH_SOCKET``."""
         self.allowlist = dict(allowlist)
         self.display = display
+        self.broker = broker if broker is not None else (os.environ.get(LAUNCH_SOCKET_ENV) or None)
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
@@ -69,6 +95,8 @@ class Launcher:
             raise LaunchError(400, "unknown_app", f"{app!r} is not an allowlisted app")
         if any("\x00" in a for a in args):
             raise LaunchError(400, "invalid_request", "arguments must not contain NUL bytes")
+        if self.broker:
+            return self._launch_via_broker(app, [*argv, *args])
         env = dict(os.environ, DISPLAY=self.display)
         try:
             proc = subprocess.Popen(  # noqa: S603 - fixed argv from the allowlist, never a shell
@@ -82,7 +110,130 @@ class Launcher:
         threading.Thread(target=self._reap, args=(proc,), daemon=True, name=f"reap-{proc.pid}").start()
         return proc.pid
 
+    def _launch_via_broker(self, app: str, argv: list[str]) -> int:
+        """Ask the broker to start ``argv`` as the desktop user; its pid. Raises LaunchError (400
+        ``launch_failed``: refused, broker unreachable or silent within ``BROKER_TIMEOUT_S``)."""
+        assert self.broker is not None
+        request = json.dumps({"argv": argv, "display": self.display}).encode() + b"\n"
+        if len(request) > BROKER_MAX_REQUEST:
+            raise LaunchError(400, "invalid_request", f"arguments longer than {BROKER_MAX_REQUEST} bytes")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(BROKER_TIMEOUT_S)
+                sock.connect(self.broker)
+                sock.sendall(request)
+                reply = _read_line(sock, 4096)
+        except OSError as exc:
+            raise LaunchError(400, "launch_failed", f"cannot start {app!r}: launch broker: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            answer = json.loads(reply)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("pid"), int) and answer["pid"] > 0:
+            return int(answer["pid"])
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise LaunchError(400, "launch_failed", f"cannot start {app!r}: {error or 'launch broker gave no pid'}")
+
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
         with self._lock:
             self.children.pop(proc.pid, None)
+
+
+def _read_line(sock: socket.socket, limit: int) -> bytes:
+    """Bytes up to the first newline (excluded), at most ``limit``. Raises OSError when the peer
+    closes first or sends more."""
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise OSError("connection closed before a complete line")
+        data += chunk
+        if len(data) > limit:
+            raise OSError(f"line longer than {limit} bytes")
+    return data.split(b"\n", 1)[0]
+
+
+def allowed_argv(allowlist: dict[str, list[str]], argv: list[str]) -> bool:
+    """True when ``argv`` starts with one allowlisted argv prefix (entries compared exactly)."""
+    return any(len(argv) >= len(prefix) and argv[: len(prefix)] == prefix for prefix in allowlist.values())
+
+
+class _BrokerHandler(socketserver.StreamRequestHandler):
+    server: "_BrokerServer"
+
+    def handle(self) -> None:
+        self.connection.settimeout(BROKER_TIMEOUT_S)
+        try:
+            answer = self.server.answer(self.connection)
+        except OSError as exc:
+            answer = {"error": f"bad request: {exc.strerror or exc}"}
+        try:
+            self.connection.sendall(json.dumps(answer).encode() + b"\n")
+        except OSError:
+            pass
+
+
+class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, client_uid: int, user: pwd.struct_passwd, allowlist: dict[str, list[str]],
+                 base_env: dict[str, str]) -> None:
+        self.client_uid, self.user, self.allowlist, self.base_env = client_uid, user, allowlist, base_env
+        super().__init__(path, _BrokerHandler)
+
+    def answer(self, conn: socket.socket) -> dict[str, object]:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != self.client_uid:
+            return {"error": f"uid {uid} may not launch"}
+        try:
+            request = json.loads(_read_line(conn, BROKER_MAX_REQUEST))
+        except ValueError:
+            return {"error": "request is not JSON"}
+        argv = request.get("argv") if isinstance(request, dict) else None
+        display = request.get("display") if isinstance(request, dict) else None
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) and "\x00" not in a for a in argv)):
+            return {"error": "argv must be a non-empty list of strings without NUL bytes"}
+        if not isinstance(display, str) or not _DISPLAY.fullmatch(display):
+            return {"error": "display must be :N"}
+        if not allowed_argv(self.allowlist, argv):
+            return {"error": "argv does not start with an allowlisted program"}
+        env = dict(self.base_env, DISPLAY=display, HOME=self.user.pw_dir, USER=self.user.pw_name,
+                   LOGNAME=self.user.pw_name, SHELL=self.user.pw_shell)
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - allowlisted argv, never a shell
+                argv, env=env, cwd=self.user.pw_dir if os.path.isdir(self.user.pw_dir) else "/", user=self.user.pw_uid, group=self.user.pw_gid,
+                extra_groups=[], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"error": f"{getattr(exc, 'strerror', None) or exc}"}
+        threading.Thread(target=proc.wait, daemon=True, name=f"reap-{proc.pid}").start()
+        return {"pid": proc.pid}
+
+
+def serve_broker(path: str, client: str, user: str, apps_file: str) -> None:
+    """Serve launch requests on the Unix socket ``path`` (mode 0666: access is the directory's, which
+    must be closed to ``user``) until killed: from processes of user ``client`` only, argv starting with
+    an entry of the ``apps_file`` allowlist, each started as ``user`` (its uid, gid and no other groups;
+    ``HOME``/``USER``/``LOGNAME``/``SHELL`` and ``DISPLAY`` set, the rest of the broker's environment
+    kept, cwd its home (``/`` when missing), own session, stdio on /dev/null) and reaped here.
+
+    Raises KeyError for an unknown user, ValueError for a bad allowlist, OSError when ``path`` cannot
+    be bound.
+    """
+    client_uid = pwd.getpwnam(client).pw_uid
+    target = pwd.getpwnam(user)
+    if target.pw_uid == 0:
+        raise ValueError("the broker does not start programs as root")
+    allowlist = load_allowlist(apps_file)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = _BrokerServer(path, client_uid, target, allowlist, dict(os.environ))
+    os.chmod(path, 0o666)
+    with server:
+        server.serve_forever()

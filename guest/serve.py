@@ -3,7 +3,8 @@
 Startup checks (each failure is :class:`StartupError`: one line on stderr, exit status 2, no
 traceback): the token file is readable UTF-8 and not empty; ``--bind`` is ``HOST:PORT`` and can be
 bound; every ``--files-root`` is an existing directory; the ``--apps`` file is readable and is a JSON
-object mapping names to non-empty argv lists; the numeric limits are positive. A display that is not
+object mapping names to non-empty argv lists; the numeric limits are positive; ``$AGENT_LAUNCH_SOCKET``,
+when set, is an absolute path (the launch broker's socket, :mod:`guest.launch`). A display that is not
 up yet is not an error: the agent serves and answers 503 ``display_unavailable`` until it is. Before
 serving it makes malloc keep freed screenshot buffers (:func:`guest.capture.retain_frame_buffers`).
 
@@ -118,6 +119,16 @@ def bind_socket(bind: Bind) -> socket.socket:
     return sock
 
 
+def check_launch_socket() -> str | None:
+    """``$AGENT_LAUNCH_SOCKET`` (None when unset or empty). Raises StartupError when it is not absolute."""
+    from .launch import LAUNCH_SOCKET_ENV
+
+    path = os.environ.get(LAUNCH_SOCKET_ENV) or None
+    if path is not None and not os.path.isabs(path):
+        raise StartupError(f"${LAUNCH_SOCKET_ENV} must be an absolute path, not {path!r}")
+    return path
+
+
 def positive(name: str, value: float) -> float:
     """``value`` if it is > 0. Raises StartupError naming the option."""
     if not value > 0:
@@ -154,6 +165,7 @@ def serve(ns: argparse.Namespace) -> int:
         bind = parse_bind(ns.bind)
         roots = check_roots(ns.files_root or ["~"])
         apps = read_apps(ns.apps)
+        check_launch_socket()
         for name in ("max_file_bytes", "busy_timeout", "wait_cap", "wait_quiet", "request_timeout"):
             positive("--" + name.replace("_", "-"), getattr(ns, name))
         sock = bind_socket(bind)

@@ -6,7 +6,8 @@
 # architecture-specific (amd64 and arm64 use the same package names).
 #
 # Usage:
-#   provision.sh packages          apt packages and the `sandbox` user (uid 1000, no sudo)
+#   provision.sh packages          apt packages, the desktop user `sandbox` (uid 1000, no sudo) and
+#                                  the agent's user `agent` (uid 1002, member of group `sandbox`)
 #   provision.sh configure SRC     system-wide configuration from the project tree SRC
 #                                  (SRC/images/...): browser policies, window manager
 #   provision.sh all SRC           both
@@ -53,6 +54,15 @@ CFG
   passwd -l sandbox >/dev/null
   mkdir -p /home/sandbox/Documents /home/sandbox/Downloads
   chown -R sandbox:sandbox /home/sandbox
+  # The agent's user: owns the agent process and its token, so the desktop user can neither read
+  # the token nor signal or trace the agent. Member of group `sandbox` only to read the desktop
+  # user's files for GET /v1/files (the home is 0750); no home, no login, locked.
+  if ! id agent >/dev/null 2>&1; then
+    groupadd --gid 1002 agent
+    useradd --uid 1002 --gid 1002 --groups sandbox --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin agent
+  fi
+  passwd -l agent >/dev/null
 }
 
 configure() {

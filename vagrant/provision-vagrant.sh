@@ -27,8 +27,19 @@ grep -q '^10.0.2.100' /etc/hosts || printf '10.0.2.100\tgateway\n' >> /etc/hosts
 # Token: given at provisioning time instead of fw_cfg (Vagrant's providers have no fw_cfg option).
 install -d -m 0755 /etc/desktop-sandbox
 install -o root -g root -m 0600 "$src/agent-token" /etc/desktop-sandbox/agent-token
-sed -e 's#^ExecStartPre=+/usr/local/lib/desktop-sandbox/vm-config#ExecStartPre=+/usr/bin/install -o sandbox -g sandbox -m 0400 /etc/desktop-sandbox/agent-token /run/desktop-sandbox/agent-token#' \
+# The unit's vm-config step (fw_cfg) is replaced by the same directories and the token from the file
+# above: the token readable by the agent's user alone, the control directory not usable by the desktop
+# user (the privilege model of scripts/vm/guest/vm-config).
+sed -e '/^ExecStartPre=+\/usr\/local\/lib\/desktop-sandbox\/vm-config/d' \
   "$src/scripts/vm/guest/desktop-sandbox.service" > /etc/systemd/system/desktop-sandbox.service
+install -d -m 0755 /etc/systemd/system/desktop-sandbox.service.d
+cat > /etc/systemd/system/desktop-sandbox.service.d/token.conf <<'UNIT'
+[Service]
+ExecStartPre=+/usr/bin/install -d -o agent -g agent -m 0700 /run/desktop-sandbox
+ExecStartPre=+/usr/bin/install -d -o root -g agent -m 0750 /run/desktop-sandbox-control
+ExecStartPre=+/usr/bin/install -d -o sandbox -g sandbox -m 0750 /home/sandbox
+ExecStartPre=+/usr/bin/install -o agent -g agent -m 0400 /etc/desktop-sandbox/agent-token /run/desktop-sandbox/agent-token
+UNIT
 systemctl disable --now supervisor.service 2>/dev/null || true
 systemctl daemon-reload
 systemctl enable desktop-sandbox.service

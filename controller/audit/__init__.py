@@ -36,12 +36,12 @@ from controller.audit.targets import (
     AuditTargets,
     effective_policy,
 )
-from controller.audit.topology import AuditTopology, connect_docker_gateway, docker_topology, vm_topology
+from controller.audit.topology import AuditTopology, audit_topology
 
 __all__ = [
     "ALLOWED_NAME", "DENIED_NAME", "DENY_BODY", "FIXTURE_ORIGIN", "REPORT_VERSION", "TARGET_DOMAIN",
     "TARGET_HTTP_PORT", "AuditError", "AuditImageMissing", "AuditReport", "AuditTargets", "AuditTargetsFailed",
     "AuditTopology", "GatewayNotListening", "HostCanary", "Probe", "ProbePlan", "ProbeResult", "ProbeRunFailed",
-    "_proxy_refused", "audit", "audit_vm", "build_probes", "connect_docker_gateway", "docker_topology",
-    "effective_policy", "host_port", "ip_forms", "render_table", "run_audit", "through_proxy", "vm_topology",
+    "_proxy_refused", "audit", "audit_vm", "build_probes", "audit_topology",
+    "effective_policy", "host_port", "ip_forms", "render_table", "run_audit", "through_proxy",
 ]

@@ -78,14 +78,20 @@ def render_table(report: AuditReport, console: Any) -> None:
     """Print the report on ``console`` (a rich Console) as a table (one row per probe) and a verdict line;
     on a console narrower than :data:`NARROW_COLUMNS`, one line per probe (``pass name (category) target:
     expected ..., observed ...``) so that names are never split. Every shown string is made printable
-    (controller.text.clean, at most :data:`SHOWN` characters) and markup-escaped."""
+    (controller.text.clean, at most :data:`SHOWN` characters) and markup-escaped, and nothing is read
+    as an emoji code, whatever the console."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     def shown(value: Any) -> str:
         return escape(clean(value, SHOWN))
 
-    title = shown(f"network audit of {report.sandbox} ({report.policy.get('mode')})")
+    def cell(markup: str) -> Text:
+        return Text.from_markup(markup, emoji=False)
+
+    title = Text.from_markup(shown(f"network audit of {report.sandbox} ({report.policy.get('mode')})"),
+                             style="table.title", emoji=False)
 
     def verdict(p: ProbeResult) -> str:
         return "[green]pass[/]" if p.passed else ("[bold red]ESCAPED[/]" if p.escaped else "[red]fail[/]")
@@ -94,7 +100,7 @@ def render_table(report: AuditReport, console: Any) -> None:
         console.print(title)
         for p in report.probes:
             console.print(f"{verdict(p)} {shown(p.name)} ({shown(p.category)}) {shown(p.target)}: "
-                          f"expected {shown(p.expected)}, observed {shown(p.observed)}", highlight=False)
+                          f"expected {shown(p.expected)}, observed {shown(p.observed)}", emoji=False, highlight=False)
     else:
         table = Table(title=title)
         # Short words never wrap; long targets and observations fold (a piped console is wide, see
@@ -105,12 +111,12 @@ def render_table(report: AuditReport, console: Any) -> None:
             else:
                 table.add_column(column, no_wrap=True)
         for p in report.probes:
-            table.add_row(shown(p.name), shown(p.category), shown(p.target), p.expected, shown(p.observed),
-                          verdict(p))
+            table.add_row(*(cell(shown(v)) for v in (p.name, p.category, p.target, p.expected, p.observed)),
+                          cell(verdict(p)))
         console.print(table)
     failed = [p.name for p in report.probes if not p.passed]
     if not failed:
-        console.print(f"[green]all {len(report.probes)} probes passed[/]")
+        console.print(f"[green]all {len(report.probes)} probes passed[/]", emoji=False)
     else:
         escaped = escape(clean(str(report.escaped or "none"), 4 * SHOWN))
-        console.print(f"[red]{len(failed)} of {len(report.probes)} probes failed; escaped: {escaped}[/]")
+        console.print(f"[red]{len(failed)} of {len(report.probes)} probes failed; escaped: {escaped}[/]", emoji=False)

@@ -24,9 +24,9 @@ from controller.audit.errors import AuditImageMissing, GatewayNotListening, Prob
 from controller.audit.judges import Hits, Probe
 from controller.audit.report import AuditReport, ProbeResult, utc_now
 from controller.audit.targets import AuditTargets, effective_policy, new_canary_name
-from controller.audit.topology import AuditTopology, connect_docker_gateway, docker_topology
+from controller.audit.topology import AuditTopology, audit_topology
 from controller.gateway.policy import NetworkPolicy
-from controller.text import clean
+from controller.text import clean, clean_lines
 
 MAX_PROBE_OUTPUT = 8 * 1024 * 1024
 """Bytes of netprobe output (stdout) accepted from the guest; more is refused (ProbeRunFailed)."""
@@ -133,7 +133,7 @@ def wait_for_proxy(topology: AuditTopology, timeout: float = 60.0) -> None:
     while "gateway listening on" not in topology.gateway_log(400):
         if time.monotonic() > deadline:
             raise GatewayNotListening(f"gateway proxy not listening after {timeout:.0f}s:\n"
-                                      f"{clean(topology.gateway_log(30), 4000)}")
+                                      f"{clean_lines(topology.gateway_log(30), 4000)}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
 
@@ -200,8 +200,8 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
         try:
             spec = SandboxSpec(policy=effective_policy(policy, targets), ready_timeout=ready_timeout)
             with DockerSandbox.start(spec, DockerOptions(image=image), client=client) as sandbox:
-                targets.gateway_ip, targets.gateway_ip6 = connect_docker_gateway(sandbox, targets.network_name)
-                return run_audit(docker_topology(sandbox), policy, targets=targets, host_canary=canary)
+                targets.gateway_ip, targets.gateway_ip6 = sandbox.attach_gateway(targets.network_name)
+                return run_audit(audit_topology(sandbox), policy, targets=targets, host_canary=canary)
         finally:
             targets.close()
 

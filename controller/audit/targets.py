@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from controller.audit.errors import AuditTargetsFailed
 from controller.gateway.policy import NetworkPolicy, Origin
+from controller.text import clean_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from docker import DockerClient
@@ -152,7 +153,9 @@ class AuditTargets:
             while not any(record.get("ready") is True for record in _records(container)):
                 container.reload()
                 if container.status not in ("created", "running"):
-                    raise AuditTargetsFailed(f"audit target {container.name} exited: {container.logs(tail=20)!r}")
+                    output = container.logs(tail=20).decode("utf-8", "replace")
+                    raise AuditTargetsFailed(f"audit target {container.name} exited; last output:\n"
+                                             f"{clean_lines(output, 2000)}")
                 if time.monotonic() > deadline:
                     raise AuditTargetsFailed(f"audit target {container.name} not ready after {timeout:.0f}s")
                 time.sleep(delay)

@@ -5,9 +5,9 @@ at, and three calls (run a command in the guest, read the gateway's output, read
 probe list (controller.audit.probes) resolves every probe's addresses from it, so one list serves every
 backend.
 
-``docker_topology`` and ``vm_topology`` build it from today's ``DockerSandbox`` and ``VMSandbox``;
-``connect_docker_gateway`` attaches a Docker sandbox's gateway to the audit's targets network. These three
-are the only places in controller.audit that read a sandbox's internals.
+:func:`audit_topology` builds it for a sandbox of any backend from the sandbox's own
+``topology()`` (controller.sandbox.topology.NetworkTopology, the one home of a sandbox's addresses), so
+nothing in controller.audit reads a backend's internals.
 """
 
 from __future__ import annotations
@@ -18,15 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Se
 
 if TYPE_CHECKING:  # pragma: no cover
     from controller.sandbox import ExecResult
-    from controller.sandbox.docker import DockerSandbox
-    from controller.sandbox.vm import VMSandbox
 
-SLIRP_HOST = "10.0.2.2"
-"""QEMU user-mode network's alias for the host (reachable only when not ``restrict=on``)."""
-SLIRP_DNS = "10.0.2.3"
-"""QEMU user-mode network's built-in DNS forwarder (disabled by ``restrict=on``)."""
-DOCKER_DNS = "127.0.0.11"
-"""Docker's embedded resolver, as containers on user-defined networks see it."""
 
 
 class GuestExec(Protocol):
@@ -85,74 +77,47 @@ class AuditTopology:
         return self.gateway_addresses[0][1]
 
 
-def docker_topology(sandbox: "DockerSandbox") -> AuditTopology:
-    """The topology of a started Docker sandbox, from its gateway container's networks as they are now
-    (connect other networks, such as the audit's targets, first: their bridge addresses are host
-    addresses too). Raises docker.errors.DockerException when the engine cannot be asked."""
-    from controller.sandbox.docker import AGENT_PORT, GATEWAY_PROXY_PORT
+class Topological(Protocol):
+    """What the audit needs of a sandbox (every backend of controller.sandbox has it): ``id``,
+    ``image_id``, ``topology()`` (controller.sandbox.topology.NetworkTopology), ``exec_in_guest``,
+    ``logs(role, tail)`` and ``decision_log()``."""
 
-    gateway = sandbox.gateway
-    assert gateway is not None, "a started sandbox has a gateway"
-    gateway.reload()
-    settings = gateway.attrs["NetworkSettings"]
-    networks = settings["Networks"]
-    internal, egress = f"{sandbox.id}-internal", f"{sandbox.id}-egress"
-    bindings = settings["Ports"].get(f"{AGENT_PORT}/tcp") or []
-    others = sorted(name for name in networks if name not in (internal, egress, "bridge"))
-    host_ips = [_network_gateway(sandbox.client.networks.get(name)) for name in (internal, egress, *others, "bridge")]
-    internal_ip = networks[internal]["IPAddress"]
+    id: str
+    image_id: str
+
+    def topology(self) -> Any: ...
+    def exec_in_guest(self, argv: Sequence[str], *, timeout: Optional[float] = None) -> "ExecResult": ...
+    def logs(self, role: str = "desktop", tail: int = 200) -> str: ...
+    def decision_log(self) -> list[dict[str, Any]]: ...
+
+
+def audit_topology(sandbox: Topological) -> AuditTopology:
+    """The audit's view of a started sandbox of any backend, from its ``topology()`` (ask after
+    attaching other networks, such as the audit's targets: their bridge addresses are host addresses
+    too). Where the gateway is a process on the host (``gateway_host_port`` set: the VM), its loopback
+    is the host's: the host's own addresses and the sandbox's published ports are probed, and its
+    guest-facing address is the only gateway address; otherwise (Docker) the gateway has a guest-facing
+    and an egress address and its relay listens on the agent's port. Raises
+    controller.sandbox.SandboxError when the sandbox is gone."""
+    t = sandbox.topology()
+    on_host = t.gateway_host_port is not None
+    published = (t.agent_host_port,) + ((t.gateway_host_port,) if on_host else ())
+    addresses = (("guest", t.gateway_guest_ip),) if on_host else (
+        ("internal", t.gateway_guest_ip), *((("egress", t.gateway_egress_ip),) if t.gateway_egress_ip else ()))
     return AuditTopology(
-        backend="docker",
+        backend=t.backend,
         sandbox_id=sandbox.id,
         image_id=sandbox.image_id,
-        proxy_port=GATEWAY_PROXY_PORT,
-        gateway_addresses=(("internal", internal_ip), ("egress", networks[egress]["IPAddress"])),
-        relay_port=AGENT_PORT,
-        host_label="docker-host",
-        host_ips=tuple(dict.fromkeys(ip for ip in host_ips if ip)),
-        host_ports=(int(bindings[0]["HostPort"]) if bindings else AGENT_PORT,),
-        dns_servers=(DOCKER_DNS, internal_ip),
-        loopback_ports=(AGENT_PORT,),
-        gateway_on_host=False,
-        scan_batch=1024,
-        exec_in_guest=sandbox.exec_in_guest,
-        gateway_log=lambda tail: sandbox.logs("gateway", tail),
-        decision_log=sandbox.decision_log,
-    )
-
-
-def connect_docker_gateway(sandbox: "DockerSandbox", network: str) -> tuple[str, Optional[str]]:
-    """Connect the Docker sandbox's gateway container (only it) to the Docker network named ``network``;
-    returns its (IPv4, IPv6 or None) address there. Raises docker.errors.DockerException."""
-    gateway = sandbox.gateway
-    assert gateway is not None, "a started sandbox has a gateway"
-    sandbox.client.networks.get(network).connect(gateway)
-    gateway.reload()
-    endpoint = gateway.attrs["NetworkSettings"]["Networks"][network]
-    return endpoint["IPAddress"], endpoint.get("GlobalIPv6Address") or None
-
-
-def vm_topology(sandbox: "VMSandbox") -> AuditTopology:
-    """The topology of a started VM sandbox: the guest sits on QEMU's user-mode network with
-    ``restrict=on``, the only address it may open a connection to is the gateway's guest-forwarded one,
-    and the gateway is a process on the host's loopback."""
-    from controller.sandbox.vm import GATEWAY_GUEST_ADDR, GATEWAY_PROXY_PORT
-
-    published = (sandbox.agent_host_port, sandbox.gateway_host_port)
-    return AuditTopology(
-        backend="vm",
-        sandbox_id=sandbox.id,
-        image_id=sandbox.image_id,
-        proxy_port=GATEWAY_PROXY_PORT,
-        gateway_addresses=(("guest", GATEWAY_GUEST_ADDR),),
-        relay_port=None,
-        host_label="host",
-        host_ips=tuple(dict.fromkeys([SLIRP_HOST, SLIRP_DNS, *host_addresses()])),
+        proxy_port=t.proxy_port,
+        gateway_addresses=addresses,
+        relay_port=None if on_host else t.agent_port,
+        host_label="host" if on_host else f"{t.backend}-host",
+        host_ips=tuple(dict.fromkeys([*t.host_ips, *(host_addresses() if on_host else [])])),
         host_ports=published,
-        dns_servers=(SLIRP_DNS, SLIRP_HOST, GATEWAY_GUEST_ADDR),
-        loopback_ports=published,
-        gateway_on_host=True,
-        scan_batch=256,
+        dns_servers=tuple(dict.fromkeys([*t.dns_servers, t.gateway_guest_ip])),
+        loopback_ports=published if on_host else (t.agent_port,),
+        gateway_on_host=on_host,
+        scan_batch=256 if on_host else 1024,  # a VM guest's default open-file limit is lower
         exec_in_guest=sandbox.exec_in_guest,
         gateway_log=lambda tail: sandbox.logs("gateway", tail),
         decision_log=sandbox.decision_log,

@@ -1,5 +1,5 @@
 """Network audit of the VM backend: the audit's one probe list (controller.audit.probes), run and judged
-by controller.audit.runner, against the VM's topology (controller.audit.topology.vm_topology).
+by controller.audit.runner, against the VM's topology (controller.audit.topology.audit_topology).
 
 In the VM the guest sits on QEMU's user-mode network with ``restrict=on``: the only address it can open a
 connection to is the gateway's guest-forwarded address (10.0.2.100:3128); the gateway itself runs on the
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 from controller.audit.canary import HostCanary
 from controller.audit.report import AuditReport
 from controller.audit.runner import run_audit
-from controller.audit.topology import vm_topology
+from controller.audit.topology import audit_topology
 from controller.gateway.policy import NetworkPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +40,7 @@ def audit_vm(policy: NetworkPolicy, *, image: Optional[Path] = None, ready_timeo
 
     with HostCanary() as canary:
         if sandbox is not None:
-            return run_audit(vm_topology(sandbox), policy, host_canary=canary, timeout=VM_PROBE_TIMEOUT)
+            return run_audit(audit_topology(sandbox), policy, host_canary=canary, timeout=VM_PROBE_TIMEOUT)
         spec = SandboxSpec(policy=policy, ready_timeout=ready_timeout)
         with VMSandbox.start(spec, VMOptions(image=image)) as started:
-            return run_audit(vm_topology(started), policy, host_canary=canary, timeout=VM_PROBE_TIMEOUT)
+            return run_audit(audit_topology(started), policy, host_canary=canary, timeout=VM_PROBE_TIMEOUT)

@@ -15,7 +15,8 @@ Rules (from the SDK's computer-use contract):
 
 Every decision is reported through ``on_decision`` (the run record's ``approval`` entries). Text that
 comes from the model (call ids, check codes and messages, keys) is printed literally, never as
-console markup.
+console markup or ``:emoji:`` codes, with control and format characters escaped
+(:func:`controller.text.clean`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ YES = {"y", "yes"}
 
 
 def terminal_asker(console: Console | None = None) -> Asker | None:
-    """An asker reading from the controlling terminal, or None when stdin is not a terminal."""
+    """An asker reading from the controlling terminal, or None when stdin is not a terminal. The
+    question is printed literally (no markup, no emoji codes)."""
     if not sys.stdin.isatty():
         return None
-    out = console or Console(stderr=True)
+    out = console or Console(stderr=True, emoji=False)
 
     def ask(question: str) -> str | None:
         try:
-            return out.input(f"{question} [y/N] ", markup=False)
+            return out.input(f"{question} [y/N] ", markup=False, emoji=False)
         except EOFError:
             return None
 
@@ -57,6 +59,12 @@ def describe_action(action: Any, *, redact: bool = False) -> str:
     shows typed text as its length (``type <7 chars>``); without it the text is shown quoted
     (``type 'hunter2'``)."""
     return describe(action, clean=clean, redact=redact)
+
+
+def _say(console: Console, text: str, *, markup: bool = False) -> None:
+    """Print one line: literally, or as console markup when ``markup`` (then every value in it is
+    passed through ``rich.markup.escape``); never with emoji codes or highlighting."""
+    console.print(text, markup=markup, emoji=False, highlight=False)
 
 
 def _actions_of(call: Any) -> list[Any]:
@@ -103,7 +111,7 @@ class SafetyCheckApprover:
     ) -> None:
         self.asker = asker
         self.auto_codes = set(auto_codes)
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, emoji=False)
         self.on_decision = on_decision
 
     def _emit(self, decision: Decision) -> None:
@@ -114,29 +122,30 @@ class SafetyCheckApprover:
         checks = list(call.pending_safety_checks or [])
         codes = [c.code or "" for c in checks]
         ids = [c.id for c in checks]
-        self.console.print(f"[bold yellow]Safety check[/] on computer_call {escape(clean(call.call_id, 80))}:")
+        _say(self.console, f"[bold yellow]Safety check[/] on computer_call {escape(clean(call.call_id, 80))}:",
+             markup=True)
         for check in checks:
             # Codes, ids and messages come from the model: escaped, so none can hide or rewrite what
             # the person is asked to approve.
-            self.console.print(f"  - code={clean(check.code, 80)} id={clean(check.id, 80)}: "
-                               f"{clean(check.message or '(no message)', 500)}", markup=False, highlight=False)
-        self.console.print("  actions of this call:")
+            _say(self.console, f"  - code={clean(check.code, 80)} id={clean(check.id, 80)}: "
+                               f"{clean(check.message or '(no message)', 500)}")
+        _say(self.console, "  actions of this call:")
         # A check without a code is never covered by an opt-in: there is nothing the person opted in to.
         opted_in = bool(checks) and all(c.code and c.code in self.auto_codes for c in checks)
         # Typed text is shown only to a person who is asked; unattended output may end up in logs.
         redact = opted_in or self.asker is None
         for action in _actions_of(call):
-            self.console.print(f"    {describe_action(action, redact=redact)}", markup=False, highlight=False)
+            _say(self.console, f"    {describe_action(action, redact=redact)}")
         base = dict(what="safety_check", call_id=call.call_id, codes=codes, check_ids=ids)
         if opted_in:
-            self.console.print(f"  approved by opt-in (--approve-safety-check {','.join(sorted(set(codes)))})",
-                               markup=False, highlight=False)
+            shown = ",".join(clean(c, 80) for c in sorted(set(codes)))
+            _say(self.console, f"  approved by opt-in (--approve-safety-check {shown})")
             self._emit(Decision(decision="approved", by="opt-in", **base))
             return True
         if self.asker is None:
             msg = ("denied: no terminal to ask and no approver; pass --approve-safety-check CODE "
                    "to approve these codes for an unattended run")
-            self.console.print(f"  [red]{msg}[/]")
+            _say(self.console, f"  [red]{msg}[/]", markup=True)
             self._emit(Decision(decision="denied", by="no-approver", message=msg, **base))
             return False
         answer = self.asker("Approve these safety checks and run the call's actions?")
@@ -165,7 +174,7 @@ class ActionGate:
         self.confirm = set(confirm)
         self.step = step
         self.asker = asker
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, emoji=False)
         self.on_decision = on_decision
 
     @property
@@ -181,7 +190,7 @@ class ActionGate:
         logged = describe_action(action, redact=True)
         if self.asker is None:
             msg = "denied: confirmation required but there is no terminal to ask"
-            self.console.print(f"[red]{escape(logged)}: {msg}[/]")
+            _say(self.console, f"[red]{escape(logged)}: {msg}[/]", markup=True)
             if self.on_decision:
                 self.on_decision(Decision(what="action", decision="denied", by="no-approver", action=logged,
                                           message=msg))

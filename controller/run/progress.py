@@ -13,10 +13,12 @@ observed; each offline script turn's screen expectations (met, after how many in
 one given up on with what was observed). The verdict and the record path are in the summary table
 that follows.
 
-Strings from the model, the guest or the gateway are printed literally (never console markup) with
-control characters escaped, and shortened to :data:`SHORT` characters (:func:`controller.text.clean`).
+Strings from the model, the guest or the gateway are printed literally (never console markup, never
+``:emoji:`` codes) with control characters escaped, and shortened to :data:`SHORT` characters
+(:func:`controller.text.clean`).
 
-:func:`make_console` gives a console that does not wrap mid-word when output is piped.
+:func:`make_console` gives a console that does not wrap mid-word when output is piped and never
+turns ``:name:`` codes into emoji.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ PIPE_WIDTH = 200
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    """A rich console for the CLI: ``soft_wrap`` (long lines are not broken mid-word) and, when the
-    output is not a terminal, :data:`PIPE_WIDTH` columns for tables instead of rich's default 80
-    (``COLUMNS`` still wins when set)."""
-    console = Console(stderr=stderr, soft_wrap=True)
+    """A rich console for the CLI: ``soft_wrap`` (long lines are not broken mid-word), no emoji codes
+    (``:warning:`` in a page title stays text) and, when the output is not a terminal,
+    :data:`PIPE_WIDTH` columns for tables instead of rich's default 80 (``COLUMNS`` still wins when
+    set)."""
+    console = Console(stderr=stderr, soft_wrap=True, emoji=False)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPE_WIDTH
     return console
@@ -126,8 +129,8 @@ class RunPrinter:
         self._network: dict[tuple[str, str, str], int] = {}
 
     def line(self, text: str, style: str | None = None) -> None:
-        """Print one line literally (no markup, no highlighting)."""
-        self.console.print(text, markup=False, highlight=False, style=style)
+        """Print one line literally (no markup, no emoji codes, no highlighting)."""
+        self.console.print(text, markup=False, emoji=False, highlight=False, style=style)
 
     def __call__(self, entry: Any) -> None:
         try:

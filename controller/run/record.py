@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from controller.run.entries import (
     ENTRY_TYPES, FORMAT, Action, Approval, Check, ComputerCall, EntryError, Expectation, ModelResponse, Network,
@@ -33,6 +34,10 @@ from controller.run.progress import expectation_text, observed_text
 from controller.text import clean
 
 RECORD_TYPES = set(ENTRY_TYPES)
+
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+"""The line breaks ``json.dumps(..., ensure_ascii=False)`` leaves raw in a string (it escapes only
+those below U+0020), written as JSON escapes so that every tool sees one entry a line."""
 RUN_STATUSES = {"passed", "failed", "cancelled", "error"}
 
 
@@ -90,7 +95,7 @@ class RunRecord:
                 now = self._last
             self._last = now
             entry = entry.model_copy(update={"ts": now.isoformat(timespec="milliseconds")})
-            self._file.write(json.dumps(entry.as_json(), ensure_ascii=False) + "\n")
+            self._file.write(json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
         if self.on_entry is not None:
             try:
                 self.on_entry(entry)
@@ -155,7 +160,8 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     parsed = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # "\n" only: str.splitlines would also split at a U+2028 or U+0085 inside a string
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -296,7 +302,8 @@ def _count(n: int, noun: str) -> str:
 
 def summary_table(entries: Iterable[Any], record_path: str | Path | None = None) -> Table:
     """The summary table printed at the end of a run (and by ``desktop-sandbox report``); ``entries``
-    as :func:`summarize` takes them."""
+    as :func:`summarize` takes them. Every cell is rendered here, without emoji codes, so the table
+    reads the same on any console."""
     entries = [as_entry(e) for e in entries]
     s = summarize(entries)
     # Names, reasons and observed values come from tasks, models and the guest: shown literally (no
@@ -304,25 +311,31 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     def shown(value: Any, limit: int = 300) -> str:
         return escape(clean(value, limit))
 
-    table = Table(title=shown(f"run {s['task'] or ''} ({s['mode'] or '?'})", 200), show_header=False)
+    title = Text.from_markup(shown(f"run {s['task'] or ''} ({s['mode'] or '?'})", 200), style="table.title",
+                             emoji=False)
+    table = Table(title=title, show_header=False)
     table.add_column("what", style="bold", overflow="fold")
     table.add_column("value", overflow="fold")
-    table.add_row("steps (model responses)", str(s["steps"]))
+
+    def row(what: str, value: str) -> None:
+        table.add_row(Text.from_markup(what, emoji=False), Text.from_markup(value, emoji=False))
+
+    row("steps (model responses)", str(s["steps"]))
     shots = _count(s["screenshot_actions"], "screenshot action")
     if s["screenshot_actions_failed"]:
         shots += f" ({s['screenshot_actions_failed']} failed)"
-    table.add_row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed), not counting "
-                             f"{shots}; {_count(s['screenshots'], 'screenshot')} sent")
+    row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed), not counting "
+                   f"{shots}; {_count(s['screenshots'], 'screenshot')} sent")
     approvals = f"{s['approvals_approved']} approved, {s['approvals_denied']} denied"
     if s["approvals_opt_in"]:
         approvals += "; opt-in: --approve-safety-check " + ", ".join(str(c) for c in s["approvals_opt_in"])
-    table.add_row("approvals", shown(approvals))
-    table.add_row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
+    row("approvals", shown(approvals))
+    row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
     u = s["usage"]
     usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
     if not u["complete"]:
         usage += f" - incomplete: {u['missing']} response(s) without usage"
-    table.add_row("usage", usage)
+    row("usage", usage)
     for c in (e for e in entries if isinstance(e, Check)):
         mark = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
         detail = f"{c.rule}"
@@ -330,32 +343,32 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
             observed = observed_text(c) if c.observed is None else f"observed {c.observed!r}"
             detail += f": expected {c.expected!r}, {observed}"
         # a short label keeps the value column wide: paths and the record path stay on one line
-        table.add_row("check", f"{mark} {shown(c.kind, 20)} {shown(c.target)} {shown(detail, 800)}")
+        row("check", f"{mark} {shown(c.kind, 20)} {shown(c.target)} {shown(detail, 800)}")
     if s["checks_total"] == 0 and s["status"] in ("cancelled", "error"):
-        table.add_row("checks", f"not run ({shown(s['status'], 20)})")
+        row("checks", f"not run ({shown(s['status'], 20)})")
     else:
-        table.add_row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
+        row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
     if s["expectations_met"] or s["expectations_unmet"]:
-        table.add_row("screen expectations",
-                      f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
-                      f"({_count(s['expectation_waits'], 'wait')} inserted)")
+        row("screen expectations",
+            f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
+            f"({_count(s['expectation_waits'], 'wait')} inserted)")
         for failure in (e for e in entries if isinstance(e, Expectation) and not e.met):
-            table.add_row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
+            row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
     reason = f" ({shown(s['reason'], 800)})" if s["reason"] else ""
-    table.add_row("verdict", f"[{color}]{shown(verdict, 20)}[/]{reason}")
+    row("verdict", f"[{color}]{shown(verdict, 20)}[/]{reason}")
     if s["wall_s"] is not None:
         t = f"{s['wall_s']:.1f} s"
         if s["timings"]:
             t += " (" + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()) + ")"
-        table.add_row("time", shown(t))
+        row("time", shown(t))
     if record_path:
-        table.add_row("record", shown(record_path, 500))
+        row("record", shown(record_path, 500))
     return table
 
 
 def print_summary(entries: Iterable[Any], record_path: str | Path | None = None,
                   console: Console | None = None) -> None:
-    """Print :func:`summary_table` to ``console`` (a new one on stdout when None)."""
-    (console or Console()).print(summary_table(entries, record_path))
+    """Print :func:`summary_table` to ``console`` (a new one on stdout, without emoji codes, when None)."""
+    (console or Console(emoji=False)).print(summary_table(entries, record_path))

@@ -130,7 +130,7 @@ class _Cancel:
         """Print the lines the handler noted. Never from the handler itself: printing there can re-enter
         the console's stream or an import the main thread is in the middle of (rich's emoji table)."""
         while self._notes and self._console is not None:
-            self._console.print(self._notes.pop(0), style="yellow", markup=False, highlight=False)
+            self._console.print(self._notes.pop(0), style="yellow", markup=False, emoji=False, highlight=False)
 
     def set(self, why: str) -> None:
         self.signal = self.signal or why
@@ -268,7 +268,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     driver: SandboxDriver | None = None
     scripted: ScriptedModel | None = None
     mode = "live" if live else "offline"
-    console.print(f"[bold]run-task[/] {escape(f'{task.name} ({mode}) -> {record.dir}')}")
+    console.print(f"[bold]run-task[/] {escape(clean(f'{task.name} ({mode}) -> {record.dir}', 500))}", emoji=False)
 
     def phase(name: str, started: float) -> None:
         timings[name] = round(time.monotonic() - started, 3)
@@ -310,10 +310,12 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             t = time.monotonic()
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
-                console.print(f"launched {launch.app} (pid {pid})", markup=False, highlight=False)
+                console.print(f"launched {clean(launch.app, 80)} (pid {pid})", markup=False, emoji=False,
+                              highlight=False)
             ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale)
             phase("launch_ready", t)
-            console.print(_ready_line(ready, timings["launch_ready"]), markup=False, highlight=False)
+            console.print(clean(_ready_line(ready, timings["launch_ready"]), 2000), markup=False, emoji=False,
+                          highlight=False)
             network.poll()
             if cancel():
                 raise _Cancelled()
@@ -368,7 +370,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     driver.release()
             status, reason = _expectation_verdict(scripted, status, reason)
             said = f"; model said: {clean(repr(final_message), 200)}" if final_message else ""
-            console.print(f"{clean(reason, 400)}{said}", markup=False, highlight=False)
+            console.print(f"{clean(reason, 400)}{said}", markup=False, emoji=False, highlight=False)
             if cancel():
                 raise _Cancelled()
             t = time.monotonic()
@@ -436,7 +438,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
         network = network or DecisionTail(record, decision_reader(sandbox))
         netlog = network.finish()
         if not netlog.complete:
-            console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]")
+            console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]", emoji=False)
         if isinstance(record.on_entry, RunPrinter):
             record.on_entry.flush()  # the decisions, deduplicated, before any teardown message
     t = time.monotonic()
@@ -446,7 +448,8 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
             try:
                 closer()
             except Exception as exc:  # noqa: BLE001 - teardown goes on
-                console.print(f"[yellow]teardown: {escape(str(exc))}[/]")
+                # the error may quote the guest's or a container's output
+                console.print(f"[yellow]teardown: {escape(clean(exc, 1000))}[/]", emoji=False)
     timings["teardown"] = round(time.monotonic() - t, 3)
     if cancel is not None and cancel() and status != "cancelled":
         status, reason = "cancelled", f"cancelled by {cancel.signal} after the run had {status}: {reason}"

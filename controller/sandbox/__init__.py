@@ -41,6 +41,7 @@ from controller.sandbox.signals import (
     signals_deferred,
 )
 from controller.sandbox.topology import NetworkTopology
+from controller.text import clean
 
 __all__ = [  # re-exported from the helper modules, with this module's own names
     "BackendUnavailable", "SandboxError", "SandboxInterrupted", "INTERRUPT_SIGNALS", "interruption",
@@ -231,7 +232,8 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
         """The last ``tail`` lines of output of ``role``: ``desktop`` (the guest) or ``gateway``; "" when
-        there is none (yet, or any more)."""
+        there is none (yet, or any more). Raw text the guest chose: shown, or put in an error message,
+        only through :func:`controller.text.clean_lines`."""
 
     @abc.abstractmethod
     def topology(self) -> NetworkTopology:
@@ -332,7 +334,8 @@ def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[st
 
     Skips detached ones (``LABEL_DETACHED=1``) and ones whose owner is alive; logs one warning per
     sandbox whose owner cannot be proven dead (``controller.sandbox.owner.owner_state``), naming it and
-    why, and leaves it. ``remove(id)`` removes one. Returns the ids removed.
+    why (each value escaped and cut by :func:`controller.text.clean`: labels are whatever the engine or
+    the sandbox's directory holds), and leaves it. ``remove(id)`` removes one. Returns the ids removed.
     """
     from controller.sandbox.owner import owner_state
 
@@ -345,8 +348,9 @@ def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[st
             remove(sandbox_id)
             reaped.append(sandbox_id)
         elif state == "unproven":
+            shown = clean(sandbox_id, 80)
             log.warning("sandbox %s left in place (owner %s: %s); `desktop-sandbox down %s` removes it",
-                        sandbox_id, labels.get(LABEL_OWNER, "unknown"), reason, sandbox_id)
+                        shown, clean(labels.get(LABEL_OWNER, "unknown"), 120), clean(reason, 300), shown)
     return reaped
 
 

@@ -8,11 +8,13 @@ Per sandbox (id ``ds-<8 hex>``), all labelled ``desktop-sandbox.sandbox=<id>``:
 * container ``<id>-gateway`` (role ``gateway``, user ``gateway``): the egress policy proxy on port
   ``GATEWAY_PROXY_PORT`` (the guest's HTTP(S)_PROXY) and the agent relay, whose port is published on the
   host's 127.0.0.1 only and which listens only on the egress side (``controller.gateway.relay``).
-* container ``<id>-desktop`` (role ``desktop``, user ``sandbox`` uid 1000): Xvfb, openbox, the agent,
-  the demo app. ``cap_drop=ALL``, ``no-new-privileges``, default seccomp, read-only root with tmpfs for
-  /tmp, the home and /run/desktop-sandbox, pids and memory limits, no Docker socket, no secrets in its
+* container ``<id>-desktop`` (role ``desktop``): supervisord as uid 0 with only SETUID, SETGID and KILL
+  kept, starting Xvfb, openbox and the demo app as the desktop user ``sandbox`` (uid 1000) and the agent
+  as ``agent`` (uid 1002) (``docker_hardening``). ``cap_drop=ALL`` otherwise, ``no-new-privileges``,
+  default seccomp, read-only root with tmpfs for /tmp, the home, /run/desktop-sandbox and the control
+  directory, sized to the memory budget, pids and memory limits, no Docker socket, no secrets in its
   environment, IPv6 off, no DNS upstream. The agent token (``secrets.token_urlsafe``) is written into a
-  0400 file on a tmpfs owned by the desktop user after start; the agent starts once it exists.
+  0400 file of the agent's user in its 0700 directory after start; the agent starts once it exists.
 
 Readiness: ``/livez`` and then ``/v1/display`` answer through the relay. Teardown removes every container
 and network with the sandbox's label (also after an exception, Ctrl-C, SIGTERM); ``remove_all`` cleans
@@ -64,8 +66,17 @@ from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the
     remove_all,
     remove_sandbox,
 )
-from controller.sandbox.docker_hardening import _WRITE_FILE, _hardening, _tmpfs
+from controller.sandbox.docker_hardening import (
+    _WRITE_FILE,
+    AGENT_UID,
+    DESKTOP_CAP_ADD,
+    _hardening,
+    _tmpfs,
+    check_memory_budget,
+    desktop_tmpfs,
+)
 from controller.sandbox.owner import owner_id
+from controller.text import clean_lines
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
 AGENT_PORT = 8000
@@ -79,6 +90,8 @@ DESKTOP_ALIAS = "desktop"
 AGENT_TOKEN_FILE = "/run/desktop-sandbox/agent-token"
 GATEWAY_POLICY_FILE = "/run/desktop-sandbox/policy.json"
 DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
+DOCKER_DNS = "127.0.0.11"
+"""Docker's embedded resolver, as containers on user-defined networks see it."""
 EXEC_MAX_BYTES = 16 * 1024 * 1024
 """Most output (bytes, stdout and stderr together) collected from one command run in a container."""
 DECISION_LOG_MAX_BYTES = 256 * 1024 * 1024
@@ -93,7 +106,8 @@ class DockerOptions:
 
     ``mem_limit``/``gateway_mem_limit``: Docker size strings (no swap beyond it). ``pids_limit``: tasks
     (threads count) in the desktop container; the browser alone uses a few hundred. ``shm_size``: the
-    desktop's /dev/shm (the browser's shared memory; Docker's default 64m crashes heavy pages).
+    desktop's /dev/shm (the browser's shared memory; Docker's default 64m crashes heavy pages); with the
+    tmpfs mounts it must leave ``docker_hardening.MIN_PROCESS_MIB`` of ``mem_limit`` (SandboxError at start).
     ``nano_cpus``: CPU quota in 1e-9 CPUs (0 = unlimited). ``detached``: the sandbox outlives its
     starter (``up --detach``); it is then not reaped automatically. ``apps_file``: the agent's app
     allowlist inside the image (default ``images/apps.json``; ``images/apps.conformance.json`` adds the
@@ -104,7 +118,7 @@ class DockerOptions:
     image: str = DEFAULT_IMAGE
     mem_limit: str = "2g"
     pids_limit: int = 1024
-    shm_size: str = "512m"
+    shm_size: str = "256m"
     nano_cpus: int = 0
     gateway_mem_limit: str = "512m"
     gateway_pids_limit: int = 256
@@ -194,7 +208,7 @@ class DockerSandbox(Sandbox):
         try:
             image_build.build(options.image, base, client=client, on_event=show)
         except image_build.BuildError as exc:
-            raise SandboxError(f"image build failed: {exc}") from None
+            raise SandboxError(f"image build failed: {clean_lines(exc)}") from None
         return options
 
     @classmethod
@@ -219,16 +233,20 @@ class DockerSandbox(Sandbox):
         if self.gateway is None:
             raise SandboxError(f"sandbox {self.id} has no gateway container")
         try:
+            self.gateway.reload()
             internal = self.client.networks.get(f"{self.id}-internal")
             egress = self.client.networks.get(f"{self.id}-egress")
-            bridge = self.client.networks.get("bridge")
-            self.gateway.reload()
+            networks = self.gateway.attrs["NetworkSettings"]["Networks"]
+            # the host's bridge address on every network the gateway sits on (also ones attached later,
+            # such as the audit's targets network), then the default bridge's
+            others = sorted(n for n in networks if n not in (internal.name, egress.name, "bridge"))
+            attached = [internal, egress, *(self.client.networks.get(n) for n in others),
+                        self.client.networks.get("bridge")]
         except docker.errors.NotFound as exc:
             raise SandboxError(f"sandbox {self.id} is gone: {exc}") from None
-        networks = self.gateway.attrs["NetworkSettings"]["Networks"]
         bindings = self.gateway.attrs["NetworkSettings"]["Ports"].get(f"{AGENT_PORT}/tcp") or []
         host_port = next((int(b["HostPort"]) for b in bindings if b.get("HostIp") == "127.0.0.1"), 0)
-        host_ips = [ip for ip in map(_network_gateway, (internal, egress, bridge)) if ip]
+        host_ips = [ip for ip in map(_network_gateway, attached) if ip]
         return NetworkTopology(
             backend=self.backend_name,
             proxy_host=networks[internal.name]["IPAddress"],
@@ -240,7 +258,21 @@ class DockerSandbox(Sandbox):
             gateway_host_port=None,
             host_ips=tuple(dict.fromkeys(host_ips)),
             networks={"internal": internal.name, "egress": egress.name},
+            dns_servers=(DOCKER_DNS,),
         )
+
+    def attach_gateway(self, network: str) -> tuple[str, str | None]:
+        """Connect the gateway container (only it) to the Docker network named ``network`` (e.g. the
+        audit's targets); returns its (IPv4, IPv6 or None) address there. Raises SandboxError."""
+        if self.gateway is None:
+            raise SandboxError(f"sandbox {self.id} has no gateway container")
+        try:
+            self.client.networks.get(network).connect(self.gateway)
+            self.gateway.reload()
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot attach the gateway of {self.id} to {network}: {exc}") from None
+        endpoint = self.gateway.attrs["NetworkSettings"]["Networks"][network]
+        return endpoint["IPAddress"], endpoint.get("GlobalIPv6Address") or None
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         if self.desktop is None:
@@ -314,6 +346,10 @@ class DockerSandbox(Sandbox):
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {options.image} not found; build it with `make desktop`") from None
         self._image_id = image.id
+        try:
+            check_memory_budget(options.mem_limit, options.shm_size)
+        except ValueError as exc:
+            raise SandboxError(f"desktop memory budget: {exc}") from None
         policy_json = spec.policy_json()
 
         # internal: no route out (Docker drops forwarding) and, with inhibit_ipv4, no address of the
@@ -381,12 +417,6 @@ class DockerSandbox(Sandbox):
         self._checkpoint()
 
         proxy = f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}"
-        desktop_tmpfs = {
-            "/tmp": _tmpfs("512m", DESKTOP_UID, "1777"),
-            "/home/sandbox": _tmpfs("1g", DESKTOP_UID),
-            "/run/desktop-sandbox": _tmpfs("16m", DESKTOP_UID),
-            "/var/tmp": _tmpfs("64m", DESKTOP_UID, "1777"),
-        }
         self.desktop = self.client.containers.create(
             options.image,
             command=["desktop"],
@@ -398,6 +428,7 @@ class DockerSandbox(Sandbox):
             extra_hosts={GATEWAY_HOSTNAME: gw_ip},
             dns=["127.0.0.1"],  # the embedded DNS forwards nothing anywhere
             environment={
+                "HOME": "/home/sandbox",
                 "SCREEN_WIDTH": str(spec.screen_width),
                 "SCREEN_HEIGHT": str(spec.screen_height),
                 "HTTP_PROXY": proxy,
@@ -411,14 +442,14 @@ class DockerSandbox(Sandbox):
             },
             shm_size=options.shm_size,
             nano_cpus=options.nano_cpus or None,
-            **_hardening(f"{DESKTOP_UID}:{DESKTOP_UID}", desktop_tmpfs, options.mem_limit, options.pids_limit),
+            **_hardening("0:0", desktop_tmpfs(), options.mem_limit, options.pids_limit, cap_add=DESKTOP_CAP_ADD),
         )
         self._checkpoint()
         self.desktop.start()
         self._checkpoint()
         self._token = secrets.token_urlsafe(32)
         self._write_file(self.desktop, AGENT_TOKEN_FILE, self._token.encode(), 0o400,
-                         user=f"{DESKTOP_UID}:{DESKTOP_UID}")
+                         user=f"{AGENT_UID}:{AGENT_UID}")
         self.timings["containers_started"] = time.monotonic() - t0
         self._checkpoint()
         self._wait_ready(spec.ready_timeout, t0)
@@ -443,7 +474,7 @@ class DockerSandbox(Sandbox):
             if container.status not in ("created", "running"):
                 raise SandboxError(
                     f"{container.name} exited ({container.status}); last output:\n"
-                    + container.logs(tail=40).decode("utf-8", "replace")
+                    + clean_lines(container.logs(tail=40).decode("utf-8", "replace"))
                 )
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -458,7 +489,7 @@ class DockerSandbox(Sandbox):
         )
         if result.exit_code != 0:
             out = b"".join(part or b"" for part in result.output).decode("utf-8", "replace")
-            raise SandboxError(f"cannot write {path} in {container.name}: {out.strip()}")
+            raise SandboxError(f"cannot write {path} in {container.name}: {clean_lines(out.strip(), 2000)}")
 
     def _exec(self, container: Container, argv: list[str], *, user: str,
               timeout: float | None = None, max_bytes: int = EXEC_MAX_BYTES) -> ExecResult:

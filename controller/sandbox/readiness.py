@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from controller.sandbox.errors import SandboxError
+from controller.text import clean, clean_lines
 
 
 def wait_agent_ready(
@@ -26,7 +27,8 @@ def wait_agent_ready(
     ``agent_url``/``token``: as ``Sandbox.agent_url``/``agent_token``. ``timeout``: seconds for both.
     ``check_alive()`` runs after every poll that did not answer 200 and raises SandboxError when what runs
     the guest or the gateway has exited. ``describe()``: the backend's last output, appended to the
-    timeout error. ``timings["agent_live"]``/``timings["display_ready"]``: seconds since ``t0``
+    timeout error with each line escaped (:func:`controller.text.clean_lines`; the agent's answer too,
+    :func:`controller.text.clean`): both come from the guest. ``timings["agent_live"]``/``timings["display_ready"]``: seconds since ``t0``
     (``time.monotonic()``) when each answered. Polls back off from ``first_delay`` (the first stage) or
     0.05 s (the second) to 0.5 s. Raises SandboxError on timeout.
     """
@@ -47,13 +49,13 @@ def wait_agent_ready(
                         return
                     stage, path, delay = "display_ready", "/v1/display", 0.05
                     continue
-                last_error = f"{path}: HTTP {resp.status_code} {resp.text[:200]}"
+                last_error = f"{path}: HTTP {resp.status_code} {clean(resp.text, 200)}"
             except httpx.HTTPError as exc:
-                last_error = f"{path}: {type(exc).__name__}: {exc}"
+                last_error = f"{path}: {type(exc).__name__}: {clean(exc, 300)}"
             check_alive()
             if time.monotonic() > deadline:
                 raise SandboxError(
-                    f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {describe()}"
+                    f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {clean_lines(describe())}"
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -61,9 +63,10 @@ def wait_agent_ready(
 
 def parse_decision_log(text: str) -> list[dict[str, Any]]:
     """The gateway's JSONL decision log as one dict per line (oldest first); a line being written right
-    now (not yet valid JSON) and blank lines are skipped."""
+    now (not yet valid JSON) and blank lines are skipped. Lines end at ``\n`` only: a raw U+2028 or
+    U+0085 in a string (the gateway writes non-ASCII text as it is) stays in its line."""
     entries = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         line = line.strip()
         if line:
             try:

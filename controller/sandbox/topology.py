@@ -25,6 +25,9 @@ class NetworkTopology:
     bridge addresses of the sandbox's two networks and of the default bridge; VM: QEMU's user-network
     host and DNS addresses), the ones a probe must find closed.
     ``networks``: backend-specific network names by role (Docker: ``internal``, ``egress``; VM: none).
+    ``dns_servers``: resolvers the guest's network offers or could offer besides the host addresses
+    (Docker: its embedded resolver 127.0.0.11; VM: QEMU's DNS and host aliases), which a guest must
+    not reach.
     """
 
     backend: str
@@ -37,3 +40,4 @@ class NetworkTopology:
     gateway_host_port: Optional[int] = None
     host_ips: tuple[str, ...] = ()
     networks: Mapping[str, str] = field(default_factory=dict)
+    dns_servers: tuple[str, ...] = ()

@@ -18,8 +18,9 @@ with QEMU's direct kernel boot. Per sandbox (id ``dv-<8 hex>``), in a private te
 * the guest's root disk attached read-only (the guest mounts it ``ro``; all it writes is tmpfs), so the
   image is never modified and any number of sandboxes share it.
 * the agent token, random per sandbox, passed through QEMU's fw_cfg (root-only in the guest); at boot a
-  root unit copies it to ``/run/desktop-sandbox/agent-token`` (owner ``sandbox``, 0400) and the agent
-  starts once it exists. It is never on the kernel command line.
+  root unit copies it to ``/run/desktop-sandbox/agent-token`` (owner ``agent``, 0400, in a directory
+  only the agent's user opens: the desktop user ``sandbox`` cannot read it) and the agent starts once
+  it exists. It is never on the kernel command line.
 * ``exec_in_guest`` (the network audit's probes) goes through qemu-guest-agent on a virtio-serial port
   whose host end is a unix socket in the private directory; commands run as ``sandbox`` via ``runuser``.
 
@@ -75,6 +76,7 @@ from controller.sandbox import (
     with_timeout,
 )
 from controller.sandbox.owner import owner_id
+from controller.text import clean_lines
 from controller.sandbox.vm_image import (  # noqa: F401 - re-exported: the backend's image API
     BUILD_SCRIPT,
     REPO_ROOT,
@@ -241,7 +243,7 @@ class VMSandbox(Sandbox):
             backend=self.backend_name, proxy_host=GATEWAY_GUEST_ADDR, proxy_port=GATEWAY_PROXY_PORT,
             gateway_guest_ip=GATEWAY_GUEST_ADDR, gateway_egress_ip=None, agent_port=AGENT_PORT,
             agent_host_port=self.agent_host_port, gateway_host_port=self.gateway_host_port,
-            host_ips=(SLIRP_HOST, SLIRP_DNS), networks={},
+            host_ips=(SLIRP_HOST, SLIRP_DNS), networks={}, dns_servers=(SLIRP_DNS, SLIRP_HOST),
         )
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
@@ -375,7 +377,7 @@ class VMSandbox(Sandbox):
             log = (self.workdir / "qemu.log").read_text("utf-8", "replace")
             if "hostfwd" in log and attempt < 2:  # the port was taken in between: try another
                 continue
-            raise SandboxError(f"QEMU exited at start ({self.qemu.returncode}): {log.strip()[-2000:]}")
+            raise SandboxError(f"QEMU exited at start ({self.qemu.returncode}): {clean_lines(log.strip(), 2000)}")
         self.agent_host_port = agent_port
         self._agent_url = f"http://127.0.0.1:{agent_port}"
         self._qga = GuestAgentChannel(self.workdir / "qga.sock")
@@ -427,7 +429,7 @@ class VMSandbox(Sandbox):
             log = self.logs("gateway", 30)
             _stop_group(self.gateway)
             if attempt == 2 or "address already in use" not in log.lower():
-                raise SandboxError(f"gateway did not start on 127.0.0.1:{port}; output:\n{log}")
+                raise SandboxError(f"gateway did not start on 127.0.0.1:{port}; output:\n{clean_lines(log)}")
         raise AssertionError("unreachable")
 
     def _qemu_argv(self, qemu: str, arch: str, image: Path, manifest: dict[str, Any], options: VMOptions,
@@ -476,16 +478,17 @@ class VMSandbox(Sandbox):
                          timings=self.timings, t0=t0, first_delay=0.1)
 
     def _check_alive(self) -> None:
-        """Raise SandboxError (with the console and QEMU/gateway output) when QEMU or the gateway exited; the
+        """Raise SandboxError (with the console and QEMU/gateway output, each line escaped by
+        :func:`controller.text.clean_lines`) when QEMU or the gateway exited; the
         interruption when a signal came (``_checkpoint``: this runs after every unanswered readiness poll)."""
         self._checkpoint()
         for name, proc in (("QEMU", self.qemu), ("gateway", self.gateway)):
             if proc is not None and proc.poll() is not None:
+                qemu_log = (self.workdir / "qemu.log").read_text("utf-8", "replace")
                 raise SandboxError(
                     f"{name} of sandbox {self.id} exited ({proc.returncode}); console:\n"
-                    + self.logs("desktop", 40) + "\nQEMU/gateway output:\n"
-                    + (self.workdir / "qemu.log").read_text("utf-8", "replace")[-2000:]
-                    + self.logs("gateway", 20)
+                    + clean_lines(self.logs("desktop", 40)) + "\nQEMU/gateway output:\n"
+                    + clean_lines(qemu_log, 2000) + "\n" + clean_lines(self.logs("gateway", 20))
                 )
 
 

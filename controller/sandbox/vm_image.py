@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.sandbox import SandboxError
 from controller.sandbox.vm_process import TMP_PREFIX, _stop_group
+from controller.text import clean, clean_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-vm-image.sh"
@@ -107,12 +108,13 @@ def image_dir(arch: str | None = None) -> Path:
     out = subprocess.run(["bash", str(BUILD_SCRIPT), "--print-dir", "--arch", arch],
                          capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise SandboxError(f"build-vm-image.sh --print-dir failed: {out.stderr.strip()}")
+        raise SandboxError(f"build-vm-image.sh --print-dir failed: {clean_lines(out.stderr.strip())}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 
 def build_image(arch: str | None = None, *, force: bool = False) -> Path:
-    """Build (or find up to date) the VM image for ``arch``; progress goes to this process's stdout.
+    """Build (or find up to date) the VM image for ``arch``; progress goes to this process's stdout,
+    each line escaped (:func:`controller.text.clean`: the build runs Debian's package scripts).
 
     Returns the image directory. Raises SandboxError when the build fails (needs root, debootstrap).
     """
@@ -120,7 +122,7 @@ def build_image(arch: str | None = None, *, force: bool = False) -> Path:
     proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
     for line in lines[:-1]:
-        print(line, flush=True)
+        print(clean(line, 2000), flush=True)
     if proc.returncode != 0 or not lines:
         raise SandboxError(f"VM image build failed (exit {proc.returncode})")
     return Path(lines[-1])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.sandbox import SandboxError
+from controller.text import clean
 
 
 class GuestAgentChannel:
@@ -96,12 +97,14 @@ class GuestAgentChannel:
                         continue
                     reply = json.loads(line)
                     if "error" in reply:
-                        raise SandboxError(f"guest agent {name}: {reply['error'].get('desc', reply['error'])}")
+                        error = reply["error"]
+                        desc = error.get("desc", error) if isinstance(error, dict) else error
+                        raise SandboxError(f"guest agent {name}: {clean(desc, 300)}")
                     if "return" in reply:
                         return reply["return"]
             except (OSError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
                 self.close()
-                raise SandboxError(f"guest agent {name}: {type(exc).__name__}: {exc}") from exc
+                raise SandboxError(f"guest agent {name}: {type(exc).__name__}: {clean(exc, 300)}") from exc
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the guest agent answers a sync (raises SandboxError after ``timeout`` s)."""

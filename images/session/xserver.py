@@ -6,7 +6,8 @@ the lock is no longer alive: a live server keeps its lock and Xvfb then refuses 
 supervisord reports. Clients wait for the display with ``await.py --display``.
 
 Environment: ``DISPLAY`` (default ``:99``), ``SCREEN_WIDTH``/``SCREEN_HEIGHT`` (screen px, default
-1280x800), ``SCREEN_DEPTH`` (bits, default 24).
+1280x800), ``SCREEN_DEPTH`` (bits, default 24), ``XSERVER_AUTH``: an X authority file (images/session/
+xauth.py) passed as ``-auth``, so only clients holding its cookie connect (unset: no authorization).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main() -> None:
         "+extension", "XTEST",
         "-noreset",
     ]
+    auth = os.environ.get("XSERVER_AUTH")
+    if auth:
+        argv += ["-auth", auth]
     print("xserver: exec " + " ".join(argv), flush=True)
     sys.stdout.flush()
     os.execvp(argv[0], argv)

@@ -20,12 +20,16 @@ printf '127.0.0.1\tlocalhost\n127.0.1.1\tdesktop\n10.0.2.100\tgateway\n' > /etc/
 : > /etc/resolv.conf
 # The root file system is mounted read-only (and the disk is attached
 # read-only); everything that is written lives in tmpfs and is gone at exit.
+# Sizes as the container's memory budget (controller/sandbox/docker_hardening.py):
+# full, they leave about 900 MiB of the VM's 2 GiB to processes. The home is
+# 0750: the agent's user reads the desktop user's files through group sandbox.
 cat > /etc/fstab <<'FSTAB'
 /dev/vda  /              ext4   ro,noatime                                    0 0
-tmpfs     /tmp           tmpfs  mode=1777,nosuid,nodev,size=512m              0 0
-tmpfs     /var/tmp       tmpfs  mode=1777,nosuid,nodev,size=64m               0 0
+tmpfs     /tmp           tmpfs  mode=1777,nosuid,nodev,size=256m              0 0
+tmpfs     /var/tmp       tmpfs  mode=1777,nosuid,nodev,size=32m               0 0
 tmpfs     /var/log       tmpfs  mode=0755,nosuid,nodev,size=64m               0 0
-tmpfs     /home/sandbox  tmpfs  mode=0700,uid=1000,gid=1000,nosuid,nodev,size=1g  0 0
+tmpfs     /dev/shm       tmpfs  mode=1777,nosuid,nodev,size=256m              0 0
+tmpfs     /home/sandbox  tmpfs  mode=0750,uid=1000,gid=1000,nosuid,nodev,size=512m  0 0
 FSTAB
 : > /etc/machine-id
 

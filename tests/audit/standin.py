@@ -1,5 +1,5 @@
 """The audit without Docker: ``controller.audit.run_audit`` (the real probe list, judging and report) on
-the topology ``controller.audit.docker_topology`` reads from a stand-in for a Docker sandbox, with stand-in
+the topology ``controller.audit.audit_topology`` reads from a stand-in for a Docker sandbox, with stand-in
 targets, whose guest sees each probe refused, as a deny-all
 sandbox would, except the probes named in ``through``, which get through (an allowed origin, or an escape).
 
@@ -14,9 +14,9 @@ from collections.abc import Collection
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from controller.audit import DENY_BODY, AuditReport, AuditTargets, HostCanary, docker_topology, run_audit
+from controller.audit import DENY_BODY, AuditReport, AuditTargets, HostCanary, audit_topology, run_audit
 from controller.gateway.policy import NetworkPolicy
-from controller.sandbox import ExecResult
+from controller.sandbox import ExecResult, NetworkTopology
 
 SANDBOX = "ds-0123abcd"
 TARGETS = "ds-audit-4567cdef"
@@ -31,34 +31,6 @@ NETWORKS = {
 GUEST = "172.24.0.3"
 
 
-class _Network:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.attrs = {"IPAM": {"Config": [{"Subnet": "fd00:1::/64"}, {"Gateway": NETWORKS[name][0]}]}}
-
-    def reload(self) -> None:
-        pass
-
-
-class _Networks:
-    def get(self, name: str) -> _Network:
-        return _Network(name)
-
-
-class _Client:
-    networks = _Networks()
-
-
-class _Gateway:
-    attrs = {"NetworkSettings": {
-        "Networks": {name: {"IPAddress": ip} for name, (_, ip) in NETWORKS.items() if ip},
-        "Ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "49153"}]},
-    }}
-
-    def reload(self) -> None:
-        pass
-
-
 def _origin(spec: dict[str, Any]) -> str:
     if spec["kind"] == "connect":
         return f"https://{spec['authority']}"
@@ -67,13 +39,19 @@ def _origin(spec: dict[str, Any]) -> str:
 
 
 class StandInSandbox:
-    """What ``docker_topology`` reads of a started Docker sandbox (its gateway attached to the targets);
-    its guest is refused everything but ``through``."""
+    """A started Docker sandbox as the audit asks it (``topology()`` with its gateway attached to the
+    targets, a guest, the gateway's logs); its guest is refused everything but ``through``."""
 
     id = SANDBOX
     image_id = "sha256:" + "ab" * 32
-    client = _Client()
-    gateway = _Gateway()
+
+    def topology(self) -> NetworkTopology:
+        internal, egress = NETWORKS[f"{SANDBOX}-internal"], NETWORKS[f"{SANDBOX}-egress"]
+        return NetworkTopology(
+            backend="docker", proxy_host=internal[1], proxy_port=3128, gateway_guest_ip=internal[1],
+            gateway_egress_ip=egress[1], agent_port=8000, agent_host_port=49153, gateway_host_port=None,
+            host_ips=tuple(host for host, _ in NETWORKS.values()), dns_servers=("127.0.0.11",),
+            networks={"internal": f"{SANDBOX}-internal", "egress": f"{SANDBOX}-egress"})
 
     def __init__(self, through: Collection[str] = ()) -> None:
         self.through = set(through)
@@ -137,6 +115,13 @@ class StandInSandbox:
         return {"name": spec["name"], "kind": kind, "observed": observed, "detail": detail}
 
 
+class _Network:
+    """What ``AuditTargets`` keeps of its Docker network: the name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def targets() -> AuditTargets:
     """Audit targets as ``AuditTargets.start`` and ``attach`` leave them (no containers: no hits)."""
     return AuditTargets(client=None, id=TARGETS, canary=CANARY, network=_Network(f"{TARGETS}-targets"),
@@ -147,7 +132,7 @@ def targets() -> AuditTargets:
 def run_standin_audit(policy: NetworkPolicy, through: Collection[str] = ()) -> AuditReport:
     """``run_audit`` of ``policy`` on the stand-in (a real host canary, which nothing reaches)."""
     with HostCanary() as canary:
-        return run_audit(docker_topology(StandInSandbox(through)), policy, targets=targets(), host_canary=canary,
+        return run_audit(audit_topology(StandInSandbox(through)), policy, targets=targets(), host_canary=canary,
                          timeout=30)
 
 

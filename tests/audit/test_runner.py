@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 
 from controller.audit import (
-    DENY_BODY, AuditTopology, HostCanary, ProbeRunFailed, build_probes, docker_topology, run_audit,
+    DENY_BODY, AuditTopology, HostCanary, ProbeRunFailed, build_probes, audit_topology, run_audit,
 )
 from controller.audit.judges import through_proxy
 from controller.audit.probes import ProbePlan
 from controller.audit.runner import MAX_PROBE_OUTPUT, run_probes
-from controller.audit.topology import SLIRP_DNS, SLIRP_HOST
+from controller.sandbox.vm import SLIRP_DNS, SLIRP_HOST
 from controller.gateway.policy import NetworkPolicy
 from controller.sandbox import ExecResult
 
@@ -23,7 +23,7 @@ from .standin import CANARY, StandInSandbox, targets
 
 
 def _topology(exec_in_guest) -> AuditTopology:
-    return replace(docker_topology(StandInSandbox()), exec_in_guest=exec_in_guest)
+    return replace(audit_topology(StandInSandbox()), exec_in_guest=exec_in_guest)
 
 
 def _probes(topology: AuditTopology):

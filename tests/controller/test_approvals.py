@@ -180,3 +180,37 @@ def test_the_question_shows_model_text_escaped_so_nothing_hides_the_actions():
     text = out.getvalue()
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
     assert text.count("\\x1b[8m") == 4 and "click" in text
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_safety_checks_and_keys_are_shown_escaped_and_never_as_emoji_on_any_console(auto):
+    """The attack: a check message that erases the line above, sets the title and prints its own
+    "All checks passed" in green. Every code, id, message and key shows as text -- also the codes in
+    the opt-in line -- on a console with rich's defaults (emoji codes on)."""
+    import io
+
+    from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
+
+    call = ResponseComputerToolCall.model_validate({
+        "type": "computer_call", "id": "cu_9", "call_id": "call_9" + EVIL, "status": "completed",
+        "actions": [{"type": "keypress", "keys": [EVIL]}],
+        "pending_safety_checks": [{"id": "sc_9" + EVIL, "code": EVIL, "message": EVIL}],
+    })
+    out = io.StringIO()
+    approver = SafetyCheckApprover(asker=None, auto_codes={EVIL} if auto else (),
+                                   console=Console(file=out, width=3000, force_terminal=False))
+    assert approver(call) is auto
+    assert_shown_safely(out.getvalue())
+    assert out.getvalue().count(SHOWN) >= 3  # call id, check id, code, message (and the opted-in code)
+    assert ("approved by opt-in" in out.getvalue()) is auto
+
+
+def test_the_action_gate_shows_hostile_keys_escaped_and_never_as_emoji():
+    import io
+
+    from tests.controller.hostile_text import EVIL, assert_shown_safely
+
+    out = io.StringIO()
+    gate = ActionGate(confirm={"keypress"}, asker=None, console=Console(file=out, width=3000, force_terminal=False))
+    assert gate({"type": "keypress", "keys": [EVIL]}) is False
+    assert_shown_safely(out.getvalue())

@@ -191,3 +191,79 @@ def test_a_refused_script_is_shown_escaped_and_short(tmp_path):
     out = _offline_cli("run-task", str(task), "--offline", cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "\x1b" not in out.stderr and "\\x1b[31mRED" in out.stderr and len(out.stderr) < 2000
+
+
+# A backend whose every answer quotes the guest: start fails with the console's last lines, removal
+# names what it removed, the audit fails with a container's output.
+HOSTILE_BACKEND = r"""
+import types
+from controller.sandbox import BackendUnavailable, SandboxError
+from tests.controller.hostile_text import EVIL
+
+class Hostile:
+    backend_name = "docker"
+    default_ready_timeout = 1.0
+
+    @classmethod
+    def make_options(cls, **kw):
+        return types.SimpleNamespace(image=None)
+
+    @classmethod
+    def ensure_image(cls, options, say):
+        say("pulling " + EVIL)
+        return options
+
+    @classmethod
+    def start(cls, spec, options):
+        raise SandboxError("desktop exited; last output:\n" + EVIL + "\nlast line")
+
+    @classmethod
+    def remove(cls, sandbox_id):
+        return [EVIL]
+
+class Gone(Hostile):
+    backend_name = "vm"
+
+    @classmethod
+    def remove(cls, sandbox_id):
+        raise BackendUnavailable("no VM directory: " + EVIL)
+"""
+
+
+def _hostile_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed command (``cli.app``, as the console script calls it) with the hostile backends."""
+    child = HOSTILE_BACKEND + (
+        "\nfrom controller import cli, sandbox\nimport controller.sandbox.registry as registry\n"
+        "cli._backend = lambda name: Gone if name == 'vm' else Hostile\n"
+        "def audit(network, image):\n    raise SandboxError('gateway exited:\\n' + EVIL)\n"
+        "registry.audit_function = lambda backend: audit\n"
+        "import sys\ncli.app(sys.argv[1:], prog_name='desktop-sandbox')\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp_path), COLUMNS="200")
+    env.pop("OPENAI_API_KEY", None)
+    return subprocess.run([sys.executable, "-c", child, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+
+def test_an_uncaught_error_quoting_the_guest_is_shown_escaped_line_by_line(tmp_path):
+    """``up`` does not catch a failed start: the traceback still shows, with the guest's lines escaped
+    (typer's own traceback printed the message raw)."""
+    from tests.controller.hostile_text import SHOWN, assert_shown_safely
+
+    out = _hostile_cli(tmp_path, "up")
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" in out.stderr and "SandboxError: desktop exited; last output:\n" in out.stderr
+    assert_shown_safely(out.stderr + out.stdout)
+    assert SHOWN in out.stderr and "\nlast line" in out.stderr
+
+
+def test_audit_and_down_show_backend_text_escaped_and_literally(tmp_path):
+    from tests.controller.hostile_text import SHOWN, assert_shown_safely
+
+    audit = _hostile_cli(tmp_path, "audit")
+    assert audit.returncode == 2 and "audit could not run: gateway exited:\n" + SHOWN in audit.stderr, audit.stderr
+    assert "pulling " + SHOWN in audit.stderr
+    down = _hostile_cli(tmp_path, "down", "ds-1")
+    assert down.returncode == 0, down.stderr
+    assert "removed 1: " + SHOWN in down.stderr and "skipped vm: no VM directory: " + SHOWN in down.stderr
+    for out in (audit, down):
+        assert_shown_safely(out.stderr + out.stdout)

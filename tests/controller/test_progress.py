@@ -153,3 +153,32 @@ def test_up_shows_the_policy_as_toml_the_token_file_a_curl_line_and_how_to_remov
         assert (f'curl -s -H "Authorization: Bearer $(cat {token})" -o screen.png '
                 "http://127.0.0.1:49153/v1/screenshot") in out.replace("\n│                  │ ", "")
         assert removal in out
+
+
+def test_progress_lines_show_model_guest_and_gateway_text_escaped_and_never_as_emoji(tmp_path):
+    """Each kind of source in one record: the model (error message, call id, safety-check code, key
+    names), the gateway's log (origin, reason) and the guest (an action's error, a check's observed
+    file). A console with rich's defaults (emoji codes on) still prints every one literally."""
+    import io
+
+    from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
+
+    out = io.StringIO()
+    rec = RunRecord(tmp_path, "r", on_entry=RunPrinter(Console(file=out, width=2000, force_terminal=False)))
+    rec.write("model_response", response_id=None, http_status=500, error={"code": "x", "message": EVIL}, usage=None)
+    rec.write("computer_call", call_id="c" + EVIL, form="actions", actions=[{"type": "keypress", "keys": [EVIL]}],
+              pending_checks=[{"id": "sc", "code": EVIL, "message": EVIL}])
+    rec.write("action", call_id="c", action="keypress", duration_ms=1.0, error=EVIL)
+    rec.write("network", origin=EVIL, decision="deny", reason=EVIL)
+    rec.write("check", kind="file", target="/x", rule="text", expected="a", observed=EVIL, passed=False)
+    rec.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5, lines
+    for line in lines:
+        assert_shown_safely(line)
+    assert SHOWN[:40] in lines[0] and SHOWN[:40] in lines[3]  # the model's message, the gateway's origin
+
+
+def test_the_cli_console_never_turns_emoji_codes_into_emoji(capsys):
+    make_console(stderr=True).print("page title :white_check_mark: :warning:")
+    assert "page title :white_check_mark: :warning:" in capsys.readouterr().err

@@ -154,3 +154,37 @@ def test_report_reads_a_good_record_and_one_from_before_the_format_field(tmp_pat
         out = _report(run, "--json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["actions"] == 1
+
+
+def test_summary_shows_hostile_text_escaped_and_never_as_emoji_on_any_console(tmp_path):
+    """A check's observed file, the run's reason and the task name may hold terminal escapes, bidi
+    controls and ``:emoji:`` codes: the table shows them as text even on a console with rich's defaults."""
+    import io
+
+    from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
+
+    entries = [
+        {"type": "run_started", "ts": "2030-01-01T00:00:00+00:00", "task": {"name": EVIL}, "mode": "offline"},
+        {"type": "check", "ts": "2030-01-01T00:00:01+00:00", "kind": "file", "target": "/x" + EVIL, "rule": "text",
+         "expected": "a", "observed": EVIL, "passed": False},
+        {"type": "run_finished", "ts": "2030-01-01T00:00:02+00:00", "status": "failed", "reason": EVIL},
+    ]
+    out = io.StringIO()
+    Console(file=out, width=3000, force_terminal=False).print(summary_table(entries, tmp_path))
+    assert_shown_safely(out.getvalue())
+    assert out.getvalue().count(SHOWN) == 4  # task name, target, observed, reason
+
+
+def test_unicode_line_breaks_in_hostile_text_keep_one_entry_a_line(tmp_path):
+    """A model message or a guest value may hold U+2028, U+2029 or U+0085, which str.splitlines (and
+    many tools) read as line ends: the record escapes them, and reads a line holding one whole."""
+    rec = RunRecord(tmp_path, "r")
+    rec.write("run_started", task={"name": "t"}, mode="offline")
+    rec.finish("failed", "model said: a\u2028b\u2029c\x85d")
+    rec.close()
+    assert len(rec.path.read_text(encoding="utf-8").splitlines()) == 2
+    assert read_record(rec.path)[-1]["reason"] == "model said: a\u2028b\u2029c\x85d"
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text('{"type": "run_finished", "ts": "2030-01-01T00:00:00+00:00", "status": "failed", '
+                   '"reason": "a\u2028b"}\n', encoding="utf-8")
+    assert read_record(raw)[0]["reason"] == "a\u2028b"

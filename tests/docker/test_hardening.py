@@ -9,6 +9,7 @@ import pytest
 
 from controller.sandbox import LABEL_ROLE, LABEL_SANDBOX
 from controller.sandbox.docker import AGENT_PORT, AGENT_TOKEN_FILE, GATEWAY_PROXY_PORT
+from controller.sandbox.docker_hardening import AGENT_UID, CONTROL_DIR, DESKTOP_CAP_ADD, DESKTOP_TMPFS_MIB
 
 
 def _inspect(sandbox, role: str) -> dict:
@@ -21,13 +22,13 @@ def _networks(sandbox) -> dict[str, dict]:
     return {n.attrs["Labels"][LABEL_ROLE]: sandbox.client.api.inspect_network(n.id) for n in nets}
 
 
-@pytest.mark.parametrize("role,user", [("desktop", "1000:1000"), ("gateway", "1001:1001")])
-def test_container_hardening(sandbox, role, user):
+@pytest.mark.parametrize("role,user,caps", [("desktop", "0:0", sorted(DESKTOP_CAP_ADD)), ("gateway", "1001:1001", [])])
+def test_container_hardening(sandbox, role, user, caps):
     info = _inspect(sandbox, role)
     host = info["HostConfig"]
     assert info["Config"]["User"] == user
     assert host["CapDrop"] == ["ALL"]
-    assert not host["CapAdd"]
+    assert sorted(c.removeprefix("CAP_") for c in host["CapAdd"] or []) == caps
     assert "no-new-privileges:true" in host["SecurityOpt"]
     assert not any(o.startswith("seccomp") for o in host["SecurityOpt"]), "default seccomp profile expected"
     assert not any("apparmor=unconfined" in o for o in host["SecurityOpt"])
@@ -48,9 +49,13 @@ def test_container_hardening(sandbox, role, user):
 
 def test_desktop_tmpfs_and_limits(sandbox):
     host = _inspect(sandbox, "desktop")["HostConfig"]
-    assert {"/tmp", "/home/sandbox", "/run/desktop-sandbox"} <= set(host["Tmpfs"])
+    assert set(host["Tmpfs"]) == set(DESKTOP_TMPFS_MIB)
     assert "uid=1000" in host["Tmpfs"]["/home/sandbox"]
+    assert f"uid={AGENT_UID}" in host["Tmpfs"]["/run/desktop-sandbox"]
+    assert "uid=0" in host["Tmpfs"][CONTROL_DIR] and f"gid={AGENT_UID}" in host["Tmpfs"][CONTROL_DIR]
     assert host["ShmSize"] >= 256 * 1024 * 1024
+    tmpfs_bytes = sum(DESKTOP_TMPFS_MIB.values()) * 1024 * 1024
+    assert host["Memory"] - host["ShmSize"] - tmpfs_bytes >= 768 * 1024 * 1024
 
 
 def test_no_secrets_in_environment(sandbox):
@@ -89,14 +94,18 @@ def _guest(sandbox, *argv: str) -> str:
 
 
 def test_guest_process_view(sandbox):
-    """What a process in the guest actually gets: uid, no caps, no_new_privs, seccomp filter."""
+    """What a process in the guest actually gets: uid, no caps (the bounding set holds at most supervisord's
+    three, which no_new_privs keeps it from gaining), no_new_privs, seccomp filter."""
     assert _guest(sandbox, "id", "-u").strip() == "1000"
     status = dict(
         line.split(":", 1) for line in _guest(sandbox, "cat", "/proc/self/status").splitlines() if ":" in line
     )
     assert int(status["CapEff"].strip(), 16) == 0
     assert int(status["CapPrm"].strip(), 16) == 0
-    assert int(status["CapBnd"].strip(), 16) == 0
+    assert int(status["CapInh"].strip(), 16) == 0
+    assert int(status["CapAmb"].strip(), 16) == 0
+    kill_setgid_setuid = (1 << 5) | (1 << 6) | (1 << 7)
+    assert int(status["CapBnd"].strip(), 16) & ~kill_setgid_setuid == 0
     assert status["NoNewPrivs"].strip() == "1"
     assert status["Seccomp"].strip() == "2"
 
@@ -112,8 +121,11 @@ def test_guest_cannot_write_root_or_escalate(sandbox):
 
 
 def test_token_file(sandbox):
-    out = _guest(sandbox, "stat", "-c", "%a %u %g", AGENT_TOKEN_FILE).split()
-    assert out == ["400", "1000", "1000"]
+    as_agent = sandbox._exec(sandbox.desktop, ["stat", "-c", "%a %u %g", AGENT_TOKEN_FILE, "/run/desktop-sandbox"],
+                             user=f"{AGENT_UID}:{AGENT_UID}", timeout=10)
+    assert as_agent.stdout.decode().split() == ["400", "1002", "1002", "700", "1002", "1002"], as_agent
+    # Not readable by the desktop user (tests/docker/test_privsep.py) nor by the gateway.
+    assert sandbox.exec_in_guest(["cat", AGENT_TOKEN_FILE], timeout=10).exit_code != 0
     # Not readable by the gateway, not in the image's filesystem layers.
     assert sandbox.exec_in_gateway(["cat", AGENT_TOKEN_FILE], timeout=10).exit_code != 0
 
@@ -171,3 +183,40 @@ def test_relay_port_not_reachable_from_guest(sandbox):
 def test_proxy_port_reachable_from_guest(sandbox):
     out = _guest(sandbox, "python3", "-c", _CONNECT, "gateway", str(GATEWAY_PROXY_PORT))
     assert out.startswith("open"), out
+
+
+_FILL = (
+    "import errno, json, os, sys\n"
+    "out = {}\n"
+    "block = b'\\xa5' * (1 << 20)\n"
+    "for d in sys.argv[1:]:\n"
+    "    fd = os.open(os.path.join(d, 'ds-fill'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "    written = 0\n"
+    "    try:\n"
+    "        while True:\n"
+    "            written += os.write(fd, block)\n"
+    "    except OSError as exc:\n"
+    "        out[d] = [errno.errorcode[exc.errno], written >> 20]\n"
+    "    finally:\n"
+    "        os.close(fd)\n"
+    "print(json.dumps(out))\n"
+)
+FILLED = ("/home/sandbox", "/tmp", "/var/tmp", "/dev/shm")
+
+
+def test_filling_temporary_space_leaves_the_session_alive(sandbox):
+    """The desktop user fills every writable tmpfs and /dev/shm to ENOSPC: the writer fails, the
+    container is not OOM-killed, the agent still takes screenshots."""
+    try:
+        result = sandbox.exec_in_guest(["python3", "-c", _FILL, *FILLED], timeout=60)
+        assert result.exit_code == 0, result
+        filled = json.loads(result.stdout)
+        assert {d: e for d, (e, _) in filled.items()} == {d: "ENOSPC" for d in FILLED}, filled
+        assert filled["/home/sandbox"][1] >= 400 and filled["/dev/shm"][1] >= 200, filled
+        shot = sandbox.agent.screenshot()
+        assert shot.screen_size == (1280, 800) and shot.data[:8] == b"\x89PNG\r\n\x1a\n"
+        state = _inspect(sandbox, "desktop")["State"]
+        assert state["Running"] is True and state["OOMKilled"] is False, state
+        assert sandbox.agent.livez()
+    finally:
+        sandbox.exec_in_guest(["rm", "-f", *(f"{d}/ds-fill" for d in FILLED)], timeout=30)

@@ -31,17 +31,20 @@ def test_agent_refuses_without_token(sandbox):
 
 
 def test_session_processes_supervised(sandbox):
-    result = sandbox.exec_in_guest(["supervisorctl", "-c", SUPERVISOR_CONF, "status"], timeout=20)
+    # The control socket is root's (the desktop user cannot use it: tests/docker/test_privsep.py).
+    result = sandbox._exec(sandbox.desktop, ["supervisorctl", "-c", SUPERVISOR_CONF, "status"], user="0:0", timeout=20)
     states = {}
     for line in result.stdout.decode().splitlines():
         parts = line.split()
         if len(parts) >= 2:
             states[parts[0]] = parts[1]
-    for program in ("xvfb", "openbox", "agent"):
+    for program in ("xvfb", "openbox", "launcher", "agent"):
         assert states.get(program) == "RUNNING", result.stdout.decode()
-    ps = sandbox.exec_in_guest(["ps", "-eo", "user:12,comm"], timeout=10).stdout.decode().splitlines()[1:]
+    ps = sandbox.exec_in_guest(["ps", "-eo", "user:12,args"], timeout=10).stdout.decode().splitlines()[1:]
     users = {line.split()[0] for line in ps if line.strip()}
-    assert users == {"sandbox"}, ps
+    assert users == {"root", "sandbox", "agent"}, ps
+    root = sorted(line.split(None, 1)[1] for line in ps if line.split()[:1] == ["root"])
+    assert len(root) == 2 and any("supervisord" in r for r in root) and any("launcher.py" in r for r in root), root
 
 
 def test_launch_allowlisted_app_and_read_file(sandbox):

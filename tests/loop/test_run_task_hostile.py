@@ -127,3 +127,58 @@ def test_markup_in_the_model_message_and_guest_files_cannot_break_the_run(tmp_pa
     assert outcome.status == "failed" and outcome.reason == "1 of 2 checks failed", outcome.reason
     assert outcome.final_message.startswith("[/] done")
     assert read_record(outcome.record_dir)[-1]["type"] == "run_finished"
+
+
+class _HostileSandbox(LocalSandbox):
+    """A local desktop whose gateway log holds hostile decisions and whose teardown fails quoting a
+    container's output, as a backend's would."""
+
+    def decision_log(self) -> list[dict]:
+        from tests.controller.hostile_text import EVIL
+
+        return [{"ts": "2030-01-01T00:00:00+00:00", "origin": EVIL, "decision": "deny", "reason": EVIL}]
+
+    failed_once = False
+
+    def close(self) -> None:
+        from tests.controller.hostile_text import EVIL
+
+        super().close()
+        if not self.failed_once:  # the runner's teardown fails; the test's own exit does not
+            self.failed_once = True
+            raise RuntimeError("gateway exited; last output:\n" + EVIL)
+
+
+@pytest.mark.parametrize("last", ["message", "agent_error"])
+def test_no_text_from_the_model_the_guest_or_the_gateway_reaches_the_console_raw(tmp_path, last):
+    """One run, every source of hostile text at once: the model (safety-check code and message, key
+    names, its final message), the guest (a file's content in a check, the agent's refusal of a key),
+    the gateway's log (origin, reason) and a teardown error quoting a container's output. The console
+    (rich's defaults: emoji codes on) shows none of it raw; the summary table follows the same rule."""
+    import io
+
+    from rich.console import Console
+
+    from tests.controller.hostile_text import EVIL, assert_shown_safely
+
+    turns = [{"actions": [{"type": "click", "x": 5, "y": 5, "button": "left"}],
+              "pending_safety_checks": [{"id": "sc_1", "code": EVIL, "message": EVIL}]}]
+    if last == "message":
+        turns.append({"message": EVIL})
+    else:
+        turns.append({"actions": [{"type": "keypress", "keys": [EVIL]}]})
+    task = _task(checks=[FileCheck(kind="file", path="~/Documents/page.txt", match="text", value="x")])
+    out = io.StringIO()
+    with _HostileSandbox() as sb:
+        (sb.home / "Documents/page.txt").write_text(EVIL)
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+                                                          approve_codes=[EVIL], script=_script(tmp_path, *turns)),
+                           console=Console(file=out, width=400, force_terminal=False))
+    shown = out.getvalue()
+    assert outcome.status in ("failed", "error") and "teardown: gateway exited" in shown, shown
+    assert "network deny :warning:" in shown and "approved by opt-in" in shown
+    if last == "agent_error":
+        assert "keypress :warning:" in shown and "unknown_key" in shown, shown
+    for line in shown.splitlines():
+        assert not any(c in line for c in ("\x1b", "\x07", "\x08", "\r", "\u202e", "\u2066", "\u200b", "\u26a0")), line
+    assert_shown_safely(shown)
