@@ -216,8 +216,8 @@ def up(
     from pydantic import ValidationError
 
     from controller.gateway.policy import NetworkPolicy
-    from controller.sandbox import (INTERRUPT_SIGNALS, SandboxInterrupted, SandboxSpec, raise_on_signals,
-                                    signals_deferred)
+    from controller.sandbox import (INTERRUPT_SIGNALS, BackendUnavailable, SandboxError, SandboxInterrupted,
+                                    SandboxSpec, raise_on_signals, signals_deferred)
     from controller.validation import describe_validation_error
 
     backend_cls = _backend(backend)
@@ -235,11 +235,15 @@ def up(
     # below raises on it. Whatever exists is removed in `finally`.
     with signals_deferred(redeliver=False) as noted:
         try:
+            _say(f"starting a {backend} sandbox (ready within {spec.ready_timeout:g}s, or it is removed)")
             try:
                 with console.status("starting sandbox"):
                     sandbox = backend_cls.start(spec, options)
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
+            except (SandboxError, BackendUnavailable) as exc:  # nothing of it is left: the backend removed it
+                _error("cannot start the sandbox:", exc)
+                raise typer.Exit(1) from None
             if noted:  # before the token file exists: the start is abandoned
                 console.print(f"cancelled ({signal.Signals(noted[0]).name}): the sandbox start was abandoned",
                               markup=False)
@@ -283,12 +287,18 @@ def down(
     """Remove sandboxes: the given ids, or with --all every sandbox of every backend (only what also
     carries each --label, when given), and their token files. Exit 2 when a given id names no sandbox
     (nothing of it was found), or when no backend could be asked."""
-    from controller.sandbox import BackendUnavailable
+    from controller.sandbox import signals_deferred
 
     if not all_ and not sandbox_ids:
         _refuse("give sandbox ids or --all")
     if label and not all_:
         _refuse("--label goes with --all")
+    from controller.sandbox import SANDBOX_ID
+
+    bad = [sid for sid in sandbox_ids or [] if not SANDBOX_ID.fullmatch(sid)]
+    if bad:
+        _refuse(f"not a sandbox id: {', '.join(clean(s, 40) for s in bad)} (ids look like ds-1a2b3c4d or "
+                "dv-1a2b3c4d, as `up` prints them)")
     wanted = {}
     for item in label:
         key, sep, value = item.partition("=")
@@ -300,6 +310,36 @@ def down(
     removed: list[str] = []
     found: set[str] = set()
     unavailable: list[str] = []
+    # A signal waits until everything asked for is removed (a half-removed sandbox helps nobody); the
+    # command then ends with 130.
+    with signals_deferred(redeliver=False) as noted:
+        _remove(classes, all_, wanted, sandbox_ids or [], removed, found, unavailable)
+        unknown = [sid for sid in sandbox_ids or [] if sid not in found and not _token_path(sid).exists()]
+        for sid in (sandbox_ids or []) + sorted(found):
+            _token_path(sid).unlink(missing_ok=True)
+        if all_ and not wanted and backend is None:
+            for path in _token_path("x").parent.glob("*.token"):
+                path.unlink(missing_ok=True)
+    if len(unavailable) == len(classes):
+        _refuse("; ".join(unavailable))
+    for line in unavailable:  # the other backends were asked; this one could not be
+        _say(f"skipped {line}")
+    _say(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"), 100_000)
+    if noted:
+        _say(f"interrupted ({signal.Signals(noted[0]).name}) after the removal finished")
+        raise typer.Exit(130)
+    if unknown and not all_:
+        # A mistyped id must not pass as done: nothing of it existed.
+        _refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
+                f"label=desktop-sandbox.sandbox`, or `ls -d /tmp/desktop-sandbox-vm-*`)")
+
+
+def _remove(classes: list[Any], all_: bool, wanted: dict[str, str], sandbox_ids: list[str], removed: list[str],
+            found: set[str], unavailable: list[str]) -> None:
+    """``down``'s removal: every backend in ``classes`` asked in turn; what went into ``removed``, the ids
+    that existed into ``found``, backends that could not be asked into ``unavailable``."""
+    from controller.sandbox import BackendUnavailable
+
     for cls in classes:
         try:
             if all_:
@@ -315,21 +355,6 @@ def down(
                     removed += gone
         except BackendUnavailable as exc:
             unavailable.append(f"{cls.backend_name}: {exc}")
-    if len(unavailable) == len(classes):
-        _refuse("; ".join(unavailable))
-    for line in unavailable:  # the other backends were asked; this one could not be
-        _say(f"skipped {line}")
-    unknown = [sid for sid in sandbox_ids or [] if sid not in found and not _token_path(sid).exists()]
-    for sid in (sandbox_ids or []) + sorted(found):
-        _token_path(sid).unlink(missing_ok=True)
-    if all_ and not wanted and backend is None:
-        for path in _token_path("x").parent.glob("*.token"):
-            path.unlink(missing_ok=True)
-    _say(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"), 100_000)
-    if unknown and not all_:
-        # A mistyped id must not pass as done: nothing of it existed.
-        _refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
-                f"label=desktop-sandbox.sandbox`, or `ls -d /tmp/desktop-sandbox-vm-*`)")
 
 
 @app.command("run-task")
@@ -463,7 +488,7 @@ def report(
     try:
         entries = read_entries(run)
     except (OSError, ValueError) as exc:
-        _refuse(f"cannot read {run}: {exc}")
+        _refuse(f"cannot read the run record: {exc}")
     try:
         summary = summarize(entries)
         if as_json:

@@ -8,6 +8,8 @@ unknown key, the known key it most resembles.
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from typing import Any, Iterable, Mapping, Sequence
 
 from pydantic import ValidationError
@@ -74,3 +76,42 @@ def describe_validation_error(exc: ValidationError, *, known_keys: Iterable[str]
     if len(errors) > MAX_ERRORS:
         parts.append(f"and {len(errors) - MAX_ERRORS} more")
     return "; ".join(parts)
+
+
+def read_input_file(path: "str | os.PathLike[str]", max_bytes: int) -> str:
+    """The text of an input file a user names (a task, a script, a run record): a regular file only
+    (a FIFO, a device or a directory is refused before it is opened for reading, so nothing blocks),
+    at most ``max_bytes`` bytes, UTF-8 without lone surrogates.
+
+    Raises OSError (missing, unreadable, not a regular file, too large; the message names the file)
+    or UnicodeDecodeError (not UTF-8).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{os.fspath(path)}: not a regular file")
+        if st.st_size > max_bytes:
+            raise OSError(f"{os.fspath(path)}: larger than {max_bytes} bytes")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > max_bytes:
+                raise OSError(f"{os.fspath(path)}: larger than {max_bytes} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
+def lone_surrogate(value: Any) -> bool:
+    """True when a parsed JSON value holds a string (or key) with a lone UTF-16 surrogate (``"\\ud800"``):
+    JSON can spell one, UTF-8 cannot carry it, and the guest agent refuses it."""
+    if isinstance(value, str):
+        return any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(lone_surrogate(k) or lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(lone_surrogate(v) for v in value)
+    return False
+

@@ -186,7 +186,8 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
     """
     import docker
 
-    from controller.sandbox import LABEL_OWNER, SandboxSpec
+    from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, SandboxSpec
+    from controller.sandbox.owner import owner_id
     from controller.sandbox.docker import DEFAULT_IMAGE, DockerOptions, DockerSandbox
 
     client = client or docker.from_env()
@@ -196,7 +197,8 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
     except docker.errors.ImageNotFound:
         raise AuditImageMissing(f"image {image} not found; build it with `make desktop`") from None
     with HostCanary() as canary:
-        targets = AuditTargets.start(client, image, {LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"})
+        targets = AuditTargets.start(client, image, {LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
+                                                     LABEL_OWNER_ID: owner_id()})
         try:
             spec = SandboxSpec(policy=effective_policy(policy, targets), ready_timeout=ready_timeout)
             with DockerSandbox.start(spec, DockerOptions(image=image), client=client) as sandbox:

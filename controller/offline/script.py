@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.offline import expectations as ex
+from controller.validation import lone_surrogate, read_input_file
 from wire.actions import ActionInvalid, first_outside, parse_action
 
 MAX_SCRIPT_BYTES = 16 * 1024 * 1024
@@ -33,17 +34,14 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
     and for files that cannot be read or are not UTF-8.
     """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SCRIPT_BYTES + 1)
-        if len(data) > MAX_SCRIPT_BYTES:
-            raise ScriptError(f"{path}: larger than {MAX_SCRIPT_BYTES} bytes")
-        text = data.decode("utf-8")
+        text = read_input_file(path, MAX_SCRIPT_BYTES)
     except UnicodeDecodeError as exc:
         raise ScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
     turns: list[dict[str, Any]] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # "\n" only: str.splitlines would also split at a U+2028, U+0085 or \x0b inside a JSON string
+    for number, line in enumerate(text.split("\n"), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("//"):
             continue
@@ -53,6 +51,11 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
             raise ScriptError(f"{path}:{number}: {exc}") from None
         except RecursionError:
             raise ScriptError(f"{path}:{number}: JSON nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
+            raise ScriptError(f"{path}:{number}: {' '.join(str(exc).split())[:200]}") from None
+        if lone_surrogate(turn):
+            raise ScriptError(f"{path}:{number}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                              "which no model sends and the guest refuses")
         validate_turn(turn, where=f"{path}:{number}")
         if not turns:
             validate_first_turn(turn, where=f"{path}:{number}")

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from controller.text import clean
+
 FORMAT = 1
 """The record format this code writes and the newest it reads."""
 
@@ -286,8 +288,8 @@ def as_entry(data: Any) -> Any:
     if not isinstance(data, Mapping):
         raise EntryError(f"an entry must be a JSON object, not {type(data).__name__}")
     kind = data.get("type")
-    if kind not in ENTRY_TYPES:
-        raise EntryError("entry without a type" if kind is None else f"unknown entry type {str(kind)[:40]!r}")
+    if not isinstance(kind, str) or kind not in ENTRY_TYPES:
+        raise EntryError("entry without a type" if kind is None else f"unknown entry type {clean(kind, 40)!r}")
     try:
         return ENTRY_TYPES[kind].model_validate(dict(data))
     except ValidationError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import secrets
 import threading
 from pathlib import Path
@@ -31,6 +32,7 @@ from controller.run.entries import (
     NetworkLog, RunFinished, RunStarted, Screenshot, as_entry, entry_format,
 )
 from controller.run.progress import expectation_text, observed_text
+from controller.validation import read_input_file
 from controller.text import clean
 
 RECORD_TYPES = set(ENTRY_TYPES)
@@ -95,7 +97,9 @@ class RunRecord:
                 now = self._last
             self._last = now
             entry = entry.model_copy(update={"ts": now.isoformat(timespec="milliseconds")})
-            self._file.write(json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n")
+            line = json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
+            # a lone surrogate (a model's text may hold one) cannot be UTF-8: written as its JSON escape
+            self._file.write(line.encode("utf-8", "backslashreplace").decode("utf-8"))
         if self.on_entry is not None:
             try:
                 self.on_entry(entry)
@@ -142,8 +146,28 @@ class RunRecord:
         self.close()
 
 
-MAX_RECORD_BYTES = 256 * 1024 * 1024
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 """Largest record file :func:`read_entries` reads (a run writes a few hundred KiB)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"duplicate key {key[:40]!r}")
+        seen[key] = value
+    return seen
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
 
 
 def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
@@ -151,12 +175,10 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
     path = Path(path)
     if path.is_dir():
         path = path / "record.jsonl"
-    if not path.is_file():
-        raise OSError(f"{path}: not a regular file")
-    if path.stat().st_size > MAX_RECORD_BYTES:
-        raise OSError(f"{path}: larger than {MAX_RECORD_BYTES} bytes")
+    if not path.exists():
+        raise OSError(f"{path}: no such file (give a run directory, runs/<id>, or its record.jsonl)")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_file(path, MAX_RECORD_BYTES)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     parsed = []
@@ -165,9 +187,10 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
         if not line.strip():
             continue
         try:
-            parsed.append((number, json.loads(line)))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+            parsed.append((number, json.loads(line, object_pairs_hook=_unique_keys, parse_float=_finite,
+                                              parse_constant=_no_constant)))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, and the hooks' refusals
+            raise ValueError(f"{path}:{number}: not JSON: {' '.join(str(exc).split())[:200]}") from None
     return path, parsed
 
 

@@ -32,7 +32,11 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 
 from controller.gateway.policy import NetworkPolicy
 from controller.run import json_semantics
-from controller.validation import describe_validation_error
+from controller.validation import describe_validation_error, read_input_file
+
+
+MAX_TASK_BYTES = 1024 * 1024
+"""Largest task file read (bytes)."""
 
 
 class TaskError(ValueError):
@@ -283,7 +287,7 @@ def load_task(path: str | Path) -> Task:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_file(path, MAX_TASK_BYTES)
     except UnicodeDecodeError as exc:
         raise TaskError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
@@ -292,6 +296,8 @@ def load_task(path: str | Path) -> Task:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TaskError(f"{path}: TOML syntax error: {exc}") from None
+    except ValueError as exc:  # e.g. an integer over Python's 4300-digit conversion limit
+        raise TaskError(f"{path}: {' '.join(str(exc).split())[:200]}") from None
     if "source" in data:
         raise TaskError(f"{path}: source: unknown key (the loader sets it from the file's location)")
     try:

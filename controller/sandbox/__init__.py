@@ -26,6 +26,7 @@ import abc
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
@@ -57,6 +58,11 @@ LABEL_SANDBOX = "desktop-sandbox.sandbox"
 """Label carried by every container and network of a sandbox; value: the sandbox id."""
 LABEL_ROLE = "desktop-sandbox.role"
 """Label value: ``desktop``, ``gateway`` (containers), ``internal``, ``egress`` (networks)."""
+SANDBOX_ID = re.compile(r"d[sv]-(?:audit-)?[0-9a-f]{8}")
+"""Every sandbox id a backend makes: ``ds-<8 hex>`` (Docker), ``dv-<8 hex>`` (VM), ``ds-audit-<8 hex>``
+(the audit's targets). ``down`` refuses anything else before it looks for it (an id is used in glob
+patterns and file names)."""
+
 LABEL_OWNER = "desktop-sandbox.owner"
 """Label value ``<hostname>:<pid>`` of the process that started the sandbox: for people and for
 ``down --all --label``; never used to decide that a sandbox is abandoned (``LABEL_OWNER_ID`` is)."""

@@ -16,6 +16,7 @@ gateway's do); recorded pids are trusted only with that proof, so a reused pid i
 from __future__ import annotations
 
 import json
+import glob
 import os
 import signal
 import socket
@@ -81,8 +82,9 @@ def _stop_group(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
 def sandbox_dirs(sandbox_id: str | None = None) -> list[Path]:
     """Private directories of VM sandboxes under the temporary directory (only ``sandbox_id``'s, when
     given), sorted."""
-    pattern = f"{TMP_PREFIX}{sandbox_id}-*" if sandbox_id else f"{TMP_PREFIX}dv-*"
-    return sorted(p for p in Path(tempfile.gettempdir()).glob(pattern) if p.is_dir() and not p.is_symlink())
+    pattern = f"{TMP_PREFIX}{glob.escape(sandbox_id)}-*" if sandbox_id else f"{TMP_PREFIX}dv-*"
+    return sorted(p for p in Path(tempfile.gettempdir()).glob(pattern) if p.is_dir() and not p.is_symlink()
+                  and (sandbox_id is None or _sandbox_id(p) == sandbox_id))
 
 
 def _sandbox_id(path: Path) -> str:

@@ -245,13 +245,14 @@ def _hostile_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_an_uncaught_error_quoting_the_guest_is_shown_escaped_line_by_line(tmp_path):
-    """``up`` does not catch a failed start: the traceback still shows, with the guest's lines escaped
-    (typer's own traceback printed the message raw)."""
+    """A failed start of ``up`` is one error (exit 1) quoting the guest's output with each line escaped,
+    no traceback (typer's own traceback printed the message raw)."""
     from tests.controller.hostile_text import SHOWN, assert_shown_safely
 
     out = _hostile_cli(tmp_path, "up")
     assert out.returncode == 1, out.stderr
-    assert "Traceback" in out.stderr and "SandboxError: desktop exited; last output:\n" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "cannot start the sandbox: desktop exited; last output:\n" in out.stderr, out.stderr
     assert_shown_safely(out.stderr + out.stdout)
     assert SHOWN in out.stderr and "\nlast line" in out.stderr
 
@@ -262,8 +263,41 @@ def test_audit_and_down_show_backend_text_escaped_and_literally(tmp_path):
     audit = _hostile_cli(tmp_path, "audit")
     assert audit.returncode == 2 and "audit could not run: gateway exited:\n" + SHOWN in audit.stderr, audit.stderr
     assert "pulling " + SHOWN in audit.stderr
-    down = _hostile_cli(tmp_path, "down", "ds-1")
+    down = _hostile_cli(tmp_path, "down", "ds-0000aaaa")
     assert down.returncode == 0, down.stderr
     assert "removed 1: " + SHOWN in down.stderr and "skipped vm: no VM directory: " + SHOWN in down.stderr
     for out in (audit, down):
         assert_shown_safely(out.stderr + out.stdout)
+
+
+@pytest.mark.parametrize("bad_id", ["*", "dv", "dv-*", "dv-aaaa1111-r1/../other/*", "../../../victim", "ds-1",
+                                    "dv-aaaa1111/..", "ds-AAAA1111", "ds-aaaa1111\n"])
+def test_down_refuses_what_is_not_a_sandbox_id_and_touches_nothing(tmp_path, bad_id):
+    """An id is used in glob patterns and file names: anything but ``ds-``/``dv-`` + 8 hex is refused
+    (exit 2) before any backend is asked, so no sandbox, directory or file outside them is removed."""
+    tmp, runtime = tmp_path / "tmp", tmp_path / "run"
+    for name in ("desktop-sandbox-vm-dv-aaaa1111-r1", "desktop-sandbox-vm-dv-bbbb2222-r2", "other"):
+        (tmp / name).mkdir(parents=True)
+        (tmp / name / "keep").write_text("x")
+    (runtime / "desktop-sandbox").mkdir(parents=True)
+    victim = tmp_path / "victim.token"
+    victim.write_text("x")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp), XDG_RUNTIME_DIR=str(runtime))
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "down", bad_id, "--backend", "vm"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "not a sandbox id" in out.stderr, out.stderr
+    assert all((tmp / n / "keep").exists() for n in ("desktop-sandbox-vm-dv-aaaa1111-r1",
+                                                       "desktop-sandbox-vm-dv-bbbb2222-r2", "other"))
+    assert victim.exists()
+
+
+def test_down_of_one_vm_id_removes_only_that_sandbox(tmp_path):
+    tmp = tmp_path / "tmp"
+    for name in ("desktop-sandbox-vm-dv-aaaa1111-r1", "desktop-sandbox-vm-dv-aaaa11112-r2"):
+        (tmp / name).mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp), XDG_RUNTIME_DIR=str(tmp_path / "run"))
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "down", "dv-aaaa1111", "--backend", "vm"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert not (tmp / "desktop-sandbox-vm-dv-aaaa1111-r1").exists()
+    assert (tmp / "desktop-sandbox-vm-dv-aaaa11112-r2").exists()  # a longer id with the same prefix stays

@@ -130,6 +130,19 @@ GOOD_LINES = [
     ((1, '{"type": "action", "action": "click"}'), ["record.jsonl:2:", "action entry without ts"]),
     ((2, '{"ts": "2030-01-01T00:00:02.000+00:00", "type": "run_finished", "status": "passed", "reason": "\x1b[2J'),
      ["record.jsonl:3:", "not JSON"]),
+    # an entry type that is not a string, duplicate keys (which one would another tool take?), numbers
+    # JSON cannot carry (shown as inf, written back as null), integers past Python's conversion limit
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": ["action"]}'),
+     ["record.jsonl:2:", "unknown entry type"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": {"a": 1}}'), ["record.jsonl:2:", "unknown entry type"]),
+    ((2, GOOD_LINES[2].replace('"status": "passed"', '"status": "failed", "status": "passed"')),
+     ["record.jsonl:3:", "duplicate key 'status'"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": 1e309}'),
+     ["record.jsonl:2:", "out of range"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": NaN}'),
+     ["record.jsonl:2:", "NaN is not JSON"]),
+    ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": 1' + "0" * 5000 + '}'),
+     ["record.jsonl:2:", "not JSON"]),
 ])
 def test_report_refuses_malformed_and_newer_records_naming_file_and_line(tmp_path, change, needles):
     lines = list(GOOD_LINES)
@@ -188,3 +201,24 @@ def test_unicode_line_breaks_in_hostile_text_keep_one_entry_a_line(tmp_path):
     raw.write_text('{"type": "run_finished", "ts": "2030-01-01T00:00:00+00:00", "status": "failed", '
                    '"reason": "a\u2028b"}\n', encoding="utf-8")
     assert read_record(raw)[0]["reason"] == "a\u2028b"
+
+
+def test_report_refuses_a_fifo_without_blocking(tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "record.jsonl")
+    out = _report(run)
+    assert out.returncode == 2 and "not a regular file" in out.stderr, out.stderr
+
+
+def test_a_lone_surrogate_from_the_model_is_recorded_as_its_json_escape(tmp_path):
+    from controller.run.record import read_entries
+
+    rec = RunRecord(tmp_path, "r")
+    rec.write("run_finished", status="passed", final_message="a\ud800b")
+    rec.close()
+    raw = rec.path.read_bytes()
+    assert b"\\ud800" in raw
+    assert read_entries(rec.path)[-1].final_message == "a\ud800b"

@@ -533,3 +533,27 @@ def test_a_script_comment_must_be_text_and_a_huge_script_is_refused_unread(tmp_p
     monkeypatch.setattr(script, "MAX_SCRIPT_BYTES", 1000)
     with pytest.raises(script.ScriptError, match="larger than 1000 bytes"):
         script.load_script(big)
+
+
+def test_script_lines_are_split_at_newlines_only_and_hostile_files_are_refused(tmp_path):
+    import os
+
+    from controller.offline import script
+
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(json.dumps({"message": "a\u2028b\x85c\x0bd"}, ensure_ascii=False) + "\n"
+                  + '{"message": "second"}\n', encoding="utf-8")
+    turns = script.load_script(ok)
+    assert [t["message"] for t in turns] == ["a\u2028b\x85c\x0bd", "second"]
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(script.ScriptError, match="fifo.jsonl: cannot read: .*not a regular file"):
+        script.load_script(fifo)  # refused at once: opening a FIFO for reading would block
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"message": "done \\ud800 end"}\n')
+    with pytest.raises(script.ScriptError, match="surrogate.jsonl:1: a string holds a lone UTF-16 surrogate"):
+        script.load_script(surrogate)
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"actions": [{"type": "click", "x": 1' + "0" * 5000 + ', "y": 1, "button": "left"}]}\n')
+    with pytest.raises(script.ScriptError, match="big.jsonl:1: "):
+        script.load_script(big)

@@ -171,3 +171,16 @@ def test_defaults(tmp_path):
     assert task.max_steps == 20 and task.model.max_width == 1280 and len(task.checks) == 1
     with pytest.raises(ValueError, match="no \\[offline\\]"):
         task.offline_script_path()
+
+
+def test_a_task_that_is_a_fifo_or_holds_a_huge_integer_is_refused_in_one_line(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(TaskError, match="fifo.toml: cannot read: .*not a regular file"):
+        load_task(fifo)
+    with pytest.raises(TaskError, match="big.toml: "):
+        big = tmp_path / "big.toml"
+        big.write_text(BASE + CHECK + "max_steps = 1" + "0" * 5000 + "\n")
+        load_task(big)
