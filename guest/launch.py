@@ -41,6 +41,8 @@ from pathlib import Path
 
 LAUNCH_SOCKET_ENV = "AGENT_LAUNCH_SOCKET"
 """Environment variable naming the launch broker's socket; unset or empty: launch directly."""
+ENV_PROGRAM = "/usr/bin/env"
+"""coreutils ``env``: the broker starts ``env -C HOME ARGV...`` so the directory is entered as the user."""
 BROKER_MAX_REQUEST = 64 * 1024
 """Largest request line (bytes) the broker reads."""
 BROKER_TIMEOUT_S = 10.0
@@ -202,9 +204,12 @@ class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return {"error": "argv does not start with an allowlisted program"}
         env = dict(self.base_env, DISPLAY=display, HOME=self.user.pw_dir, USER=self.user.pw_name,
                    LOGNAME=self.user.pw_name, SHELL=self.user.pw_shell)
+        # The working directory is entered as the user (``env -C``, after the switch): the broker's
+        # uid 0 holds no CAP_DAC_OVERRIDE, so it may not enter the user's 0750 home itself.
+        home = self.user.pw_dir if os.path.isdir(self.user.pw_dir) else "/"
         try:
             proc = subprocess.Popen(  # noqa: S603 - allowlisted argv, never a shell
-                argv, env=env, cwd=self.user.pw_dir if os.path.isdir(self.user.pw_dir) else "/", user=self.user.pw_uid, group=self.user.pw_gid,
+                [ENV_PROGRAM, "-C", home, *argv], env=env, cwd="/", user=self.user.pw_uid, group=self.user.pw_gid,
                 extra_groups=[], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )
@@ -219,7 +224,8 @@ def serve_broker(path: str, client: str, user: str, apps_file: str) -> None:
     must be closed to ``user``) until killed: from processes of user ``client`` only, argv starting with
     an entry of the ``apps_file`` allowlist, each started as ``user`` (its uid, gid and no other groups;
     ``HOME``/``USER``/``LOGNAME``/``SHELL`` and ``DISPLAY`` set, the rest of the broker's environment
-    kept, cwd its home (``/`` when missing), own session, stdio on /dev/null) and reaped here.
+    kept, cwd its home, entered as that user (the program does not start when it cannot), own session,
+    stdio on /dev/null) and reaped here.
 
     Raises KeyError for an unknown user, ValueError for a bad allowlist, OSError when ``path`` cannot
     be bound.

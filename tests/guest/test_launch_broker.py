@@ -46,6 +46,11 @@ def test_launch_through_broker_runs_as_the_target_user(tmp_path):
     pid = Launcher({"sleep": SLEEP}, ":99", broker=path).launch("sleep", ["30"])
     try:
         assert _uid(pid) == pwd.getpwnam("nobody").pw_uid
+        # started as ``env -C HOME /bin/sleep 30``: env enters the directory as the user, then execs
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:1] != [b"/bin/sleep"]:
+            assert time.monotonic() < deadline, Path(f"/proc/{pid}/cmdline").read_bytes()
+            time.sleep(0.01)  # poll interval while env execs the program
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"/bin/sleep", b"30"]
     finally:
         os.kill(pid, 9)
