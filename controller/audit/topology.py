@@ -136,13 +136,3 @@ def host_addresses() -> list[str]:
         if not address.startswith("127.") and address not in found:
             found.append(address)
     return found
-
-
-def _network_gateway(network: Any) -> Optional[str]:
-    """The IPv4 gateway (the host's bridge address) of a docker.models.networks.Network, or None."""
-    network.reload()
-    for config in network.attrs.get("IPAM", {}).get("Config") or []:
-        gateway = config.get("Gateway")
-        if gateway and "." in gateway:
-            return gateway.split("/")[0]
-    return None

@@ -4,8 +4,8 @@ Python's ``json`` module maps JSON onto Python types whose equality is looser th
 1`` and ``false == 0`` hold in Python, a duplicate object key silently keeps its last value, and
 ``NaN``/``Infinity`` (not JSON) parse. Here:
 
-* :func:`loads` parses strict JSON (RFC 8259): a duplicate key anywhere in an object, or a ``NaN``,
-  ``Infinity`` or ``-Infinity`` token, makes the text invalid (:class:`ValueError`, the
+* :func:`loads` parses strict JSON (RFC 8259): a duplicate key anywhere in an object, a ``NaN``,
+  ``Infinity`` or ``-Infinity`` token, or a number no double holds (``1e309``) makes the text invalid (:class:`ValueError`, the
   ``json.JSONDecodeError`` subclass for syntax errors).
 * :func:`equal` compares two parsed values by JSON's data model: ``true``, ``false`` and ``null`` are
   their own kinds, never numbers; numbers compare by value (``2`` and ``2.0`` are the same JSON number);
@@ -39,10 +39,18 @@ def _no_constant(token: str) -> Any:
     raise ValueError(f"{token} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
 def loads(text: str) -> Any:
-    """The value of ``text`` as strict JSON. Raises ValueError (duplicate key, NaN/Infinity) or
-    ``json.JSONDecodeError`` (a ValueError: bad syntax)."""
-    return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
+    """The value of ``text`` as strict JSON. Raises ValueError (duplicate key, NaN/Infinity, a number
+    too large for a double such as ``1e309``, an integer past Python's digit limit) or
+    ``json.JSONDecodeError`` (a ValueError: bad syntax); RecursionError when nested too deeply."""
+    return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
 
 
 def _kind(value: Any) -> str:

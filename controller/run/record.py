@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import secrets
 import threading
 from pathlib import Path
@@ -32,6 +31,7 @@ from controller.run.entries import (
     NetworkLog, RunFinished, RunStarted, Screenshot, as_entry, entry_format,
 )
 from controller.run.progress import expectation_text, observed_text
+from controller.run import json_semantics
 from controller.validation import read_input_file
 from controller.text import clean
 
@@ -150,26 +150,6 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 """Largest record file :func:`read_entries` reads (a run writes a few hundred KiB)."""
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"duplicate key {key[:40]!r}")
-        seen[key] = value
-    return seen
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range")
-    return value
-
-
-def _no_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
-
-
 def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
     """The record file and its non-blank lines parsed as JSON, with their line numbers (1-based)."""
     path = Path(path)
@@ -187,8 +167,7 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
         if not line.strip():
             continue
         try:
-            parsed.append((number, json.loads(line, object_pairs_hook=_unique_keys, parse_float=_finite,
-                                              parse_constant=_no_constant)))
+            parsed.append((number, json_semantics.loads(line)))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, and the hooks' refusals
             raise ValueError(f"{path}:{number}: not JSON: {' '.join(str(exc).split())[:200]}") from None
     return path, parsed
