@@ -50,6 +50,9 @@ guest never describes actions.
 
 Adding an action type: a model here (with its ``example``), listed in :data:`ACTION_MODELS`, and the
 guest executor's handler (``guest.actions.Executor._do_<type>``).
+
+Over 400 lines: this is the one home of the action vocabulary -- the models, both reading forms, the
+descriptions and the rendered reference -- so that nothing else defines an action.
 """
 
 from __future__ import annotations
