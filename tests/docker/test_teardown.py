@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -92,7 +93,7 @@ def test_killed_run_is_reaped(docker_client, desktop_image, test_labels):
 
 def test_cli_down_removes_a_sandbox(docker_client, test_labels):
     """`desktop-sandbox down ID` removes everything labelled with that id (here: a leftover network)."""
-    sandbox_id = f"ds-test{os.getpid():x}{int(time.time()) % 100000:x}"
+    sandbox_id = f"ds-{secrets.token_hex(4)}"  # an id as the backend makes them (`down` accepts no other)
     docker_client.networks.create(f"{sandbox_id}-internal", internal=True,
                                   labels={LABEL_SANDBOX: sandbox_id, **test_labels})
     out = subprocess.run([sys.executable, "-m", "controller.cli", "down", sandbox_id], cwd=REPO,
@@ -139,7 +140,7 @@ def test_down_all_after_a_killed_up(cli_run, desktop_image, docker_client, test_
     run.wait_for("the token file", lambda r: bool(r.token_files()))
     run.kill()
     assert run.leftovers() and run.token_files(), "SIGKILL cannot clean up: sandbox and token file remain"
-    other = f"ds-test{os.getpid():x}{int(time.time()) % 100000:x}"
+    other = f"ds-{secrets.token_hex(4)}"
     docker_client.networks.create(f"{other}-internal", internal=True,
                                   labels={LABEL_SANDBOX: other, LABEL_OWNER: "elsewhere:1", **test_labels})
     try:
