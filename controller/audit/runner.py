@@ -134,7 +134,7 @@ def wait_for_proxy(topology: AuditTopology, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise GatewayNotListening(f"gateway proxy not listening after {timeout:.0f}s:\n"
                                       f"{clean_lines(topology.gateway_log(30), 4000)}")
-        time.sleep(delay)
+        time.sleep(delay)  # poll interval of a condition wait (proxy listening), bounded by the deadline
         delay = min(delay * 1.5, 0.5)
 
 

@@ -158,7 +158,7 @@ class AuditTargets:
                                              f"{clean_lines(output, 2000)}")
                 if time.monotonic() > deadline:
                     raise AuditTargetsFailed(f"audit target {container.name} not ready after {timeout:.0f}s")
-                time.sleep(delay)
+                time.sleep(delay)  # poll interval of a condition wait (target ready), bounded by the deadline
                 delay = min(delay * 1.5, 0.5)
 
     @property
@@ -195,7 +195,7 @@ class AuditTargets:
                 return True
             if time.monotonic() > deadline:
                 return False
-            time.sleep(delay)
+            time.sleep(delay)  # poll interval of a condition wait (hits recorded), bounded by the deadline
             delay = min(delay * 1.5, 0.25)
 
     def hits(self) -> list[dict[str, Any]]:

@@ -57,7 +57,7 @@ def wait_agent_ready(
                 raise SandboxError(
                     f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {clean_lines(describe())}"
                 )
-            time.sleep(delay)
+            time.sleep(delay)  # poll interval of a condition wait (agent ready), bounded by the deadline
             delay = min(delay * 1.5, 0.5)
 
 

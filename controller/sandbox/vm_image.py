@@ -83,7 +83,7 @@ def _kvm_boots(qemu: str, kernel: Path, timeout: float = 6.0) -> bool:
                     break
                 if proc.poll() is not None:
                     break
-                time.sleep(0.1)
+                time.sleep(0.1)  # poll interval while the build runs (ends when it exits)
         finally:
             _stop_group(proc, grace=0.5)
     _KVM_PROBE[key] = ok

@@ -144,7 +144,7 @@ def _stop_pid(pid: int, path: Path) -> bool:
             return True
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline and _cmdline_has(pid, str(path) + "/"):
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll interval until the process is gone, bounded by STOP_WAIT_S
         if not _cmdline_has(pid, str(path) + "/"):
             break
     if own_group:

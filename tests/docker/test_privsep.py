@@ -146,7 +146,7 @@ _TAKE_PORT = (
     "            os.kill(pid, 0)\n"
     "        except PermissionError:\n"
     "            print('REFUSED', err); sys.exit(0)\n"
-    "    time.sleep(0.01)\n"
+    "    time.sleep(0.01)  # poll interval of the take-over attempts, bounded by the deadline\n"
     "sys.exit(1)\n"
 )
 

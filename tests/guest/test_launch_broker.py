@@ -37,7 +37,7 @@ def _broker(tmp_path: Path, client: str) -> str:
     deadline = time.monotonic() + 10
     while not os.path.exists(path):
         assert time.monotonic() < deadline, "broker did not bind"
-        time.sleep(0.01)
+        time.sleep(0.01)  # poll interval until the broker binds, bounded by the deadline
     return path
 
 
