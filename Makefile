@@ -5,6 +5,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 GATEWAY_VENV ?= build/gateway-venv
 TASK ?= tasks/pickup.toml
+ARGS ?=
 IMAGE ?= desktop-sandbox:latest
 export PYTHONUNBUFFERED := 1
 export DESKTOP_SANDBOX_GATEWAY_PYTHON ?= $(abspath $(GATEWAY_VENV))/bin/python
@@ -13,7 +14,7 @@ export DESKTOP_SANDBOX_GATEWAY_PYTHON ?= $(abspath $(GATEWAY_VENV))/bin/python
 
 help:
 	@echo "make desktop    build the guest image (imports a Debian base with debootstrap when no registry)"
-	@echo "make run-task   run TASK=$(TASK): offline exercise without OPENAI_API_KEY, live model with it"
+	@echo "make run-task   run TASK=$(TASK): offline exercise without OPENAI_API_KEY, live model with it [ARGS=--ui]"
 	@echo "make test       run every test (needs Xvfb, Docker, QEMU; see README)"
 	@echo "make audit      probe the sandbox's network policy from inside the guest [POLICY=file]"
 	@echo "make bench      measure action, screenshot and settle latency (loopback vs xdotool/import, Docker sandbox vs its floor)"
@@ -35,7 +36,7 @@ desktop: deps
 	$(PYTHON) -m controller.cli build --tag $(IMAGE)
 
 run-task: deps
-	$(PYTHON) -m controller.cli run-task $(TASK) --image $(IMAGE)
+	$(PYTHON) -m controller.cli run-task $(TASK) --image $(IMAGE) $(ARGS)
 
 test: deps
 	$(PYTHON) -m pytest -q -rs

@@ -1,11 +1,15 @@
-"""Approvals: pending safety checks and the before_action policy.
+"""Approvals: pending safety checks and the before_action policy, asked through the approval registry.
 
 Rules (from the SDK's computer-use contract):
 - a computer_call with pending safety checks runs only after an explicit yes; the SDK treats only
   exactly ``True`` as approval, and a denial means none of that call's actions run and nothing is
   acknowledged;
-- without a terminal and without an approver, the answer is no, with a clear message -- never an
-  automatic yes;
+- every question is a request in the run's :class:`controller.run.registry.ApprovalRegistry`; the
+  terminal prompt and the web console are two views of it and the first answer wins (the terminal
+  says "answered in the console" and stops asking); the deadline (``--approval-timeout``) denies;
+  cancellation withdraws the request and nothing of it runs;
+- without a terminal and without a console, the answer is no, with a clear message -- never an
+  automatic yes; with a console and no terminal, the request waits for the console until its deadline;
 - ``--approve-safety-check CODE`` is the explicit opt-in for unattended runs: a call is approved
   without asking only when every one of its checks has an opted-in code, and that is logged;
 - before_action is off by default; ``--confirm-actions type,keypress`` asks before those action
@@ -13,14 +17,16 @@ Rules (from the SDK's computer-use contract):
 - typed text is shown only in a question to a person; unattended output (opt-in approvals, denials
   for lack of a terminal) and the record show its length instead.
 
-Every decision is reported through ``on_decision`` (the run record's ``approval`` entries). Text that
-comes from the model (call ids, check codes and messages, keys) is printed literally, never as
-console markup or ``:emoji:`` codes, with control and format characters escaped
+Every decision is reported through ``on_decision`` (the run record's ``approval`` entries: who
+answered -- terminal, console, timeout, opt-in, no-approver, cancel --, the request id and how long it
+took). Text that comes from the model (call ids, check codes and messages, keys) is printed literally,
+never as console markup or ``:emoji:`` codes, with control and format characters escaped
 (:func:`controller.text.clean`).
 """
 
 from __future__ import annotations
 
+import select
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -28,29 +34,51 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.markup import escape
 
+from controller.run.registry import AnswerRefused, ApprovalRegistry, Request
 from controller.text import clean
 from wire.actions import describe
 
-# An approver answers a question with the raw text the person typed (or None: cannot ask).
+# An approver answers a question with the raw text the person typed (or None: cannot ask / no answer).
 Asker = Callable[[str], "str | None"]
 
 YES = {"y", "yes"}
 
+POLL_S = 0.1
+"""How often the terminal prompt looks whether another view answered (seconds)."""
 
-def terminal_asker(console: Console | None = None) -> Asker | None:
-    """An asker reading from the controlling terminal, or None when stdin is not a terminal. The
-    question is printed literally (no markup, no emoji codes)."""
+
+class TerminalAsker:
+    """Asks on the controlling terminal (``console`` prints the question literally: no markup, no
+    emoji codes). ``asker(question)`` waits for a line; :meth:`ask_until` also stops, returning None,
+    as soon as ``done()`` is true (another view answered, the deadline passed, the run was cancelled),
+    so the terminal never keeps a line that was meant for a question already decided."""
+
+    def __init__(self, console: Console, stream: Any = None) -> None:
+        self.console = console
+        self.stream = stream or sys.stdin
+
+    def __call__(self, question: str) -> str | None:
+        return self.ask_until(question, lambda: False)
+
+    def ask_until(self, question: str, done: Callable[[], bool]) -> str | None:
+        """The line typed (without its newline), or None on end of input or when ``done()``."""
+        self.console.print(f"{question} [y/N] ", end="", markup=False, emoji=False, highlight=False)
+        self.console.file.flush()
+        while True:
+            if done():
+                self.console.print("", markup=False)
+                return None
+            ready, _, _ = select.select([self.stream], [], [], POLL_S)
+            if ready:
+                line = self.stream.readline()
+                return None if line == "" else line.rstrip("\r\n")
+
+
+def terminal_asker(console: Console | None = None) -> TerminalAsker | None:
+    """A :class:`TerminalAsker` on stdin, or None when stdin is not a terminal."""
     if not sys.stdin.isatty():
         return None
-    out = console or Console(stderr=True, emoji=False)
-
-    def ask(question: str) -> str | None:
-        try:
-            return out.input(f"{question} [y/N] ", markup=False, emoji=False)
-        except EOFError:
-            return None
-
-    return ask
+    return TerminalAsker(console or Console(stderr=True, emoji=False))
 
 
 def describe_action(action: Any, *, redact: bool = False) -> str:
@@ -77,8 +105,9 @@ def _actions_of(call: Any) -> list[Any]:
 
 @dataclass
 class Decision:
-    """One approval decision: ``what`` (safety_check | action), ``decision`` (approved | denied),
-    ``by`` (terminal | opt-in | approver | no-approver | policy), plus details for the record."""
+    """One approval decision: ``what`` (safety_check | action), ``decision`` (approved | denied |
+    withdrawn), ``by`` (terminal | console | timeout | opt-in | no-approver | cancel), ``request_id``
+    (the registry's; None for an opt-in), ``latency_ms`` (asked to decided), plus details for the record."""
 
     what: str
     decision: str
@@ -88,17 +117,70 @@ class Decision:
     check_ids: list[str] = field(default_factory=list)
     action: str | None = None
     message: str | None = None
+    request_id: str | None = None
+    latency_ms: float | None = None
+    screenshot: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
 
 
-class SafetyCheckApprover:
+class _Asking:
+    """What both callbacks share: the registry, the terminal, the views, and asking one request."""
+
+    def __init__(self, *, asker: Asker | None, console: Console | None,
+                 on_decision: Callable[[Decision], None] | None, registry: ApprovalRegistry | None,
+                 screenshot: Callable[[], str | None] | None) -> None:
+        self.asker = asker
+        self.console = console or Console(stderr=True, emoji=False)
+        self.on_decision = on_decision
+        self.registry = registry or ApprovalRegistry()
+        self.screenshot = screenshot
+
+    @property
+    def anyone(self) -> bool:
+        """Whether a person can be asked at all (a terminal, or a view such as the console)."""
+        return self.asker is not None or bool(self.registry.views)
+
+    def _emit(self, decision: Decision) -> None:
+        if self.on_decision is not None:
+            self.on_decision(decision)
+
+    def ask(self, request: Request, question: str, cancelled: Callable[[], bool] | None) -> Request:
+        """Ask on the terminal (if any) while every view may answer; wait for the decision."""
+        registry = self.registry
+        done = (lambda: not request.pending or (cancelled is not None and cancelled())
+                or request.seconds_left() == 0)
+        if self.asker is not None:
+            if registry.views:
+                _say(self.console, "  (the console can answer too: the first answer counts)")
+            ask_until = getattr(self.asker, "ask_until", None)
+            answer = ask_until(question, done) if ask_until is not None else self.asker(question)
+            if request.pending and (answer is not None or not (registry.views or done())):
+                approved = answer is not None and answer.strip().lower() in YES
+                try:
+                    registry.answer(request.id, "approve" if approved else "deny", by="terminal")
+                except AnswerRefused:
+                    pass  # decided elsewhere in the meantime: that answer counts
+        registry.wait(request, cancelled)
+        if request.by not in ("terminal", None):
+            _say(self.console, f"  {'answered in the console' if request.by == 'console' else request.by}: "
+                               f"{request.state}{f' ({clean(request.reason, 200)})' if request.reason else ''}")
+        return request
+
+    def open(self, kind: str, question: str, **fields: Any) -> Request:
+        shot = self.screenshot() if self.screenshot is not None else None
+        return self.registry.open(kind, question, screenshot=shot, **fields)
+
+
+class SafetyCheckApprover(_Asking):
     """``approve_safety_checks`` callback for ``ComputerToolset.run``.
 
-    ``asker``: asks a person (None: nobody to ask); ``auto_codes``: safety-check codes opted in for
-    unattended approval; ``console``: where checks are shown; ``on_decision``: gets each
-    :class:`Decision`. Returns exactly True only on an explicit yes or a full opt-in match.
+    ``asker``: asks a person on the terminal (None: no terminal); ``auto_codes``: safety-check codes
+    opted in for unattended approval; ``console``: where checks are shown; ``on_decision``: gets each
+    :class:`Decision`; ``registry``: the run's approval registry (a private one when None);
+    ``screenshot``: gives the record's file name of the screenshot the model last saw. Returns
+    exactly True only on an explicit approval by a person or a full opt-in match.
     """
 
     def __init__(
@@ -108,17 +190,14 @@ class SafetyCheckApprover:
         auto_codes: Iterable[str] = (),
         console: Console | None = None,
         on_decision: Callable[[Decision], None] | None = None,
+        registry: ApprovalRegistry | None = None,
+        screenshot: Callable[[], str | None] | None = None,
     ) -> None:
-        self.asker = asker
+        super().__init__(asker=asker, console=console, on_decision=on_decision, registry=registry,
+                         screenshot=screenshot)
         self.auto_codes = set(auto_codes)
-        self.console = console or Console(stderr=True, emoji=False)
-        self.on_decision = on_decision
 
-    def _emit(self, decision: Decision) -> None:
-        if self.on_decision is not None:
-            self.on_decision(decision)
-
-    def __call__(self, call: Any) -> bool:
+    def __call__(self, call: Any, cancelled: Callable[[], bool] | None = None) -> bool:
         checks = list(call.pending_safety_checks or [])
         codes = [c.code or "" for c in checks]
         ids = [c.id for c in checks]
@@ -133,8 +212,9 @@ class SafetyCheckApprover:
         # A check without a code is never covered by an opt-in: there is nothing the person opted in to.
         opted_in = bool(checks) and all(c.code and c.code in self.auto_codes for c in checks)
         # Typed text is shown only to a person who is asked; unattended output may end up in logs.
-        redact = opted_in or self.asker is None
-        for action in _actions_of(call):
+        redact = opted_in or not self.anyone
+        actions = _actions_of(call)
+        for action in actions:
             _say(self.console, f"    {describe_action(action, redact=redact)}")
         base = dict(what="safety_check", call_id=call.call_id, codes=codes, check_ids=ids)
         if opted_in:
@@ -142,24 +222,31 @@ class SafetyCheckApprover:
             _say(self.console, f"  approved by opt-in (--approve-safety-check {shown})")
             self._emit(Decision(decision="approved", by="opt-in", **base))
             return True
-        if self.asker is None:
+        request = self.open("safety_check", "Approve these safety checks and run the call's actions?",
+                            call_id=call.call_id,
+                            checks=[{"id": c.id, "code": c.code, "message": c.message} for c in checks],
+                            actions=[describe_action(a) for a in actions])
+        if not self.anyone:
             msg = ("denied: no terminal to ask and no approver; pass --approve-safety-check CODE "
                    "to approve these codes for an unattended run")
             _say(self.console, f"  [red]{msg}[/]", markup=True)
-            self._emit(Decision(decision="denied", by="no-approver", message=msg, **base))
+            self.registry.deny(request, by="no-approver", reason=msg)
+            self._emit(Decision(decision="denied", by="no-approver", message=msg, request_id=request.id,
+                                latency_ms=request.latency_ms, screenshot=request.screenshot, **base))
             return False
-        answer = self.asker("Approve these safety checks and run the call's actions?")
-        approved = answer is not None and answer.strip().lower() in YES
-        self._emit(Decision(decision="approved" if approved else "denied", by="terminal",
-                            message=None if answer is None else f"answer {answer.strip()!r}", **base))
-        return True if approved else False
+        self.ask(request, "Approve these safety checks and run the call's actions?", cancelled)
+        self._emit(Decision(decision=request.state, by=request.by or "terminal", message=request.reason,
+                            request_id=request.id, latency_ms=request.latency_ms,
+                            screenshot=request.screenshot, **base))
+        return True if request.approved else False
 
 
-class ActionGate:
+class ActionGate(_Asking):
     """``before_action`` callback: asks before action types in ``confirm`` (or all, in step mode).
 
     Actions not covered are allowed without asking (and not logged, to keep the record small).
-    With nobody to ask, a covered action is denied with a clear message.
+    With nobody to ask, a covered action is denied with a clear message. ``registry``,
+    ``screenshot``: as for :class:`SafetyCheckApprover`.
     """
 
     def __init__(
@@ -170,34 +257,33 @@ class ActionGate:
         asker: Asker | None,
         console: Console | None = None,
         on_decision: Callable[[Decision], None] | None = None,
+        registry: ApprovalRegistry | None = None,
+        screenshot: Callable[[], str | None] | None = None,
     ) -> None:
+        super().__init__(asker=asker, console=console, on_decision=on_decision, registry=registry,
+                         screenshot=screenshot)
         self.confirm = set(confirm)
         self.step = step
-        self.asker = asker
-        self.console = console or Console(stderr=True, emoji=False)
-        self.on_decision = on_decision
 
     @property
     def active(self) -> bool:
         """Whether the gate asks about anything at all (otherwise the runner passes no callback)."""
         return self.step or bool(self.confirm)
 
-    def __call__(self, action: Any) -> bool:
+    def __call__(self, action: Any, cancelled: Callable[[], bool] | None = None) -> bool:
         kind = action.get("type") if isinstance(action, dict) else action.type
         if not (self.step or kind in self.confirm):
             return True
         text = describe_action(action)
         logged = describe_action(action, redact=True)
-        if self.asker is None:
+        if not self.anyone:
             msg = "denied: confirmation required but there is no terminal to ask"
             _say(self.console, f"[red]{escape(logged)}: {msg}[/]", markup=True)
-            if self.on_decision:
-                self.on_decision(Decision(what="action", decision="denied", by="no-approver", action=logged,
-                                          message=msg))
+            self._emit(Decision(what="action", decision="denied", by="no-approver", action=logged, message=msg))
             return False
-        answer = self.asker(f"Run {text}?")
-        approved = answer is not None and answer.strip().lower() in YES
-        if self.on_decision:
-            self.on_decision(Decision(what="action", decision="approved" if approved else "denied", by="terminal",
-                                      action=logged))
-        return True if approved else False
+        request = self.open("action", f"Run {text}?", actions=[text])
+        self.ask(request, f"Run {text}?", cancelled)
+        self._emit(Decision(what="action", decision=request.state, by=request.by or "terminal", action=logged,
+                            message=request.reason, request_id=request.id, latency_ms=request.latency_ms,
+                            screenshot=request.screenshot))
+        return True if request.approved else False

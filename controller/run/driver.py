@@ -133,6 +133,9 @@ class SandboxDriver(_ComputerDriverBase):
         self.last_error: str | None = None
         self.screenshots_sent = 0
         self._input_since_capture = False
+        self.before_step: Callable[[bool], None] | None = None
+        """Called before each action (``False``) and before each screenshot the SDK asks for
+        (``True``): the web console's take-over gate (:meth:`controller.run.live.LiveRun.checkpoint`)."""
 
     # -- helpers -------------------------------------------------------------------------------
     def _space(self) -> ModelSpace:
@@ -175,6 +178,8 @@ class SandboxDriver(_ComputerDriverBase):
     def _act(self, action: Any) -> None:
         """Map one action and send it; ``last_error`` says why when either step fails."""
         self.last_error = None
+        if self.before_step is not None:
+            self.before_step(False)
         try:
             mapped = self.to_screen_action(action)
         except Exception as exc:
@@ -220,6 +225,8 @@ class SandboxDriver(_ComputerDriverBase):
 
         The model space is updated to the image actually sent.
         """
+        if self.before_step is not None:
+            self.before_step(True)
         shot = self.capture()
         return {"type": "computer_screenshot", "image_url": shot.data_url}
 

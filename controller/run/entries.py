@@ -26,8 +26,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 1
-"""The record format this code writes and the newest it reads."""
+FORMAT = 2
+"""The record format this code writes and the newest it reads. Format 2 added the approval registry's
+fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``) and the
+``human_action`` and ``takeover`` entries; a format-1 record reads unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -148,17 +150,44 @@ class Screenshot(_Entry):
 
 class Approval(_Entry):
     """A decision on a safety check or an action (``what``: safety_check | action), or an opt-in
-    given on the command line (``what``: opt-in, ``codes`` approved unattended)."""
+    given on the command line (``what``: opt-in, ``codes`` approved unattended). ``decision``:
+    approved | denied | withdrawn (the run was cancelled while it was pending: nothing of it ran);
+    ``by``: who decided -- terminal | console (a person), timeout (``--approval-timeout`` passed: a
+    deny), opt-in, no-approver (nobody could be asked: a deny), cancel, command line; ``request_id``:
+    the approval registry's id; ``latency_ms``: from asking to the decision; ``screenshot``: the file
+    of the screenshot the model had when it asked. ``action`` shows typed text as its length only."""
 
     type: Literal["approval"] = "approval"
     what: Literal["safety_check", "action", "opt-in"]
-    decision: Literal["approved", "denied"]
+    decision: Literal["approved", "denied", "withdrawn"]
     by: str
     call_id: Optional[str] = None
     codes: list[Optional[str]] = Field(default_factory=list)
     check_ids: list[Optional[str]] = Field(default_factory=list)
     action: Optional[str] = None
     message: Optional[str] = None
+    request_id: Optional[str] = None
+    latency_ms: Optional[float] = Field(None, ge=0)
+    screenshot: Optional[str] = None
+
+
+class HumanAction(_Entry):
+    """An action a person performed from the console while they had control (after ``takeover``):
+    ``action`` described in screen px, typed text as its length only (the text a person typed never
+    enters the record); ``by``: the view it came from (console)."""
+
+    type: Literal["human_action"] = "human_action"
+    action: str
+    by: str = "console"
+
+
+class Takeover(_Entry):
+    """Control of the desktop changed hands at a step boundary: ``control`` human (a person took over:
+    the model loop waits) or model (the person resumed the run); ``by``: the view (console)."""
+
+    type: Literal["takeover"] = "takeover"
+    control: Literal["human", "model"]
+    by: str = "console"
 
 
 class Network(_Entry):
@@ -254,16 +283,16 @@ class RunFinished(_Entry):
 
 
 Entry = Annotated[
-    Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, Network, NetworkLog, Check,
-          Expectation, RunFinished],
+    Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
+          NetworkLog, Check, Expectation, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
 
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
-    for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, Network, NetworkLog, Check,
-                Expectation, RunFinished)
+    for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
+                NetworkLog, Check, Expectation, RunFinished)
 }
 """Entry model per ``type``."""
 
@@ -319,6 +348,7 @@ def reference_markdown() -> str:
 
 __all__ = [
     "ENTRY_TYPES", "FORMAT", "Action", "Approval", "Check", "ComputerCall", "Entry", "EntryError", "Expectation",
+    "HumanAction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
     "UnmetExpectation", "Usage", "as_entry", "entry_format", "problem", "reference_markdown",
 ]

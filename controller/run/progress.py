@@ -29,8 +29,8 @@ from typing import Any
 from rich.console import Console
 
 from controller.run.entries import (
-    Action, Approval, Check, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted,
-    UnmetExpectation, Usage, as_entry,
+    Action, Approval, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
+    RunStarted, Takeover, UnmetExpectation, Usage, as_entry,
 )
 from controller.text import SHORT, clean
 from wire.actions import describe
@@ -153,6 +153,11 @@ class RunPrinter:
                     self.line(f"  action {clean(entry.action, 20)} failed: {clean(entry.error, 200)}", style="red")
                 case Approval():
                     self._on_approval(entry)
+                case HumanAction():
+                    self.line(f"  person ({clean(entry.by, 20)}): {clean(entry.action, 120)}", style="cyan")
+                case Takeover():
+                    self.line("control: a person took over the desktop; the model waits" if entry.control == "human"
+                              else "control: handed back to the model", style="cyan")
                 case Expectation() if entry.met:
                     self.line(f"  screen: {expectation_text(entry)}")
                 case Expectation():
@@ -212,3 +217,5 @@ class RunPrinter:
                       style=style)
         else:
             self.line(f"  approval: action {clean(e.action or '?', 80)} {decision} ({by})", style=style)
+        if e.latency_ms is not None and e.by in ("terminal", "console"):
+            self.line(f"    answered in {e.latency_ms / 1000:.1f}s")

@@ -194,6 +194,8 @@ class RecordingHooks:
         self.network = network
         self.current_call: str | None = None
         self.action_count = 0
+        self.last_screenshot: str | None = None
+        """File name of the last screenshot sent to the model (what an approval was asked on)."""
 
     def _poll(self) -> None:
         if self.network is not None:
@@ -244,9 +246,10 @@ class RecordingHooks:
 
     def on_screenshot(self, shot: SentScreenshot) -> None:
         """An image sent to the model: stored beside the record."""
-        self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
-                                    screen_size=shot.screen_size, reencoded=shot.reencoded,
-                                    call_id=self.current_call)
+        entry = self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
+                                            screen_size=shot.screen_size, reencoded=shot.reencoded,
+                                            call_id=self.current_call)
+        self.last_screenshot = entry.file
 
     def on_decision(self, decision: ApprovalDecision) -> None:
         """An approval decision (safety check or action)."""

@@ -41,8 +41,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, terminal_asker
+from controller.run.live import LiveRun
+from controller.run.registry import ApprovalRegistry
 from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
-from controller.run.entries import Approval, Check
+from controller.run.entries import Approval, Check, HumanAction, Takeover
 from controller.run.model_client import live_client, offline_client
 from controller.run.progress import RunPrinter, clean, make_console
 from controller.run.record import RunRecord, new_run_id, print_summary, read_entries
@@ -70,7 +72,11 @@ class RunOptions:
     live model (default ``$OPENAI_MODEL`` or :data:`DEFAULT_MODEL`). ``script``: override the task's
     offline script. ``approve_codes``: safety-check codes approved unattended (opt-in, logged).
     ``confirm_actions``: action types to confirm; ``step``: confirm every action. ``asker``: who
-    answers questions (default: the terminal when there is one, else nobody -> deny).
+    answers questions on the terminal (default: the terminal when there is one, else nobody).
+    ``approval_timeout_s``: seconds a question waits for an answer before it is denied (None: no
+    deadline). ``on_live``: called once with the run's :class:`controller.run.live.LiveRun` when a
+    view (the web console) follows the run; questions then wait for the console too, also without a
+    terminal.
     """
 
     runs_dir: Path = Path("runs")
@@ -85,6 +91,8 @@ class RunOptions:
     asker: Any = _UNSET
     home: str | None = None
     ready_timeout_s: float = 90.0
+    approval_timeout_s: float | None = 300.0
+    on_live: Callable[[LiveRun], None] | None = None
     signals_before: list[int] = field(default_factory=list)
     """Signals that came before the run (the CLI notes them while it prepares): when this list holds
     one once run_task's own handlers are in place, the run ends ``cancelled`` before anything starts."""
@@ -135,6 +143,13 @@ class _Cancel:
     def set(self, why: str) -> None:
         self.signal = self.signal or why
         self.is_set = True
+
+    def set_by_view(self, by: str, registry: ApprovalRegistry) -> None:
+        """Cancel from a view (the web console's **Cancel run**): as a first Ctrl-C, and every pending
+        approval is withdrawn at once."""
+        self.set(by)
+        self._notes.append(f"{by}: cancelling: the action under way is stopped, inputs released, the sandbox removed")
+        registry.withdraw_all("run cancelled")
 
     @contextlib.contextmanager
     def installed(self, console: Console, interruptible: bool = True) -> Iterator[None]:
@@ -257,7 +272,16 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         legacy = bool(task.offline and task.offline.legacy)
     asker: Asker | None = terminal_asker(console) if options.asker is _UNSET else options.asker
     max_steps = options.max_steps or task.max_steps
-    record = RunRecord(options.runs_dir, new_run_id(task.name), on_entry=RunPrinter(console))
+    registry = ApprovalRegistry(options.approval_timeout_s)
+    printer = RunPrinter(console)
+    record = RunRecord(options.runs_dir, new_run_id(task.name), on_entry=printer)
+    view: LiveRun | None = None  # what the web console follows
+    if options.on_live is not None:
+        view = LiveRun(record.run_id, record.dir, registry)
+        view.task_name = task.name
+        registry.views.add("console")
+        record.on_entry = _Both(printer, view.on_entry)
+        options.on_live(view)
     timings: dict[str, float] = {}
     checks: list[dict[str, Any]] = []
     status, reason, final_message = "error", "", None
@@ -306,6 +330,11 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             if scripted is not None:
                 scripted.time_scale = time_scale
             agent = sandbox.agent
+            if view is not None:
+                view.attach(agent, (task.screen.width, task.screen.height), task_name=task.name,
+                            cancel=lambda by: cancel.set_by_view(by, registry),
+                            record_human=lambda data: record.write(HumanAction(**data)),
+                            record_control=lambda control: record.write(Takeover(control=control)))
             home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
             t = time.monotonic()
             for launch in task.launch:
@@ -325,6 +354,9 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             driver = SandboxDriver(agent, policy)
             hooks = RecordingHooks(record, driver, network)
             driver.on_screenshot = hooks.on_screenshot
+            if view is not None:
+                driver.on_forward = view.on_forward
+                driver.before_step = lambda screenshot: view.checkpoint(cancel, screenshot=screenshot)
             meter = BodyMeter(hooks.on_request)
             client = offline_client(server.base_url, meter) if server else live_client(meter)
             denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
@@ -334,13 +366,16 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     denials.append(decision)
                 hooks.on_decision(decision)
 
+            def shown() -> str | None:
+                return hooks.last_screenshot
+
             approver = SafetyCheckApprover(asker=asker, auto_codes=options.approve_codes, console=console,
-                                           on_decision=on_decision)
+                                           on_decision=on_decision, registry=registry, screenshot=shown)
             for code in options.approve_codes:
                 record.write(Approval(what="opt-in", decision="approved", by="command line", codes=[code],
                                       message=f"--approve-safety-check {code}"))
             gate = ActionGate(confirm=options.confirm_actions, step=options.step, asker=asker, console=console,
-                              on_decision=on_decision)
+                              on_decision=on_decision, registry=registry, screenshot=shown)
             t = time.monotonic()
             try:
                 first = driver.capture()
@@ -398,15 +433,41 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             status, reason = "error", f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, Exception):
                 write_started(sandbox)
-                _finish(record, sandbox, server, client, status, reason, timings, final_message, console, run_t0,
-                        cancel, network)
+                try:
+                    _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
+                            run_t0, cancel, network)
+                finally:
+                    registry.withdraw_all("run ended")
+                    if view is not None:
+                        view.finish(status)
                 raise
     write_started(sandbox)
-    status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
-                                     console, run_t0, cancel, network)
+    try:
+        status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
+                                         console, run_t0, cancel, network)
+    finally:
+        registry.withdraw_all("run ended")
+        if view is not None:
+            view.finish(status)
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
                       final_message=final_message, timings=timings,
                       scripted_requests=scripted.requests if scripted else None)
+
+
+class _Both:
+    """Two record listeners, in order; ``flush`` reaches the first's (the terminal printer)."""
+
+    def __init__(self, first: Any, second: Callable[[Any], None]) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, entry: Any) -> None:
+        try:
+            self.first(entry)
+        finally:
+            self.second(entry)
+
+    def flush(self) -> None:
+        self.first.flush()
 
 
 class _Cancelled(Exception):
@@ -439,8 +500,9 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
         netlog = network.finish()
         if not netlog.complete:
             console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]", emoji=False)
-        if isinstance(record.on_entry, RunPrinter):
-            record.on_entry.flush()  # the decisions, deduplicated, before any teardown message
+        flush = getattr(record.on_entry, "flush", None)
+        if flush is not None:
+            flush()  # the decisions, deduplicated, before any teardown message
     t = time.monotonic()
     for closer in (getattr(client, "close", None), getattr(sandbox, "close", None),
                    getattr(server, "stop", None)):

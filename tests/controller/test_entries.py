@@ -16,9 +16,10 @@ from controller.run.recording import DecisionTail, network_entry
 
 def test_every_type_has_a_model_and_the_record_types_are_the_contract():
     assert set(en.ENTRY_TYPES) == {"run_started", "model_response", "computer_call", "approval", "action",
-                                   "screenshot", "network", "network_log", "check", "expectation", "run_finished"}
+                                   "screenshot", "network", "network_log", "check", "expectation", "run_finished",
+                                   "human_action", "takeover"}
     started = en.as_entry({"type": "run_started", "task": {"name": "t"}})
-    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 1
+    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 2
     assert list(started.as_json())[:3] == ["ts", "type", "format"]
 
 
@@ -67,7 +68,30 @@ def test_the_json_on_disk_keeps_its_shape_and_ts_never_decreases(tmp_path, monke
     assert lines[1] == ('{"ts": "2030-01-01T00:00:05.000+00:00", "type": "action", "call_id": "c", '
                         '"action": "click", "duration_ms": 1.5, "error": null}')
     assert [e.ts[17:23] for e in read_entries(rec.path)] == ["05.000", "05.000", "06.000"]
-    assert json.loads(lines[0])["format"] == 1
+    assert json.loads(lines[0])["format"] == en.FORMAT
+
+
+def test_a_format_1_record_still_reads(tmp_path):
+    path = tmp_path / "record.jsonl"
+    path.write_text(
+        '{"ts": "2030-01-01T00:00:00.000+00:00", "type": "run_started", "task": {"name": "t"}}\n'
+        '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "approval", "what": "safety_check", '
+        '"decision": "denied", "by": "terminal", "call_id": "c"}\n'
+        '{"ts": "2030-01-01T00:00:02.000+00:00", "type": "run_finished", "status": "failed"}\n')
+    entries = read_entries(path)
+    assert [e.type for e in entries] == ["run_started", "approval", "run_finished"]
+    assert entries[1].request_id is None and entries[1].decision == "denied"
+
+
+def test_approval_format_2_fields_and_human_entries():
+    a = en.as_entry({"type": "approval", "what": "action", "decision": "withdrawn", "by": "cancel",
+                     "request_id": "req_x", "latency_ms": 12.5, "screenshot": "shot-0001.png"})
+    assert a.decision == "withdrawn" and a.latency_ms == 12.5
+    with pytest.raises(en.EntryError, match="latency_ms"):
+        en.as_entry({"type": "approval", "what": "action", "decision": "denied", "by": "x", "latency_ms": -1})
+    with pytest.raises(en.EntryError, match="control"):
+        en.as_entry({"type": "takeover", "control": "robot"})
+    assert en.as_entry({"type": "human_action", "action": "type <3 chars>"}).by == "console"
 
 
 def test_writes_from_threads_are_whole_lines_in_ts_order(tmp_path):

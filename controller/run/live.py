@@ -1,0 +1,311 @@
+"""A run as a view sees it while it goes on: events, the live screen, take over, cancel.
+
+:class:`LiveRun` is the one object the runner shares with a view (the web console,
+``controller.console``); the runner never imports a view. It holds:
+
+* **events**, numbered from 1 (``seq``), each a JSON-ready dict with a ``kind``:
+
+  - ``record``: ``{"entry": <record entry as written>}`` -- every line of the run record, strings
+    escaped (:func:`clean_json`), typed text never present (the record has none);
+  - ``approvals``: ``{"snapshot": {"version", "pending": [...]}}`` -- after every change in the
+    approval registry (:meth:`controller.run.registry.ApprovalRegistry.snapshot`);
+  - ``action``: ``{"by": "model" | "human", "action": {...}, "screen": [w, h]}`` -- each action as
+    sent to the agent, in **screen px**, typed text replaced by ``text_length``;
+  - ``control``: ``{"state": ..., "by": ...}`` -- the run's state (:data:`STATES`).
+
+  A view reads them with :meth:`LiveRun.events_after` (blocking up to a timeout), so a view that
+  reconnects replays from the last ``seq`` it saw. At most :data:`MAX_EVENTS` are kept; a view that
+  falls further behind gets the approvals snapshot again (``approvals`` events carry the full state).
+
+* **take over**: :meth:`LiveRun.take_over` asks the model loop to pause at its next step boundary --
+  before the screenshot that ends the current computer_call, or before the first action of the
+  next one (:meth:`LiveRun.checkpoint`, called by the driver). There the loop waits, the state is
+  ``human``, and :meth:`LiveRun.human_action` forwards a person's pointer and keyboard actions
+  (screen px) through the same agent with the same validation (:func:`wire.actions.parse_action`,
+  bounds against the screen). :meth:`LiveRun.resume` hands control back; the screenshot the loop
+  then takes shows what the person did. Human actions go to the record as ``human_action`` entries
+  (described, typed text as its length only).
+
+* **cancel**: :meth:`LiveRun.cancel` cancels the run as Ctrl-C does (the runner's flag) and withdraws
+  every pending approval.
+
+* **the live screen**: :meth:`LiveRun.frame` -- one JPEG from the agent (at most ``max_width`` px wide),
+  for a viewer only: frames never reach the model or the record. The bytes come from the guest: the
+  agent client caps their size and time, and the result must start as a JPEG does.
+
+Threads: the runner's thread calls the ``on_*`` hooks and :meth:`checkpoint`; views call the rest
+from theirs. Everything is under one condition variable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from controller.run.registry import ApprovalRegistry, Request
+from controller.text import clean
+from wire.actions import ActionInvalid, describe, first_outside, parse_action
+
+STATES = ("starting", "running", "pausing", "human", "finished")
+"""``starting``: no sandbox yet; ``running``: the model drives; ``pausing``: take over asked, the loop
+has not reached a step boundary; ``human``: the loop waits and a person drives; ``finished``."""
+
+MAX_EVENTS = 5000
+"""Events kept for views that connect late or reconnect."""
+
+HUMAN_ACTIONS = ("click", "double_click", "drag", "keypress", "move", "scroll", "type")
+"""What a person may do from a view (no ``wait`` / ``screenshot``: those are the loop's)."""
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class NotInControl(Exception):
+    """A human action while the model has control (the view answers 409 ``not_in_control``)."""
+
+
+class RunOver(Exception):
+    """Take over, resume, an action or a frame after the run finished (409 ``run_finished``)."""
+
+
+class HumanActionInvalid(ValueError):
+    """A human action the schema or the screen refuses (the view answers 400 ``invalid_action``)."""
+
+
+def clean_json(value: Any, limit: int = 4000) -> Any:
+    """``value`` with every string (keys too) passed through :func:`controller.text.clean`."""
+    if isinstance(value, str):
+        return clean(value, limit)
+    if isinstance(value, dict):
+        return {clean(str(k), 200): clean_json(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v, limit) for v in value]
+    return value
+
+
+def shown_action(action: dict[str, Any]) -> dict[str, Any]:
+    """An action (screen px) as views see it: typed text replaced by ``text_length``, strings escaped."""
+    shown = {k: v for k, v in action.items() if k != "text"}
+    if action.get("type") == "type":
+        shown["text_length"] = len(action.get("text") or "")
+    return clean_json(shown, 200)
+
+
+class LiveRun:
+    """One run in progress, for views (see the module docstring).
+
+    ``run_id``; ``record_dir``: where the record and screenshots go; ``registry``: the run's approval
+    registry (its changes become ``approvals`` events).
+    """
+
+    def __init__(self, run_id: str, record_dir: Path, registry: ApprovalRegistry) -> None:
+        self.run_id = run_id
+        self.record_dir = Path(record_dir)
+        self.registry = registry
+        self.task_name: str | None = None
+        self.state = "starting"
+        self.status: str | None = None
+        self.screen: tuple[int, int] | None = None
+        self._agent: Any = None
+        self._cancel: Callable[[str], None] | None = None
+        self._record_human: Callable[[dict[str, Any]], None] | None = None
+        self._record_control: Callable[[str], None] | None = None
+        self._cond = threading.Condition()
+        self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self._seq = 0
+        self._want_human = False
+        self._in_call = False
+        self._agent_lock = threading.Lock()
+        self._last_action: dict[str, Any] | None = None
+        registry.subscribe(self._on_request)
+
+    # -- events ----------------------------------------------------------------------------------
+    def _emit(self, kind: str, **data: Any) -> None:
+        with self._cond:
+            self._seq += 1
+            self._events.append({"seq": self._seq, "kind": kind, **data})
+            self._cond.notify_all()
+
+    def events_after(self, seq: int, timeout: float = 15.0) -> list[dict[str, Any]]:
+        """Events numbered above ``seq``, waiting up to ``timeout`` seconds for one to come; [] when
+        none came. A ``seq`` older than what is kept returns everything kept."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._events or self._events[-1]["seq"] <= seq:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.state == "finished" and self._events and self._events[-1]["seq"] <= seq:
+                    return []
+                self._cond.wait(left)
+            return [e for e in self._events if e["seq"] > seq]
+
+    @property
+    def last_seq(self) -> int:
+        with self._cond:
+            return self._seq
+
+    @property
+    def last_action(self) -> dict[str, Any] | None:
+        """The last action sent (an ``action`` event's data), for a view that connects late."""
+        with self._cond:
+            return self._last_action
+
+    def _on_request(self, _request: Request) -> None:
+        self._emit("approvals", snapshot=self.registry.snapshot())
+
+    def _set_state(self, state: str, by: str | None = None) -> None:
+        with self._cond:
+            if self.state == state or self.state == "finished":
+                return
+            self.state = state
+        self._emit("control", state=state, by=by)
+
+    # -- hooks the runner calls ------------------------------------------------------------------
+    def attach(self, agent: Any, screen: tuple[int, int], *, cancel: Callable[[str], None],
+               record_human: Callable[[dict[str, Any]], None],
+               record_control: Callable[[str], None] | None = None, task_name: str | None = None) -> None:
+        """The sandbox is up: ``agent`` (an ``AgentClient``), its ``screen`` size (screen px),
+        ``cancel(by)`` (cancels the run), ``record_human({"action", "by"})`` (writes a ``human_action``
+        entry), ``record_control(control)`` (writes a ``takeover`` entry: human | model)."""
+        self._agent, self.screen, self._cancel, self._record_human = agent, tuple(screen), cancel, record_human
+        self._record_control = record_control
+        self.task_name = task_name
+        self._set_state("running")
+
+    def on_entry(self, entry: Any) -> None:
+        """The record's listener: each entry written becomes a ``record`` event."""
+        data = entry.as_json() if hasattr(entry, "as_json") else dict(entry)
+        self._emit("record", entry=clean_json(data))
+
+    def on_forward(self, actions: list[dict[str, Any]], by: str = "model") -> None:
+        """The driver's hook: actions about to be sent to the agent (screen px)."""
+        for action in actions:
+            if action.get("type") in ("wait", "screenshot"):
+                continue
+            if by == "model":
+                self._in_call = True
+            shown = shown_action(action)
+            with self._cond:
+                self._last_action = {"by": by, "action": shown, "screen": list(self.screen or (0, 0))}
+            self._emit("action", by=by, action=shown, screen=list(self.screen or (0, 0)))
+
+    def checkpoint(self, cancelled: Callable[[], bool], *, screenshot: bool) -> None:
+        """The loop's step boundary (the driver calls it before a screenshot, ``screenshot=True``,
+        and before each action). When a person asked to take over, the loop waits here -- before the
+        screenshot ending a call, or before the first action of the next one -- until
+        :meth:`resume` or ``cancelled()``."""
+        boundary = screenshot or not self._in_call
+        if screenshot:
+            self._in_call = False
+        if not boundary:
+            return
+        with self._cond:
+            if not self._want_human:
+                return
+        self._set_state("human", by="console")
+        if self._record_control is not None:
+            self._record_control("human")
+        with self._cond:
+            while self._want_human and not cancelled():
+                self._cond.wait(0.1)  # poll interval: the cancellation flag is a plain attribute
+        if self._record_control is not None:
+            self._record_control("model")
+        if not cancelled():
+            self._set_state("running", by="console")
+
+    def finish(self, status: str) -> None:
+        """The run ended with ``status``; a waiting loop (none by then) and every view are released."""
+        with self._cond:
+            self.status = status
+            self._want_human = False
+        self._set_state("finished")
+        with self._cond:
+            self._agent = None
+            self._cond.notify_all()
+
+    # -- what a view may do ----------------------------------------------------------------------
+    def take_over(self, by: str = "console") -> str:
+        """Ask the loop to pause at its next step boundary; returns the state (``pausing`` or
+        ``human`` when it already waits). :class:`RunOver` after the run finished."""
+        with self._cond:
+            if self.state == "finished":
+                raise RunOver("the run has finished")
+            self._want_human = True
+            self._cond.notify_all()
+            already = self.state == "human"
+        if not already:
+            self._set_state("pausing", by=by)
+        return self.state
+
+    def resume(self, by: str = "console") -> str:
+        """Hand control back to the model; returns the state."""
+        with self._cond:
+            if self.state == "finished":
+                raise RunOver("the run has finished")
+            self._want_human = False
+            self._cond.notify_all()
+            pausing = self.state == "pausing"
+        if pausing:
+            self._set_state("running", by=by)
+        return self.state
+
+    def cancel(self, by: str = "console") -> None:
+        """Cancel the run (as Ctrl-C does) and withdraw every pending approval."""
+        if self._cancel is None:
+            raise RunOver("the run has not started or has finished")
+        self._cancel(by)
+        self.registry.withdraw_all("run cancelled")
+        with self._cond:
+            self._want_human = False
+            self._cond.notify_all()
+
+    def human_action(self, raw: Any, by: str = "console") -> dict[str, Any]:
+        """Perform one action a person sent (screen px) while they have control; returns it as shown.
+
+        Validated like the model's (:func:`wire.actions.parse_action`, agent form), restricted to
+        :data:`HUMAN_ACTIONS`, every point inside the screen. Raises :class:`HumanActionInvalid`,
+        :class:`NotInControl`, :class:`RunOver`, or the agent client's ``AgentError`` (which the
+        agent's own validation may raise)."""
+        try:
+            parsed = parse_action(raw)
+        except ActionInvalid as exc:
+            raise HumanActionInvalid(clean(str(exc), 300)) from None
+        if parsed.type not in HUMAN_ACTIONS:
+            raise HumanActionInvalid(f"a person may send {', '.join(HUMAN_ACTIONS)}, not {parsed.type}")
+        with self._cond:
+            if self.state == "finished" or self._agent is None:
+                raise RunOver("the run has finished")
+            if self.state != "human":
+                raise NotInControl("take over first: the model has control")
+            agent, screen = self._agent, self.screen
+        outside = first_outside(parsed, screen)
+        if outside is not None:
+            raise HumanActionInvalid(f"point {outside} is outside the {screen[0]}x{screen[1]} screen")
+        wire = parsed.to_wire()
+        with self._agent_lock:
+            agent.actions([wire])
+        self.on_forward([wire], by="human")
+        if self._record_human is not None:
+            self._record_human({"action": describe(wire, clean=clean, redact=True), "by": by})
+        return shown_action(wire)
+
+    def frame(self, max_width: int = 1280, quality: int = 60) -> bytes:
+        """One JPEG of the screen now (at most ``max_width`` px wide), for a viewer. Raises
+        :class:`RunOver` when there is no sandbox, ``AgentError`` when the agent fails, ValueError when
+        the guest answered something that is not a JPEG."""
+        with self._cond:
+            agent = self._agent
+        if agent is None:
+            raise RunOver("no live screen: the run has not started or has finished")
+        shot = agent.screenshot(format="jpeg", quality=quality, max_width=max_width)
+        if not shot.data.startswith(JPEG_MAGIC):
+            raise ValueError("the guest's screenshot is not a JPEG")
+        return shot.data
+
+    def describe(self) -> dict[str, Any]:
+        """``{run_id, task, state, status, screen, last_seq}`` for a view's first paint."""
+        with self._cond:
+            return {"run_id": self.run_id, "task": clean(self.task_name or "", 200), "state": self.state,
+                    "status": self.status, "screen": list(self.screen) if self.screen else None,
+                    "last_seq": self._seq}
