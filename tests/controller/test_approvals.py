@@ -4,6 +4,7 @@ before_action gate. Only an explicit yes approves; every decision is reported.""
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -214,3 +215,67 @@ def test_the_action_gate_shows_hostile_keys_escaped_and_never_as_emoji():
     gate = ActionGate(confirm={"keypress"}, asker=None, console=Console(file=out, width=3000, force_terminal=False))
     assert gate({"type": "keypress", "keys": [EVIL]}) is False
     assert_shown_safely(out.getvalue())
+
+
+CONSOLE_CHILD = r"""
+import sys, threading
+from openai.types.responses import ResponseComputerToolCall
+from controller.run.approvals import SafetyCheckApprover, terminal_asker
+from controller.run.registry import ApprovalRegistry
+call = ResponseComputerToolCall.model_validate({
+    "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
+    "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
+    "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
+})
+registry = ApprovalRegistry()
+registry.views.add("console")
+def console_view():  # answers once the terminal is asking (the parent says so on stdin's sibling: argv)
+    import os
+    os.read(int(sys.argv[1]), 1)
+    request = registry.pending()[0]
+    registry.answer(request.id, sys.argv[2], by="console")
+threading.Thread(target=console_view, daemon=True).start()
+result = SafetyCheckApprover(asker=terminal_asker(), registry=registry)(call)
+print("RESULT", repr(result), flush=True)
+print("LEFT", repr(sys.stdin.readline()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("answer, expected", [("approve", "True"), ("deny", "False")])
+def test_a_console_answer_ends_the_terminal_prompt_and_leaves_its_input_alone(answer, expected):
+    """The terminal and the console ask the same request: the console answers first, the terminal
+    says so and stops asking; a line typed afterwards is not taken as an answer to anything."""
+    master, slave = os.openpty()
+    go_r, go_w = os.pipe()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-c", CONSOLE_CHILD, str(go_r), answer], stdin=slave, stdout=slave,
+                            stderr=slave, env=env, start_new_session=True, pass_fds=(go_r,))
+    os.close(slave)
+    os.close(go_r)
+    out = b""
+    deadline = time.monotonic() + 30
+    stage = 0
+    try:
+        while time.monotonic() < deadline and not re.search(rb"LEFT .*\r?\n", out):
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if stage == 0 and b"[y/N]" in out:
+                os.write(go_w, b"x")  # the console answers now, while the terminal asks
+                stage = 1
+            if stage == 1 and b"RESULT" in out:
+                os.write(master, b"y\r")  # typed after the decision: must not approve anything
+                stage = 2
+    finally:
+        proc.wait(10)
+        os.close(master)
+        os.close(go_w)
+    text = out.decode(errors="replace")
+    assert f"answered in the console: {'approved' if answer == 'approve' else 'denied'}" in text, text
+    assert f"RESULT {expected}" in text and "LEFT 'y\\n'" in text, text
