@@ -42,7 +42,11 @@ RULES = [
     (("guest",), ("controller",)),
     (("controller/sandbox", "controller/gateway", "controller/offline", "controller/audit"),
      ("controller.cli", "controller.run", "controller.bench")),
-    (("controller/run",), ("controller.cli", "controller.bench", "controller.audit")),
+    (("controller/run",), ("controller.cli", "controller.bench", "controller.audit", "controller.console",
+                           "controller.report")),
+    # views read the run (its record, its LiveRun) and never start, drive or tear down a sandbox
+    (("controller/console", "controller/report"), ("controller.cli", "controller.bench", "controller.sandbox",
+                                                   "controller.run.runner", "docker")),
 ]
 
 
