@@ -1,7 +1,8 @@
 """Skips that CI turns into failures: a test that needs something this machine lacks is skipped with the
 reason, unless ``DESKTOP_SANDBOX_REQUIRE_<WHAT>=1`` says it must run, where that is a failure. The
 variables (listed in README.md, set by .ci/run): ``IMAGE`` (Docker engine and the guest image), ``GATEWAY``
-(mitmproxy), ``VM`` (QEMU and the VM image), ``X`` (Xvfb, xterm, openbox, firefox-esr), ``VAGRANT``.
+(mitmproxy), ``VM`` (QEMU and the VM image), ``X`` (Xvfb, xterm, openbox, firefox-esr), ``VAGRANT``,
+``BROWSER`` (Debian's chromium and Playwright, to open a page in a real browser).
 """
 
 from __future__ import annotations
@@ -26,3 +27,18 @@ def require_commands(what: str, *commands: str, install: str) -> None:
     missing = [c for c in commands if shutil.which(c) is None]
     if missing:
         unavailable(what, f"{', '.join(missing)} not installed ({install})")
+
+
+CHROMIUM = "/usr/bin/chromium"
+"""The browser Playwright drives in tests (Debian's ``chromium`` package; no downloaded browser)."""
+
+
+def require_browser() -> str:
+    """:data:`CHROMIUM`'s path, after :func:`unavailable` (``BROWSER``) unless it and Playwright are there."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        unavailable("BROWSER", f"{CHROMIUM} not installed (apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("BROWSER", "playwright not installed (pip install playwright)")
+    return CHROMIUM

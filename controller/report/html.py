@@ -1,0 +1,182 @@
+"""A finished run as one self-contained HTML page: ``desktop-sandbox report runs/<id> --html``.
+
+:func:`render_report` reads ``runs/<id>/record.jsonl`` with :func:`controller.run.record.read_entries`
+(validated entry models; its OSError / ValueError propagate), groups the entries into steps
+(:func:`controller.report.steps.build_view`) and renders ``templates/report.html`` with Jinja2,
+autoescaping on. :func:`write_report` writes the page to ``runs/<id>/report.html``.
+
+The page loads nothing: CSS is inline, there is no script, and a Content-Security-Policy meta
+(:data:`CSP`) forbids every other source. Screenshots are embedded as ``data:`` URLs
+(``embed_images=True``), or each ``<img src>`` is ``image_url(name)`` for a server that serves the
+same page from its own routes (the web console). Each step's actions are drawn over its screenshot
+as inline SVG in **model px** (pixels of the image the model was sent; the viewBox is the screenshot
+entry's ``image_size``), never screen px.
+
+The record may be hostile (a model, a page or the guest wrote its strings; anyone may have edited
+the file). So: every string is escaped (:func:`controller.text.clean`, then HTML autoescaping);
+typed text is never shown (the record holds its length only); and a screenshot file is read only
+when the entry's ``file`` is a plain name :data:`SHOT_NAME` (``shot-0001.png``) in the run
+directory, opened without following a symlink, a regular file of at most :data:`MAX_IMAGE_BYTES`
+whose bytes start as its extension says (PNG or JPEG), and while the page's images stay under
+:data:`MAX_EMBEDDED_BYTES`. Any other screenshot is shown as missing, with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import jinja2
+
+from controller.report.steps import build_view
+from controller.run.record import read_entries
+
+CSP = "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'"
+"""The page's Content-Security-Policy: images from ``data:`` URLs or the serving origin, inline CSS,
+nothing else (no script, no font, no frame, no connection)."""
+
+SHOT_NAME = re.compile(r"shot-\d{4}\.(png|jpg)")
+"""The only screenshot file names the report opens (what :class:`controller.run.record.RunRecord` writes)."""
+
+MIME = {"png": "image/png", "jpg": "image/jpeg"}
+MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpg": b"\xff\xd8\xff"}
+
+MAX_IMAGE_BYTES = 32 * 1024 * 1024
+"""Largest screenshot file embedded (bytes; a run's are at most a few MiB)."""
+
+MAX_EMBEDDED_BYTES = 512 * 1024 * 1024
+"""Most image bytes one page embeds; screenshots past it are shown as missing."""
+
+REPORT_NAME = "report.html"
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("controller.report", "templates"),
+    autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+)
+
+
+def _directory(run_dir: Path) -> Path:
+    """The run directory of ``run_dir`` (a run directory, or its ``record.jsonl``)."""
+    run_dir = Path(run_dir)
+    return run_dir.parent if run_dir.name == "record.jsonl" and not run_dir.is_dir() else run_dir
+
+
+def shot_name(file: Any) -> str | None:
+    """``file`` when it is a screenshot name the report may open (:data:`SHOT_NAME`), else None."""
+    return file if isinstance(file, str) and SHOT_NAME.fullmatch(file) else None
+
+
+def read_shot(directory: Path, file: Any, budget: int = MAX_IMAGE_BYTES) -> tuple[bytes | None, str | None]:
+    """The bytes of screenshot ``file`` in ``directory``, or None and why not (see the module
+    docstring for the rules). ``budget``: most bytes it may have (besides :data:`MAX_IMAGE_BYTES`)."""
+    name = shot_name(file)
+    if name is None:
+        return None, "not a screenshot file name"
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(directory / name, flags)
+    except OSError as exc:
+        return None, f"cannot open: {exc.strerror or exc}"
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return None, "not a regular file"
+        cap = min(MAX_IMAGE_BYTES, budget)
+        if info.st_size > cap:
+            return None, f"larger than {cap} bytes"
+        data = fh.read(cap + 1)
+    if len(data) > cap:
+        return None, f"larger than {cap} bytes"
+    if not data.startswith(MAGIC[name.rsplit(".", 1)[1]]):
+        return None, "not a PNG or JPEG as its name says"
+    return data, None
+
+
+def _check_shot(directory: Path, file: Any) -> str | None:
+    """Why screenshot ``file`` would not be read (None: it would), without reading it."""
+    name = shot_name(file)
+    if name is None:
+        return "not a screenshot file name"
+    try:
+        info = os.lstat(directory / name)
+    except OSError as exc:
+        return f"cannot open: {exc.strerror or exc}"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    return f"larger than {MAX_IMAGE_BYTES} bytes" if info.st_size > MAX_IMAGE_BYTES else None
+
+
+def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
+                    image_url: Callable[[str], str] | None) -> None:
+    """Fill each screenshot's ``src`` (a ``data:`` URL or ``image_url(name)``) or ``missing`` (why
+    not), and drop the raw file name from the view."""
+    refs = [s["shot"] for s in view["steps"] if s["shot"] is not None] + view["unshown"]
+    budget = MAX_EMBEDDED_BYTES
+    done: set[int] = set()
+    for ref in refs:
+        if id(ref) in done:
+            continue
+        done.add(id(ref))
+        raw = ref.pop("raw_file")
+        if embed_images:
+            data, why = read_shot(directory, raw, budget)
+            if data is None and why and why.startswith("larger") and budget < MAX_IMAGE_BYTES:
+                why = "not embedded: the page's images reached their size limit"
+            if data is not None:
+                budget -= len(data)
+                mime = MIME[raw.rsplit(".", 1)[1]]
+                ref["src"] = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+            ref["missing"] = why
+        else:
+            why = _check_shot(directory, raw)
+            ref["missing"] = why
+            if why is None:
+                assert image_url is not None
+                ref["src"] = str(image_url(raw))
+
+
+def render_report(run_dir: Path, *, embed_images: bool = True,
+                  image_url: Callable[[str], str] | None = None) -> str:
+    """The review page of the run in ``run_dir`` (``runs/<id>``, or its ``record.jsonl``) as HTML text.
+
+    ``embed_images=True``: screenshots inlined as base64 ``data:`` URLs (the page stands alone);
+    ``False``: each screenshot's ``src`` is ``image_url(file_name)`` (``file_name`` always matches
+    :data:`SHOT_NAME` and names a regular file in the run directory), for a server that serves them.
+    Raises OSError / ValueError when the record cannot be read (:func:`read_entries`), ValueError
+    when ``embed_images`` is False without ``image_url``."""
+    if not embed_images and image_url is None:
+        raise ValueError("render_report: give image_url when embed_images is False")
+    directory = _directory(Path(run_dir))
+    entries = read_entries(run_dir)
+    view = build_view(entries, directory.resolve().name)
+    _resolve_images(view, directory, embed_images, image_url)
+    return _ENV.get_template("report.html").render(csp=CSP, **view)
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write :func:`render_report` (images embedded) to ``run_dir/report.html`` and return that path.
+
+    Written to a temporary file in the directory first and then renamed over ``report.html``, so a
+    reader never sees half a page and an existing ``report.html`` symlink is replaced, not followed.
+    The page gets the record's permission bits (it shows the same screenshots)."""
+    directory = _directory(Path(run_dir))
+    page = render_report(directory)
+    mode = stat.S_IMODE(os.stat(directory / "record.jsonl").st_mode) & 0o666
+    target = directory / REPORT_NAME
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(page)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target

@@ -1,0 +1,255 @@
+"""A run record as the report shows it: entries grouped into steps, every string made safe to show.
+
+:func:`build_view` takes the entry models :func:`controller.run.record.read_entries` returns and gives
+one plain dict (the template's only input; nothing in it is a raw record string):
+
+* ``header``: task, run id, status, reason, mode, model, image, start time, wall time (seconds), the
+  summary's counts (:func:`controller.run.record.summarize`);
+* ``before``: what came before the first model response (``approvals``: opt-ins given on the command
+  line; ``network``; ``other``);
+* ``steps``: one per ``model_response``. A step is that response and the ``computer_call`` entries
+  after it, shown on the screenshot the model was looking at when it chose those actions (the last
+  ``screenshot`` entry before the step's first ``computer_call``; for a step without one, before the
+  response). Each step has ``n`` (1-based), ``ts``, ``response`` (id, HTTP status, tokens, error),
+  ``text`` (the model's words: the run's ``final_message`` on a last step that sent no call),
+  ``calls`` (each with ``call_id``, ``form``, ``pending`` safety checks and numbered ``actions``,
+  described with :func:`wire.actions.describe`, typed text as its length only), ``shot`` (see
+  :func:`shot_ref`), ``overlay`` (:func:`controller.report.marks.overlay`, model px, None without a
+  screenshot), ``failed`` (driver calls that failed), ``approvals``, ``network``, ``expectations``,
+  ``human`` (``human_action`` entries) and ``other`` (entry types this report does not know);
+* ``unshown``: screenshots no step shows (e.g. the screen after the last call of a cancelled run);
+* ``checks``: kind, target, rule, expected, observed (JSON text), passed, detail;
+* ``verdict``: status, reason, final message, whether the gateway's decision log was read in full;
+* ``timings``: ``(phase, seconds)`` pairs.
+
+Placement: approvals and failed driver calls go to the step whose call they name (``call_id``), an
+expectation to the step whose call it names or else to the next step (a script turn's expectations
+are resolved before the model answers), everything else to the step it was written in. Entries are
+read as their JSON dicts, so a type this code does not know (a newer record's ``human_action``) is
+still shown, generically.
+
+Every string from the record comes from the model, a page or the guest: it is passed through
+:func:`controller.text.clean` (control and format characters escaped, cut to a length) here, and
+the template escapes HTML on top.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controller.report.marks import overlay
+from controller.run.record import summarize
+from controller.text import clean
+from wire.actions import describe
+
+SHORT, MEDIUM, LONG = 80, 500, 2000
+"""Lengths (characters) values are cut to: names and codes, reasons and targets, free text and values."""
+
+STATUSES = ("passed", "failed", "cancelled", "error", "unfinished")
+"""The statuses the page has a style for; any other shows as ``unknown``."""
+
+
+def text(value: Any, limit: int = MEDIUM) -> str | None:
+    """A string (or other scalar) from the record, escaped and cut; None stays None."""
+    return None if value is None else clean(value, limit)
+
+
+def value_text(value: Any, limit: int = LONG) -> str:
+    """Any JSON value from the record as JSON text (strings quoted, so ``"1"`` and ``1`` differ),
+    escaped and cut."""
+    try:
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        shown = repr(value)
+    return clean(shown, limit)
+
+
+def status_class(status: Any) -> str:
+    """The CSS class of a status: one of :data:`STATUSES`, else ``unknown`` (never record text)."""
+    return status if status in STATUSES else "unknown"
+
+
+def shot_ref(data: dict[str, Any]) -> dict[str, Any]:
+    """A screenshot entry as the page shows it: ``file`` (as recorded, escaped: to show, never to
+    open), ``image_size`` (model px, ``(w, h)``, None unless both are positive), ``frame`` (x, y, w, h,
+    screen px), ``screen_size`` (screen px), ``reencoded``, ``sha256``. ``src`` and ``missing`` are
+    filled in by :mod:`controller.report.html`, which alone decides which file may be read."""
+    size = data.get("image_size")
+    ok = isinstance(size, (list, tuple)) and len(size) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 100_000 for v in size)
+    return {"raw_file": data.get("file"), "file": text(data.get("file"), SHORT),
+            "image_size": (size[0], size[1]) if ok else None,
+            "frame": value_text(data.get("frame"), SHORT), "screen_size": value_text(data.get("screen_size"), SHORT),
+            "reencoded": bool(data.get("reencoded")), "sha256": text(data.get("sha256"), SHORT),
+            "src": None, "missing": None}
+
+
+def _approval(d: dict[str, Any]) -> dict[str, Any]:
+    return {"what": text(d.get("what"), SHORT), "decision": text(d.get("decision"), SHORT),
+            "approved": d.get("decision") == "approved", "by": text(d.get("by"), SHORT),
+            "codes": [text(c, SHORT) for c in (d.get("codes") or [])[:50]],
+            "action": text(d.get("action")), "message": text(d.get("message"))}
+
+
+def _network(d: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": text(d.get("seq"), SHORT), "origin": text(d.get("origin")), "decision": text(d.get("decision"), SHORT),
+            "allowed": d.get("decision") == "allow", "reason": text(d.get("reason")), "via": text(d.get("via"), SHORT)}
+
+
+def _expectation(d: dict[str, Any]) -> dict[str, Any]:
+    unmet = [u for u in (d.get("unmet") or []) if isinstance(u, dict)][:20]
+    return {"turn": text(d.get("turn"), SHORT), "met": bool(d.get("met")), "waits": text(d.get("waits"), SHORT),
+            "waited_s": d.get("waited_s") if isinstance(d.get("waited_s"), (int, float)) else None,
+            "expected": [text(e) for e in (d.get("expected") or [])[:20]], "reason": text(d.get("reason")),
+            "unmet": [{"kind": text(u.get("kind"), SHORT), "expected": text(u.get("expected")),
+                       "observed": value_text(u.get("observed"), MEDIUM)} for u in unmet]}
+
+
+def _human(d: dict[str, Any]) -> dict[str, Any]:
+    action = d.get("action")
+    shown = describe(action, clean=clean) if isinstance(action, dict) else text(action)
+    return {"by": text(d.get("by"), SHORT), "action": shown}
+
+
+def _other(d: dict[str, Any]) -> dict[str, Any]:
+    rest = {k: v for k, v in d.items() if k not in ("type", "ts")}
+    return {"type": text(d.get("type"), SHORT), "fields": value_text(rest, MEDIUM)}
+
+
+def _pending(check: Any) -> dict[str, Any]:
+    check = check if isinstance(check, dict) else {"id": check}
+    return {"id": text(check.get("id"), SHORT), "code": text(check.get("code"), SHORT),
+            "message": text(check.get("message"))}
+
+
+def _new_step(n: int, d: dict[str, Any], shot: dict[str, Any] | None) -> dict[str, Any]:
+    usage = d.get("usage") if isinstance(d.get("usage"), dict) else {}
+    said = d.get("text") if isinstance(d.get("text"), str) else d.get("output_text")
+    return {"n": n, "ts": text(d.get("ts"), SHORT), "shot_entry": shot, "calls": [], "call_ids": set(),
+            "response": {"id": text(d.get("response_id"), SHORT), "http_status": text(d.get("http_status"), SHORT),
+                         "failed": isinstance(d.get("http_status"), int) and d["http_status"] >= 400,
+                         "tokens": text(usage.get("total_tokens"), SHORT),
+                         "error": value_text(d.get("error"), MEDIUM) if d.get("error") is not None else None},
+            "text": text(said, LONG) if isinstance(said, str) else None,
+            "failed": [], "approvals": [], "network": [], "expectations": [], "human": [], "other": []}
+
+
+def _call(d: dict[str, Any], first: int) -> dict[str, Any]:
+    actions = d.get("actions") if isinstance(d.get("actions"), list) else []
+    return {"call_id": text(d.get("call_id"), SHORT), "form": text(d.get("form"), SHORT),
+            "pending": [_pending(c) for c in (d.get("pending_checks") or [])[:20]],
+            "raw_actions": [(first + i, a) for i, a in enumerate(actions)],
+            "actions": [{"n": first + i, "text": describe(a, clean=clean)} for i, a in enumerate(actions[:500])],
+            "more": max(len(actions) - 500, 0)}
+
+
+def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
+    """The report's view of ``entries`` (entry models, in record order) of run ``run_id``; see the
+    module docstring for its shape."""
+    summary = summarize(entries)
+    dicts = [e.as_json() if hasattr(e, "as_json") else dict(e) for e in entries]
+    started = next((d for d in dicts if d.get("type") == "run_started"), {})
+    finished = next((d for d in reversed(dicts) if d.get("type") == "run_finished"), {})
+    before: dict[str, list[Any]] = {"approvals": [], "network": [], "other": []}
+    steps: list[dict[str, Any]] = []
+    shots: list[dict[str, Any]] = []
+    latest: dict[str, Any] | None = None
+    later: list[tuple[int, dict[str, Any]]] = []  # (entries' position as a step count, entry) to place by call_id
+    checks, network_logs = [], []
+    for d in dicts:
+        kind = d.get("type")
+        step = steps[-1] if steps else None
+        bucket = step if step is not None else before
+        if kind == "screenshot":
+            latest = shot_ref(d)
+            shots.append(latest)
+        elif kind == "model_response":
+            steps.append(_new_step(len(steps) + 1, d, latest))
+        elif kind == "computer_call" and step is not None:
+            if not step["calls"]:
+                step["shot_entry"] = latest
+            first = 1 + sum(len(c["raw_actions"]) for c in step["calls"])
+            step["calls"].append(_call(d, first))
+            step["call_ids"].add(d.get("call_id"))
+        elif kind in ("approval", "action", "expectation"):
+            later.append((len(steps), d))
+        elif kind == "network":
+            bucket["network"].append(_network(d))
+        elif kind == "human_action" and step is not None:
+            step["human"].append(_human(d))
+        elif kind == "check":
+            checks.append(d)
+        elif kind == "network_log":
+            network_logs.append(d)
+        elif kind not in ("run_started", "run_finished"):
+            bucket["other"].append(_other(d))
+    by_call = {cid: s for s in steps for cid in s["call_ids"] if cid is not None}
+    for position, d in later:
+        kind = d.get("type")
+        if kind == "action" and not d.get("error"):
+            continue
+        step = by_call.get(d.get("call_id"))
+        if step is None and kind == "expectation" and position < len(steps):
+            step = steps[position]
+        if step is None and kind == "approval" and d.get("what") == "opt-in":
+            before["approvals"].append(_approval(d))
+            continue
+        if step is None:
+            step = steps[position - 1] if position else None
+        if step is None:
+            before["other"].append(_other(d))
+        elif kind == "approval":
+            step["approvals"].append(_approval(d))
+        elif kind == "expectation":
+            step["expectations"].append(_expectation(d))
+        else:
+            step["failed"].append({"action": text(d.get("action"), SHORT), "error": text(d.get("error"))})
+    final = finished.get("final_message")
+    if steps and isinstance(final, str) and not steps[-1]["calls"] and steps[-1]["text"] is None:
+        steps[-1]["text"] = text(final, LONG)
+    shown = set()
+    for step in steps:
+        shot = step.pop("shot_entry")
+        step.pop("call_ids")
+        step["shot"] = shot
+        shown.add(id(shot))
+        actions = [a for c in step["calls"] for a in c.pop("raw_actions")]
+        step["overlay"] = overlay(actions, shot["image_size"]) if shot and shot["image_size"] else None
+    return {
+        "header": _header(started, finished, summary, run_id),
+        "before": before, "steps": steps,
+        "unshown": [s for s in shots if id(s) not in shown],
+        "checks": [_check(c) for c in checks],
+        "verdict": {"status": text(summary["status"], SHORT), "class": status_class(summary["status"]),
+                    "reason": text(summary["reason"], LONG), "final_message": text(final, LONG),
+                    "network_log": [{"complete": bool(n.get("complete")), "decisions": text(n.get("decisions"), SHORT),
+                                     "error": text(n.get("error"))} for n in network_logs]},
+        "timings": [(text(k, SHORT), v) for k, v in (summary.get("timings") or {}).items()
+                    if isinstance(v, (int, float))],
+    }
+
+
+def _check(d: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": text(d.get("kind"), SHORT), "target": text(d.get("target")), "rule": text(d.get("rule"), LONG),
+            "expected": value_text(d.get("expected")), "observed": value_text(d.get("observed")),
+            "passed": d.get("passed") is True, "detail": text(d.get("detail"), LONG)}
+
+
+def _header(started: dict[str, Any], finished: dict[str, Any], s: dict[str, Any], run_id: str) -> dict[str, Any]:
+    task = started.get("task") if isinstance(started.get("task"), dict) else {}
+    wall = s.get("wall_s")
+    return {
+        "task": text(task.get("name"), SHORT) or "(unnamed task)", "source": text(task.get("source")),
+        "run_id": text(run_id, SHORT), "status": text(s["status"], SHORT), "class": status_class(s["status"]),
+        "reason": text(s["reason"], LONG), "mode": text(started.get("mode"), SHORT),
+        "model": text(started.get("model"), SHORT), "image": text(started.get("image"), SHORT),
+        "started": text(started.get("ts"), SHORT), "finished": text(finished.get("ts"), SHORT),
+        "wall_s": wall if isinstance(wall, (int, float)) else None,
+        "counts": [("steps", s["steps"]), ("input actions", s["actions"]), ("failed actions", s["actions_failed"]),
+                   ("screenshots", s["screenshots"]), ("approved", s["approvals_approved"]),
+                   ("denied", s["approvals_denied"]), ("network allowed", s["network_allowed"]),
+                   ("network denied", s["network_denied"]),
+                   ("checks passed", f"{s['checks_passed']}/{s['checks_total']}"),
+                   ("tokens", s["usage"]["total_tokens"])],
+    }
