@@ -374,6 +374,11 @@ def run_task_cmd(
     step: bool = typer.Option(False, "--step", help="Ask before every action."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where run records go."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    ui: bool = typer.Option(False, "--ui", help="Serve the web console beside the run (prints 'console: URL'): "
+                                                  "watch the screen, approve or deny, take over, cancel."),
+    approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
+                                           help="Seconds a question (safety check, confirmation) waits for an "
+                                                "answer before it is denied."),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -437,12 +442,40 @@ def run_task_cmd(
 
         options = RunOptions(
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
-            approve_codes=list(approve_safety_check),
+            approve_codes=list(approve_safety_check), approval_timeout_s=approval_timeout,
             confirm_actions=confirm, step=step, signals_before=noted,
         )
-        outcome = run_task(task, open_sandbox, options, console=console)
+        server = None
+        if ui and not noted:
+            from controller.console.server import ConsoleServer
+
+            server = ConsoleServer(runs_dir).start()
+            options.on_live = server.add_run
+            typer.echo(f"console: {server.url}", err=True)
+        try:
+            outcome = run_task(task, open_sandbox, options, console=console)
+            if server is not None and sys.stdin.isatty():
+                _keep_serving(server, noted)
+        finally:
+            if server is not None:
+                server.stop()
         typer.echo(str(outcome.record_dir / "record.jsonl"))
         raise typer.Exit(outcome.exit_code)
+
+
+def _keep_serving(server: Any, noted: list[int]) -> None:
+    """After a run with ``--ui`` on a terminal: the console goes on showing the run (now its report)
+    until Enter, or a signal (``noted`` grows: signals are deferred here)."""
+    import select
+
+    console.print(f"the console goes on showing this run at {server.origin}/: press Enter (or Ctrl-C) to stop it",
+                  markup=False, highlight=False)
+    before = len(noted)
+    while len(noted) == before:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.2)  # poll interval: a deferred signal only lands in `noted`
+        if ready:
+            sys.stdin.readline()
+            return
 
 
 def _not_opened(task: Any) -> Any:
@@ -475,23 +508,36 @@ def sandbox_opener(backend: str, image_tag: Optional[str]) -> Callable[[Any], An
 def report(
     run: Path = typer.Argument(..., help="A run directory (runs/<id>) or its record.jsonl."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_html: bool = typer.Option(False, "--html", help="Write the run's review page, runs/<id>/report.html "
+                                 "(screenshots with the actions drawn on them, checks, verdict), and print its path."),
 ) -> None:
     """Print the summary table of a recorded run (exit 0 only if it passed).
 
     ``--json``: the summary as JSON, with ``checks`` (kind, target, rule, expected, observed, passed and
-    detail when there is one) so a script can tell why a run failed.
+    detail when there is one) so a script can tell why a run failed. ``--html``: write the self-contained
+    review page beside the record (controller.report) and print its path.
     """
     import json as _json
 
     from controller.run.record import print_summary, read_entries, summarize
 
+    if as_json and as_html:
+        _refuse("give --json or --html, not both")
     try:
         entries = read_entries(run)
     except (OSError, ValueError) as exc:
         _refuse(f"cannot read the run record: {exc}")
     try:
         summary = summarize(entries)
-        if as_json:
+        if as_html:
+            from controller.report.html import write_report
+
+            try:
+                written = write_report(run)
+            except OSError as exc:
+                _refuse(f"cannot write the report of {run}: {exc.strerror or exc}")
+            typer.echo(str(written))
+        elif as_json:
             typer.echo(_json.dumps(summary, indent=2, allow_nan=False))
         else:
             print_summary(entries, run, console=make_console())
@@ -575,6 +621,34 @@ def bench(ctx: typer.Context) -> None:
 def _token_path(sandbox_id: str) -> Path:
     base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache")
     return base / "desktop-sandbox" / f"{sandbox_id}.token"
+
+
+@app.command("console")
+def console_cmd(
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where the run records are (runs/<id>/)."),
+) -> None:
+    """Serve the local web console for browsing recorded runs (their reports and screenshots).
+
+    Listens on 127.0.0.1 only, on a free port, and prints one line, ``console: <url>``: open that URL
+    once (its token is spent on first use) in a browser on this machine. Ctrl-C stops it.
+    """
+    import threading
+
+    from controller.console.server import ConsoleServer
+
+    if runs_dir.exists() and not runs_dir.is_dir():
+        _refuse(f"--runs-dir {runs_dir} is not a directory")
+    server = ConsoleServer(runs_dir).start()
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        print(f"console: {server.url}", flush=True)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -155,11 +155,12 @@ class LiveRun:
         self._emit("approvals", snapshot=self.registry.snapshot())
 
     def _set_state(self, state: str, by: str | None = None) -> None:
+        # the state and its event change together: a view that sees ``finished`` also sees its event
         with self._cond:
             if self.state == state or self.state == "finished":
                 return
             self.state = state
-        self._emit("control", state=state, by=by)
+            self._emit("control", state=state, by=by)
 
     # -- hooks the runner calls ------------------------------------------------------------------
     def attach(self, agent: Any, screen: tuple[int, int], *, cancel: Callable[[str], None],
@@ -219,9 +220,8 @@ class LiveRun:
         with self._cond:
             self.status = status
             self._want_human = False
-        self._set_state("finished")
-        with self._cond:
             self._agent = None
+            self._set_state("finished")
             self._cond.notify_all()
 
     # -- what a view may do ----------------------------------------------------------------------

@@ -69,7 +69,8 @@ class Request:
 
     ``id``: ``req_`` and 128 random bits (urlsafe); ``kind``: safety_check | action; ``question``: one
     line (escaped); ``call_id``; ``checks``: ``[{id, code, message}]`` (escaped); ``actions``: one
-    line per action of the call, typed text shown only as its length (escaped); ``screenshot``: the
+    line per action of the call (escaped; typed text in full: a request is a question to a person, as the
+    terminal prompt is, and it never enters the record); ``screenshot``: the
     record's file name of the screenshot the model had when it asked (None before the first);
     ``created_at`` / ``decided_at``: UTC ISO-8601; ``deadline_s``: seconds from creation to the
     automatic deny (None: no deadline); ``state``: pending | approved | denied | withdrawn; ``by``:

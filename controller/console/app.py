@@ -1,0 +1,279 @@
+"""The console's routes (FastAPI). Errors are ``{"error": {"code", "message"}}`` with the status.
+
+==============================================  ===============================================================
+``GET /login?t=<token>``                        the one-time token for the session cookie; 303 to ``/``
+``GET /``                                       the runs list (live runs on top, then newest first)
+``GET /runs/{id}``                              a live run's page, or a finished run's report
+``GET /runs/{id}/state``                        ``describe()`` plus ``last_action`` (JSON)
+``GET /runs/{id}/events``                       events (SSE, controller.console.streams)
+``GET /runs/{id}/approvals``                    ``{"version", "pending": [request...]}``
+``POST /runs/{id}/approvals/{request_id}``      ``{"answer": "approve"|"deny"}`` -> 202 request; registry refusals
+``POST /runs/{id}/takeover|resume|cancel``      -> 202 ``{"state": describe()}``; 409 ``run_finished``
+``POST /runs/{id}/input``                       one action in screen px -> 202 ``{"action": shown}``
+``GET /runs/{id}/screen.jpg``                   one JPEG of the live screen
+``GET /runs/{id}/screen.mjpeg?fps=5``           the live screen, multipart JPEG, 1..10 fps
+``GET /runs/{id}/shots/{name}``                 a recorded screenshot (``shot-NNNN.png|jpg``)
+==============================================  ===============================================================
+
+Live-only routes answer 404 ``not_live`` for a run that is only on disk. Request bodies are capped at
+:data:`MAX_BODY` bytes (413 ``too_large``) and parsed as strict JSON (400 ``invalid_body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from controller.agent_client import AgentError
+from controller.console import streams
+from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
+from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
+from controller.run import json_semantics
+from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
+from controller.report.html import render_report
+from controller.run.record import read_entries, summarize
+from controller.run.registry import AnswerRefused
+from controller.text import clean
+
+HERE = Path(__file__).resolve().parent
+MAX_BODY = 64 * 1024
+"""Largest request body read (bytes)."""
+WAIT_THREADS = 16
+"""Threads for the event streams' waits (streams beyond take turns, see controller.console.streams)."""
+
+
+class ApiError(Exception):
+    """A route's refusal: ``status``, ``code``, ``message``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+class ConsoleState:
+    """What the routes share: ``runs_dir``, ``auth``, the live runs (by id, in the order added),
+    ``closing`` (set when the console stops: streams end), the runs list and ``waits``, the threads
+    the event streams wait in."""
+
+    def __init__(self, runs_dir: Path, auth: Auth) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.auth = auth
+        self.live: dict[str, LiveRun] = {}
+        self.closing = threading.Event()
+        self.index = RunIndex(self.runs_dir)
+        self.waits = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="console-events")
+
+    def live_run(self, run_id: str) -> LiveRun:
+        """The live run ``run_id``: 404 ``unknown_run`` for a bad or unknown id, ``not_live`` for a
+        run that is only recorded."""
+        if not valid_run_id(run_id):
+            raise ApiError(404, "unknown_run", "no run with this id")
+        live = self.live.get(run_id)
+        if live is None:
+            if run_dir(self.runs_dir, run_id) is not None:
+                raise ApiError(404, "not_live", "this run is not in progress in this console")
+            raise ApiError(404, "unknown_run", "no run with this id")
+        return live
+
+    def directory(self, run_id: str) -> Path:
+        """A run's record directory (live or recorded); 404 ``unknown_run``."""
+        if valid_run_id(run_id) and run_id in self.live:
+            return self.live[run_id].record_dir
+        path = run_dir(self.runs_dir, run_id)
+        if path is None:
+            raise ApiError(404, "unknown_run", "no run with this id")
+        return path
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as strict JSON, at most :data:`MAX_BODY` bytes (413 / 400 otherwise)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+        raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes")
+    try:
+        return json_semantics.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ApiError(400, "invalid_body", "the body must be one JSON value") from None
+
+
+def render_finished(state: ConsoleState, templates: Environment, request: Request, run_id: str,
+                    directory: Path) -> HTMLResponse:
+    """A finished run: :func:`controller.report.html.render_report` (images from ``/shots/``, served
+    under :data:`controller.console.auth.REPORT_CSP`); when the record cannot be read, a page saying why
+    with the screenshots there are."""
+    try:
+        page = render_report(directory, embed_images=False, image_url=lambda name: f"/runs/{run_id}/shots/{name}")
+        return HTMLResponse(page, headers={POLICY_HEADER: "report"})
+    except (OSError, ValueError) as exc:  # an unreadable record: said on the summary page
+        problem = clean(exc, 500)
+    try:
+        summary = summarize(read_entries(directory))
+    except (OSError, ValueError) as exc:
+        summary, problem = None, problem or clean(exc, 500)
+    shots = sorted(p.name for p in directory.glob("shot-*") if shot_file(directory, p.name))
+    page = templates.get_template("run_finished.html").render(
+        run_id=run_id, summary=summary, problem=problem, shots=shots, csrf=request.state.csrf)
+    return HTMLResponse(page)
+
+
+def create_app(state: ConsoleState) -> FastAPI:
+    """The routes (module docstring) over ``state``; wrap it in :class:`controller.console.auth.Guard`."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body, ctype = refusal_body(exc.status_code, code, clean(exc.detail, 200), wants_html(request.headers))
+        return Response(body, status_code=exc.status_code, media_type=ctype)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return error(400, "invalid_request", clean(f"{where}: {first.get('msg', 'invalid')}", 300))
+
+    @app.get("/login")
+    async def login(request: Request, t: str = "") -> Response:
+        auth = state.auth
+        if auth.csrf_for(request.cookies.get(auth.cookie_name)) is not None:
+            return RedirectResponse("/", status_code=303)  # already logged in in this browser
+        try:
+            session, _csrf = auth.redeem(t)
+        except Refused as refused:
+            body, ctype = refusal_body(refused.status, refused.code, refused.message, wants_html(request.headers))
+            return Response(body, status_code=refused.status, media_type=ctype)
+        response = RedirectResponse("/", status_code=303)
+        response.headers.append("set-cookie", auth.session_cookie(session))
+        return response
+
+    @app.get("/", response_class=HTMLResponse)
+    async def runs_list(request: Request) -> HTMLResponse:
+        rows = await asyncio.to_thread(state.index.rows, dict(state.live))
+        page = templates.get_template("runs.html").render(rows=rows, csrf=request.state.csrf)
+        return HTMLResponse(page)
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse)
+    async def run_page(request: Request, run_id: str) -> HTMLResponse:
+        directory = state.directory(run_id)
+        live = state.live.get(run_id)
+        if live is not None and live.state != "finished":
+            page = templates.get_template("run_live.html").render(
+                run_id=run_id, info=live.describe(), csrf=request.state.csrf)
+            return HTMLResponse(page)
+        return await asyncio.to_thread(render_finished, state, templates, request, run_id, directory)
+
+    @app.get("/runs/{run_id}/state")
+    async def run_state(run_id: str) -> dict[str, Any]:
+        return streams.state_of(state.live_run(run_id))
+
+    @app.get("/runs/{run_id}/events")
+    async def events(request: Request, run_id: str, after: str | None = None) -> StreamingResponse:
+        live = state.live_run(run_id)
+        try:
+            seq = streams.start_seq(request.headers.get("last-event-id"), after, live)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_event_id", str(exc)) from None
+        return StreamingResponse(streams.event_stream(live, seq, state.closing, state.waits),
+                                 media_type="text/event-stream",
+                                 headers={"X-Accel-Buffering": "no"})
+
+    @app.get("/runs/{run_id}/approvals")
+    async def approvals(run_id: str) -> dict[str, Any]:
+        return state.live_run(run_id).registry.snapshot()
+
+    @app.post("/runs/{run_id}/approvals/{request_id}", status_code=202)
+    async def answer(request: Request, run_id: str, request_id: str) -> Any:
+        live = state.live_run(run_id)
+        body = await read_json(request)
+        if not isinstance(body, dict) or "answer" not in body:
+            raise ApiError(400, "invalid_body", "the body must be {\"answer\": \"approve\" | \"deny\"}")
+        try:
+            decided = live.registry.answer(request_id, body["answer"], by="console")
+        except AnswerRefused as refused:
+            return JSONResponse(refused.as_json(), status_code=refused.status)
+        return JSONResponse(decided.as_json(), status_code=202)
+
+    def control(name: str, act: Callable[[LiveRun], Any]) -> None:
+        @app.post(f"/runs/{{run_id}}/{name}", status_code=202, name=name)
+        async def route(run_id: str) -> JSONResponse:
+            live = state.live_run(run_id)
+            if live.state == "finished":
+                raise ApiError(409, "run_finished", "the run has finished")
+            try:
+                await asyncio.to_thread(act, live)
+            except RunOver as exc:
+                raise ApiError(409, "run_finished" if live.state == "finished" else "not_started", str(exc)) from None
+            return JSONResponse({"state": live.describe()}, status_code=202)
+
+    control("takeover", lambda live: live.take_over(by="console"))
+    control("resume", lambda live: live.resume(by="console"))
+    control("cancel", lambda live: live.cancel(by="console"))
+
+    @app.post("/runs/{run_id}/input", status_code=202)
+    async def human_input(request: Request, run_id: str) -> JSONResponse:
+        live = state.live_run(run_id)
+        action = await read_json(request)
+        try:
+            shown = await asyncio.to_thread(live.human_action, action, "console")
+        except NotInControl as exc:
+            raise ApiError(409, "not_in_control", str(exc)) from None
+        except RunOver as exc:
+            raise ApiError(409, "run_finished", str(exc)) from None
+        except HumanActionInvalid as exc:
+            raise ApiError(400, "invalid_action", clean(exc, 300)) from None
+        except AgentError as exc:
+            raise ApiError(502, exc.code, clean(exc.message, 300)) from None
+        return JSONResponse({"action": shown}, status_code=202)
+
+    @app.get("/runs/{run_id}/screen.jpg")
+    async def screen_jpg(run_id: str) -> Response:
+        live = state.live_run(run_id)
+        try:
+            jpeg = await asyncio.to_thread(live.frame)
+        except RunOver as exc:
+            raise ApiError(409, "run_finished" if live.state == "finished" else "not_started", str(exc)) from None
+        except AgentError as exc:
+            raise ApiError(502, exc.code, clean(exc.message, 300)) from None
+        except ValueError as exc:
+            raise ApiError(502, "bad_frame", clean(exc, 300)) from None
+        return Response(jpeg, media_type="image/jpeg")
+
+    @app.get("/runs/{run_id}/screen.mjpeg")
+    async def screen_mjpeg(run_id: str, fps: float | None = None) -> StreamingResponse:
+        live = state.live_run(run_id)
+        return StreamingResponse(streams.mjpeg_stream(live, streams.clamp_fps(fps), state.closing),
+                                 media_type=f"multipart/x-mixed-replace; boundary={streams.BOUNDARY}")
+
+    @app.get("/runs/{run_id}/shots/{name}")
+    async def shot(run_id: str, name: str) -> FileResponse:
+        found = shot_file(state.directory(run_id), name)
+        if found is None:
+            raise ApiError(404, "unknown_shot", "no recorded screenshot of this name")
+        return FileResponse(found[0], media_type=found[1])
+
+    return app

@@ -1,0 +1,204 @@
+"""Who may use the console: a one-time login token, a session cookie, CSRF, Origin and Host checks.
+
+The console listens on 127.0.0.1 only, but every web page the user's browser opens can send requests
+to it (and a DNS-rebinding page can even read answers), so:
+
+* **login**: the URL the console prints, ``/login?t=<token>`` (``secrets.token_urlsafe(32)``), is
+  exchanged once for a session: the answer sets the cookie ``ds_console_<port>`` (random,
+  ``HttpOnly; SameSite=Strict; Path=/``) and redirects to ``/``; the token is then spent, a second
+  use is refused (403 ``token_spent``);
+* **every request** but ``/login`` needs that cookie (401 ``unauthenticated``);
+* **every state-changing request** (any method but GET / HEAD) also needs the session's CSRF token in
+  ``X-CSRF-Token`` (403 ``bad_csrf``; the page reads it from ``<meta name="csrf-token">``) and an
+  ``Origin`` equal to the console's own origin as the request addresses it (403 ``bad_origin``);
+* **every request** must carry ``Host: 127.0.0.1:<port>`` or ``localhost:<port>`` (403 ``bad_host``):
+  a rebound name never matches.
+
+Secrets are compared with :func:`hmac.compare_digest`. Every response, refusals and errors included,
+carries :data:`SECURITY_HEADERS`. Refusals are ``{"error": {"code", "message"}}`` (JSON), or a plain
+page when the request asked for HTML (a browser's navigation).
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import secrets
+import threading
+from typing import Any, Awaitable, Callable
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import cookie_parser
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+SECURITY_HEADERS: dict[str, str] = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+"""Headers set on every response (replacing any the app set)."""
+
+REPORT_CSP = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'; "
+              "base-uri 'none'; form-action 'none'")
+"""The policy of a finished run's report page (``controller.report``: no script at all, its CSS inline,
+every value in it autoescaped), chosen by the app with the private header :data:`POLICY_HEADER`."""
+
+POLICY_HEADER = "x-console-policy"
+"""Set by a route to ``report`` to get :data:`REPORT_CSP`; removed before the response leaves."""
+
+SAFE_METHODS = ("GET", "HEAD")
+LOGIN_PATH = "/login"
+
+
+class Refused(Exception):
+    """A request the console does not serve: ``status`` (401, 403), ``code`` and ``message``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class Auth:
+    """The console's secrets: the one-time login token and the sessions it opened.
+
+    ``port`` (set once the server listens) names the allowed hosts, the origin and the cookie.
+    """
+
+    def __init__(self) -> None:
+        self.login_token = secrets.token_urlsafe(32)
+        self.port: int | None = None
+        self._spent = False
+        self._sessions: dict[str, str] = {}  # session cookie value -> its CSRF token
+        self._lock = threading.Lock()
+
+    @property
+    def cookie_name(self) -> str:
+        """``ds_console_<port>``: cookies are not kept apart by port, names are."""
+        return f"ds_console_{self.port}"
+
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return (f"127.0.0.1:{self.port}", f"localhost:{self.port}")
+
+    def host_ok(self, host: str | None) -> bool:
+        """Whether a ``Host`` header names this console (``127.0.0.1:<port>`` / ``localhost:<port>``)."""
+        return self.port is not None and host is not None and host.lower() in self.allowed_hosts()
+
+    def origin_ok(self, origin: str | None, host: str) -> bool:
+        """Whether ``Origin`` is this console's own origin as the (already checked) ``host`` names it."""
+        return origin is not None and hmac.compare_digest(origin.lower().encode(), f"http://{host.lower()}".encode())
+
+    def redeem(self, token: str | None) -> tuple[str, str]:
+        """Exchange the login token for a new session; returns ``(cookie value, csrf token)``.
+        :class:`Refused` 403 ``invalid_token`` for another token, ``token_spent`` for a second use."""
+        given = (token or "").encode()
+        if not hmac.compare_digest(given, self.login_token.encode()):
+            raise Refused(403, "invalid_token", "this login link is not valid")
+        with self._lock:
+            if self._spent:
+                raise Refused(403, "token_spent", "this login link was already used; start the console again "
+                                                  "for a new one")
+            self._spent = True
+            session, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+            self._sessions[session] = csrf
+        return session, csrf
+
+    def csrf_for(self, cookie: str | None) -> str | None:
+        """The CSRF token of the session this cookie value opens, or None (every session compared
+        in constant time)."""
+        if not cookie:
+            return None
+        found = None
+        with self._lock:
+            sessions = list(self._sessions.items())
+        for session, csrf in sessions:
+            if hmac.compare_digest(cookie.encode(), session.encode()):
+                found = csrf
+        return found
+
+    def session_cookie(self, session: str) -> str:
+        """The ``Set-Cookie`` value for a new session."""
+        return f"{self.cookie_name}={session}; HttpOnly; SameSite=Strict; Path=/"
+
+
+def wants_html(headers: Headers) -> bool:
+    """Whether the request is a browser's navigation (it accepts HTML): refusals then are a page."""
+    return "text/html" in headers.get("accept", "")
+
+
+def refusal_body(status: int, code: str, message: str, as_html: bool) -> tuple[bytes, str]:
+    """``(body, content type)`` of a refusal: the structured JSON error, or a plain page."""
+    if as_html:
+        page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{status}</title></head>"
+                f"<body><h1>{status} {html.escape(code)}</h1><p>{html.escape(message)}</p></body></html>")
+        return page.encode(), "text/html; charset=utf-8"
+    return json.dumps({"error": {"code": code, "message": message}}).encode(), "application/json"
+
+
+async def send_refusal(send: Send, refused: Refused, as_html: bool) -> None:
+    body, ctype = refusal_body(refused.status, refused.code, refused.message, as_html)
+    await send({"type": "http.response.start", "status": refused.status,
+                "headers": [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI wrapper: checks every request as the module docstring says, passes the session's CSRF
+    token on as ``scope["state"]["csrf"]`` and sets :data:`SECURITY_HEADERS` on every response."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], auth: Auth) -> None:
+        self.app, self.auth = app, auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # no websockets here
+            await send({"type": "websocket.close", "code": 1008})
+            return
+
+        async def send_secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(raw=list(message.get("headers", [])))
+                report = headers.get(POLICY_HEADER) == "report"
+                if POLICY_HEADER in headers:
+                    del headers[POLICY_HEADER]
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+                if report:
+                    headers["Content-Security-Policy"] = REPORT_CSP
+                message = {**message, "headers": headers.raw}
+            await send(message)
+
+        headers = Headers(scope=scope)
+        try:
+            self.check(scope, headers)
+        except Refused as refused:
+            await send_refusal(send_secured, refused, wants_html(headers))
+            return
+        await self.app(scope, receive, send_secured)
+
+    def check(self, scope: Scope, headers: Headers) -> None:
+        """Raise :class:`Refused` unless the request may reach the app (see the module docstring)."""
+        host = headers.get("host")
+        if not self.auth.host_ok(host):
+            raise Refused(403, "bad_host", "requests must address the console as 127.0.0.1 or localhost "
+                                           "with its port")
+        if scope["path"] == LOGIN_PATH:
+            return
+        cookies = cookie_parser(headers.get("cookie", ""))
+        csrf = self.auth.csrf_for(cookies.get(self.auth.cookie_name))
+        if csrf is None:
+            raise Refused(401, "unauthenticated", "log in with the URL the console printed")
+        if scope["method"] not in SAFE_METHODS:
+            if not self.auth.origin_ok(headers.get("origin"), host or ""):
+                raise Refused(403, "bad_origin", "the request's Origin is not the console's")
+            if not hmac.compare_digest(headers.get("x-csrf-token", "").encode(), csrf.encode()):
+                raise Refused(403, "bad_csrf", "the request lacks the page's CSRF token")
+        scope.setdefault("state", {})["csrf"] = csrf

@@ -1,0 +1,285 @@
+"use strict";
+/* A live run's page: the event stream (EventSource on /runs/{id}/events), the approval cards, the
+   step/action log, model messages, usage and network decisions, and the Take over / Resume / Cancel
+   run buttons. Every text from the run is set with textContent (never innerHTML). POSTs carry the
+   page's CSRF token (<meta name="csrf-token">). An answer is sent once, on a click; after a failed
+   POST, and on every (re)connection of the stream, the approvals snapshot is fetched again. */
+(function () {
+  const runId = document.body.dataset.runId;
+  const base = "/runs/" + encodeURIComponent(runId);
+  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const $ = (id) => document.getElementById(id);
+  const SHOT = /^shot-[0-9]{4}\.(png|jpg)$/;
+  const MAX_LINES = 2000;
+
+  let approvalsVersion = -1;
+  const cards = new Map(); /* request id -> {el, error, buttons, left, received} */
+  const usage = { input: 0, output: 0, total: 0, responses: 0, missing: 0 };
+
+  function node(tag, text, cls) {
+    const el = document.createElement(tag);
+    if (text !== undefined && text !== null) el.textContent = String(text);
+    if (cls) el.className = cls;
+    return el;
+  }
+
+  async function post(path, payload) {
+    const resp = await fetch(base + path, {
+      method: "POST", credentials: "same-origin", cache: "no-store",
+      headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
+      body: JSON.stringify(payload === undefined ? {} : payload),
+    });
+    let data = null;
+    try { data = await resp.json(); } catch (e) { data = null; }
+    if (!resp.ok) {
+      const err = data && data.error ? `${data.error.code}: ${data.error.message}` : `HTTP ${resp.status}`;
+      throw new Error(err);
+    }
+    return data;
+  }
+
+  /* ---- approvals ------------------------------------------------------------------------- */
+  function applySnapshot(snap) {
+    if (!snap || typeof snap.version !== "number" || !Array.isArray(snap.pending)) return;
+    if (snap.version < approvalsVersion) return; /* an older snapshot replayed: already superseded */
+    approvalsVersion = snap.version;
+    const pending = new Map(snap.pending.map((r) => [r.id, r]));
+    for (const id of [...cards.keys()]) if (!pending.has(id)) removeCard(id);
+    for (const r of snap.pending) {
+      const card = cards.get(r.id);
+      if (card) { card.left = r.seconds_left; card.received = Date.now(); } else addCard(r);
+    }
+    tick();
+  }
+
+  function removeCard(id) {
+    const card = cards.get(id);
+    if (!card) return;
+    card.el.remove();
+    cards.delete(id);
+    $("no-approvals").hidden = cards.size > 0;
+  }
+
+  function addCard(r) {
+    const el = node("div", null, "card");
+    el.dataset.requestId = r.id;
+    el.setAttribute("role", "group");
+    el.appendChild(node("div", r.kind === "safety_check" ? "safety check" : "action", "kind"));
+    el.appendChild(node("p", r.question, "question"));
+    if (Array.isArray(r.checks) && r.checks.length) {
+      const list = node("ul", null, "checks");
+      for (const c of r.checks) {
+        const li = node("li");
+        li.appendChild(node("span", c.code, "code"));
+        li.appendChild(document.createTextNode(" " + (c.message || "")));
+        list.appendChild(li);
+      }
+      el.appendChild(list);
+    }
+    if (Array.isArray(r.actions) && r.actions.length) {
+      el.appendChild(node("div", "the call's actions:", "note"));
+      const list = node("ul", null, "actions");
+      for (const a of r.actions) list.appendChild(node("li", a));
+      el.appendChild(list);
+    }
+    if (typeof r.screenshot === "string" && SHOT.test(r.screenshot)) {
+      const img = node("img");
+      img.src = `${base}/shots/${r.screenshot}`;
+      img.alt = "the screen when the model asked";
+      el.appendChild(img);
+    }
+    const countdown = node("div", "", "countdown");
+    el.appendChild(countdown);
+    const error = node("p", "", "error");
+    const row = node("div", null, "buttons");
+    const approve = node("button", "Approve", "approve");
+    const deny = node("button", "Deny", "deny");
+    approve.type = deny.type = "button";
+    row.append(approve, deny);
+    el.append(row, error);
+    const card = { el, error, buttons: [approve, deny], left: r.seconds_left, received: Date.now(), countdown };
+    approve.addEventListener("click", () => answer(r.id, "approve", card));
+    deny.addEventListener("click", () => answer(r.id, "deny", card));
+    cards.set(r.id, card);
+    $("cards").appendChild(el);
+    $("no-approvals").hidden = true;
+    deny.focus(); /* the safe answer is the default one */
+  }
+
+  async function answer(id, value, card) {
+    card.buttons.forEach((b) => { b.disabled = true; });
+    card.error.textContent = "";
+    try {
+      const decided = await post("/approvals/" + encodeURIComponent(id), { answer: value });
+      if (decided && decided.state !== "pending") removeCard(id);
+    } catch (e) {
+      card.error.textContent = e.message;
+      await refetchApprovals();
+      if (cards.has(id)) card.buttons.forEach((b) => { b.disabled = false; });
+    }
+  }
+
+  async function refetchApprovals() {
+    try {
+      const resp = await fetch(base + "/approvals", { credentials: "same-origin", cache: "no-store" });
+      if (resp.ok) applySnapshot(await resp.json());
+    } catch (e) { /* the stream's reconnection fetches it again */ }
+  }
+
+  function tick() {
+    for (const card of cards.values()) {
+      if (typeof card.left !== "number") { card.countdown.textContent = ""; continue; }
+      const left = Math.max(0, Math.ceil(card.left - (Date.now() - card.received) / 1000));
+      card.countdown.textContent = left > 0 ? `denied automatically in ${left} s` : "denying (no answer in time)";
+    }
+  }
+
+  /* ---- state and controls ---------------------------------------------------------------- */
+  function applyState(next, screen) {
+    if (typeof next !== "string") return;
+    const el = $("state");
+    el.textContent = next;
+    el.className = "state state-" + next.replace(/[^a-z]/g, "");
+    $("takeover").disabled = next !== "running";
+    $("resume").disabled = !(next === "pausing" || next === "human");
+    $("cancel").disabled = next === "finished" || next === "starting";
+    if (screen) window.DSScreen.setScreen(screen);
+    window.DSScreen.setState(next);
+  }
+
+  async function control(path) {
+    $("control-error").textContent = "";
+    try {
+      const data = await post(path, {});
+      if (data && data.state) applyState(data.state.state, data.state.screen);
+    } catch (e) {
+      $("control-error").textContent = e.message;
+    }
+  }
+
+  async function sendInput(action) {
+    try {
+      await post("/input", action);
+    } catch (e) {
+      $("control-error").textContent = e.message;
+    }
+  }
+
+  /* ---- the log ---------------------------------------------------------------------------- */
+  function line(listId, ts, text, cls) {
+    const list = $(listId);
+    const li = node("li", null, cls);
+    if (typeof ts === "string") li.appendChild(node("span", ts.slice(11, 19), "ts"));
+    li.appendChild(document.createTextNode(text));
+    list.appendChild(li);
+    while (list.childElementCount > MAX_LINES) list.removeChild(list.firstElementChild);
+    list.scrollTop = list.scrollHeight;
+    return li;
+  }
+
+  const short = (v, n) => { const t = typeof v === "string" ? v : JSON.stringify(v); return t.length > n ? t.slice(0, n - 3) + "..." : t; };
+
+  function showUsage() {
+    let text = `usage: ${usage.total} tokens (in ${usage.input}, out ${usage.output}) over ${usage.responses} responses`;
+    if (usage.missing) text += `, ${usage.missing} without usage`;
+    $("usage").textContent = text;
+  }
+
+  function addEntry(e) {
+    if (!e || typeof e !== "object") return;
+    const ts = e.ts;
+    switch (e.type) {
+      case "run_started":
+        line("log", ts, `run started: task ${e.task && e.task.name} (${e.mode || "?"}${e.model ? ", " + e.model : ""})`);
+        break;
+      case "model_response":
+        usage.responses += 1;
+        if (e.usage) {
+          usage.input += e.usage.input_tokens || 0;
+          usage.output += e.usage.output_tokens || 0;
+          usage.total += e.usage.total_tokens || 0;
+        } else usage.missing += 1;
+        showUsage();
+        line("messages", ts, `step ${usage.responses}: response${e.http_status ? " (HTTP " + e.http_status + ")" : ""}${e.error ? " error " + short(e.error, 200) : ""}`, e.error ? "bad" : "");
+        break;
+      case "computer_call": {
+        const n = Array.isArray(e.actions) ? e.actions.length : 0;
+        const checks = Array.isArray(e.pending_checks) && e.pending_checks.length ? `, ${e.pending_checks.length} safety check(s)` : "";
+        line("log", ts, `computer_call ${e.call_id || ""}: ${n} action(s)${checks}`);
+        break;
+      }
+      case "action":
+        line("log", ts, `  ${e.action || "?"}${typeof e.duration_ms === "number" ? " " + Math.round(e.duration_ms) + " ms" : ""}${e.error ? " FAILED: " + e.error : ""}`, e.error ? "bad" : "");
+        break;
+      case "human_action":
+        line("log", ts, `  person${e.by ? " (" + e.by + ")" : ""}: ${short(e.action, 200)}`, "human");
+        break;
+      case "screenshot": {
+        const li = line("log", ts, "  screenshot ");
+        if (typeof e.file === "string" && SHOT.test(e.file)) {
+          const a = node("a", e.file);
+          a.href = `${base}/shots/${e.file}`;
+          a.target = "_blank";
+          a.rel = "noopener";
+          li.appendChild(a);
+        }
+        break;
+      }
+      case "approval":
+        line("log", ts, `approval (${e.what}): ${e.decision} by ${e.by}${e.codes && e.codes.length ? " [" + e.codes.join(", ") + "]" : ""}`, e.decision === "approved" ? "good" : "bad");
+        break;
+      case "network":
+        line("network", ts, `${e.decision} ${e.origin}${e.reason ? " (" + e.reason + ")" : ""}`, e.decision === "allow" ? "good" : "bad");
+        break;
+      case "network_log":
+        line("network", ts, `decision log ${e.complete ? "complete" : "INCOMPLETE"}: ${e.decisions} decision(s)`, e.complete ? "" : "bad");
+        break;
+      case "check":
+        line("log", ts, `check ${e.passed ? "pass" : "FAIL"} ${e.kind || ""} ${e.target || ""}`, e.passed ? "good" : "bad");
+        break;
+      case "expectation":
+        line("log", ts, `screen expectation turn ${e.turn}: ${e.met ? "met" : "unmet"}${e.reason ? " (" + e.reason + ")" : ""}`, e.met ? "" : "bad");
+        break;
+      case "run_finished":
+        line("log", ts, `run finished: ${e.status}${e.reason ? " (" + e.reason + ")" : ""}`, e.status === "passed" ? "good" : "bad");
+        if (e.final_message) line("messages", ts, `model: ${e.final_message}`);
+        break;
+      default:
+        if (typeof e.type === "string" && e.type.includes("message")) line("messages", ts, short(e.text || e.message || e, 500));
+        else line("log", ts, `${e.type}: ${short(e, 300)}`);
+    }
+  }
+
+  /* ---- the stream ------------------------------------------------------------------------- */
+  function parse(ev) { try { return JSON.parse(ev.data); } catch (e) { return null; } }
+
+  function connect() {
+    const es = new EventSource(base + "/events");
+    es.addEventListener("open", () => { $("conn").textContent = "live"; refetchApprovals(); });
+    es.addEventListener("error", () => { $("conn").textContent = "reconnecting"; });
+    es.addEventListener("approvals", (ev) => { const d = parse(ev); if (d) applySnapshot(d.snapshot); });
+    es.addEventListener("state", (ev) => {
+      const d = parse(ev);
+      if (!d) return;
+      applyState(d.state, d.screen);
+      if (d.last_action) window.DSScreen.showAction(d.last_action);
+    });
+    es.addEventListener("control", (ev) => { const d = parse(ev); if (d) applyState(d.state); });
+    es.addEventListener("action", (ev) => { const d = parse(ev); if (d) window.DSScreen.showAction(d); });
+    es.addEventListener("record", (ev) => { const d = parse(ev); if (d) addEntry(d.entry); });
+    es.addEventListener("end", () => {
+      es.close();
+      $("conn").textContent = "finished";
+      window.location.reload(); /* the finished run's page is its report */
+    });
+  }
+
+  $("takeover").addEventListener("click", () => control("/takeover"));
+  $("resume").addEventListener("click", () => control("/resume"));
+  $("cancel").addEventListener("click", () => {
+    if (window.confirm("Cancel this run? The model stops and pending approvals are withdrawn.")) control("/cancel");
+  });
+  window.DSScreen.init(runId, sendInput);
+  setInterval(tick, 1000); /* the cards' countdown display */
+  connect();
+})();
