@@ -28,8 +28,9 @@ from controller.text import clean
 
 FORMAT = 2
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
-fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``) and the
-``human_action`` and ``takeover`` entries; a format-1 record reads unchanged."""
+fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
+words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries; a format-1 record
+reads unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -100,13 +101,20 @@ class Usage(_Model):
 
 class ModelResponse(_Entry):
     """One ``/responses`` answer: ``http_status`` (a failed request: >= 400 with the body's ``error``),
-    ``response_id``, ``usage`` (None when the response had none)."""
+    ``response_id``, ``usage`` (None when the response had none), ``text``: the model's words in it
+    (its ``output_text`` parts joined, escaped and cut to :data:`MAX_MODEL_TEXT` characters; None when
+    it said nothing)."""
 
     type: Literal["model_response"] = "model_response"
     response_id: Optional[str] = None
     http_status: Optional[int] = None
     usage: Optional[Usage] = None
     error: Any = None
+    text: Optional[str] = None
+
+
+MAX_MODEL_TEXT = 4000
+"""Most characters of a response's text the record keeps (``model_response.text``)."""
 
 
 class ComputerCall(_Entry):

@@ -197,6 +197,8 @@ class RunPrinter:
             return
         self.steps += 1
         self.line(f"step {self.steps} {_short_id(e.response_id)} {_usage(e.usage)}")
+        if e.text:
+            self.line(f"  model: {clean(e.text, 300)}")
 
     def _on_computer_call(self, e: ComputerCall) -> None:
         text = "; ".join(summarize_action(a) for a in e.actions) or "(no actions)"

@@ -26,13 +26,13 @@ from controller.gateway.policy import Decision
 from controller.run.approvals import Decision as ApprovalDecision
 from controller.run.driver import SandboxDriver, SentScreenshot
 from controller.run.entries import (
-    Action, Approval, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted, TaskRef, Usage,
-    problem,
+    MAX_MODEL_TEXT, Action, Approval, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted,
+    TaskRef, Usage, problem,
 )
 from controller.run.model_client import RequestUsage, UsageMeter
 from controller.run.record import RunRecord, redact_action
 from controller.run.tasks import Task
-from controller.text import clean
+from controller.text import clean, clean_lines
 
 MAX_DECISIONS_PER_READ = 1000
 """Most decisions one read during the run copies into the record (the rest wait for the next read)."""
@@ -66,6 +66,18 @@ def network_entry(item: Any, seq: int) -> Network | str:
                    reason=clean(d.reason, FIELD_CHARS["reason"]),
                    via=clean(d.via, FIELD_CHARS["via"]) if d.via is not None else None,
                    at=clean(d.ts, FIELD_CHARS["at"]))
+
+
+def model_text(body: Any) -> str | None:
+    """The words of a ``/responses`` body: the ``output_text`` parts of its ``message`` items, joined by
+    blank lines, escaped (:func:`controller.text.clean`, which keeps line breaks) and cut to
+    :data:`controller.run.entries.MAX_MODEL_TEXT`; None when there are none."""
+    parts: list[str] = []
+    for item in (body.get("output") or []) if isinstance(body, dict) else []:
+        if isinstance(item, dict) and item.get("type") == "message" and isinstance(item.get("content"), list):
+            parts.extend(c["text"] for c in item["content"]
+                         if isinstance(c, dict) and c.get("type") == "output_text" and isinstance(c.get("text"), str))
+    return clean_lines("\n\n".join(parts), MAX_MODEL_TEXT) if parts else None
 
 
 class DecisionTail:
@@ -212,7 +224,8 @@ class RecordingHooks:
         if usage.total_tokens is not None:
             tokens = Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                            total_tokens=usage.total_tokens)
-        self.record.write(ModelResponse(response_id=_text(usage.response_id), http_status=usage.status, usage=tokens))
+        self.record.write(ModelResponse(response_id=_text(usage.response_id), http_status=usage.status, usage=tokens,
+                                        text=model_text(body)))
         for item in (body.get("output") or []) if isinstance(body, dict) else []:
             if not isinstance(item, dict) or item.get("type") != "computer_call":
                 continue

@@ -247,3 +247,21 @@ def test_decision_lines_keep_line_numbers_and_leave_a_partial_line():
     data = b'{"a": 1}\nnot json \x1b\n\n{"b": 2}\n{"c": 3'
     assert parse_decision_lines(data) == [{"a": 1}, "not json \x1b", "", {"b": 2}]
     assert parse_decision_lines(b'{"c": 3') == [] and parse_decision_lines(b"") == []
+
+
+def test_model_words_reach_the_record_escaped_and_capped():
+    from controller.run.recording import model_text
+
+    body = {"output": [
+        {"type": "reasoning", "summary": []},
+        {"type": "message", "content": [{"type": "output_text", "text": "done:\x1b[2J saved"},
+                                        {"type": "refusal", "refusal": "no"}]},
+        {"type": "computer_call", "call_id": "c"},
+        {"type": "message", "content": [{"type": "output_text", "text": "second\nline"}]},
+    ]}
+    said = model_text(body)
+    assert said == "done:\\x1b[2J saved\n\nsecond\nline"
+    assert model_text({"output": [{"type": "computer_call"}]}) is None and model_text(None) is None
+    long = model_text({"output": [{"type": "message", "content": [{"type": "output_text", "text": "x" * 10**5}]}]})
+    assert len(long) <= en.MAX_MODEL_TEXT
+    assert en.as_entry({"type": "model_response", "text": said}).text == said

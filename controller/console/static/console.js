@@ -201,6 +201,7 @@
         } else usage.missing += 1;
         showUsage();
         line("messages", ts, `step ${usage.responses}: response${e.http_status ? " (HTTP " + e.http_status + ")" : ""}${e.error ? " error " + short(e.error, 200) : ""}`, e.error ? "bad" : "");
+        if (e.text) line("messages", ts, `model: ${short(e.text, 2000)}`);
         break;
       case "computer_call": {
         const n = Array.isArray(e.actions) ? e.actions.length : 0;
