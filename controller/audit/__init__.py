@@ -4,11 +4,14 @@
 policy, attaches the gateway (only the gateway) to the targets' network, runs ``guest/netprobe.py`` in the
 guest as the desktop user, and judges every observation together with what the targets and a host canary
 recorded (a probe that "failed" in the guest but left a hit on a target still escaped). ``audit_vm(policy)``
-does the same on the VM backend, without targets (its gateway is a host process).
+does the same on the VM backend, without targets (its gateway is a host process). Both run a real web
+console (controller.console) on the host's loopback for the audit's duration and prove the guest cannot
+reach it while the host can.
 
 Modules: ``topology`` (what the audit knows of a sandbox, per backend), ``probes`` (the one probe list)
 and ``judges`` (its verdict parts), ``targets`` (the target containers; ``target_server.py`` runs in
-them), ``canary`` (the host canary), ``runner`` (running and judging), ``report`` (JSON model and text
+them), ``canary`` (the host canary), ``console`` (the host's web console as a target: its probes and
+the host's positive control), ``runner`` (running and judging), ``report`` (JSON model and text
 table), ``errors``.
 
 Rules come from ARCHITECTURE.md (isolation model) and docs/audit.md, which also documents the JSON report.
@@ -19,6 +22,7 @@ from controller.audit.errors import (
     AuditError,
     AuditImageMissing,
     AuditTargetsFailed,
+    ConsoleNotStarted,
     GatewayNotListening,
     ProbeRunFailed,
 )
@@ -41,7 +45,8 @@ from controller.audit.topology import AuditTopology, audit_topology
 __all__ = [
     "ALLOWED_NAME", "DENIED_NAME", "DENY_BODY", "FIXTURE_ORIGIN", "REPORT_VERSION", "TARGET_DOMAIN",
     "TARGET_HTTP_PORT", "AuditError", "AuditImageMissing", "AuditReport", "AuditTargets", "AuditTargetsFailed",
-    "AuditTopology", "GatewayNotListening", "HostCanary", "Probe", "ProbePlan", "ProbeResult", "ProbeRunFailed",
+    "AuditTopology", "ConsoleNotStarted", "GatewayNotListening", "HostCanary", "Probe", "ProbePlan", "ProbeResult",
+    "ProbeRunFailed",
     "_proxy_refused", "audit", "audit_vm", "build_probes", "audit_topology",
     "effective_policy", "host_port", "ip_forms", "render_table", "run_audit", "through_proxy",
 ]

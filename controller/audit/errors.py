@@ -26,3 +26,8 @@ class GatewayNotListening(AuditError):
 class ProbeRunFailed(AuditError):
     """``guest/netprobe.py`` did not run to completion in the guest (non-zero exit, killed at its
     deadline) or its output was not a probe report (not JSON, over the size cap, no ``results`` list)."""
+
+
+class ConsoleNotStarted(AuditError):
+    """The web console the audit runs on the host (its ``console`` probes' target) did not start
+    listening on 127.0.0.1."""

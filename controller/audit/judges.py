@@ -128,3 +128,8 @@ def ip_forms(address: str) -> list[str]:
         f"[::ffff:{ip}]",
         f"[::ffff:{(a << 8) | b:x}:{(c << 8) | d:x}]",
     ]
+
+
+LOOPBACK_FORMS = ip_forms("127.0.0.1") + ["localhost", "[::1]", "0", "0.0.0.0"]
+"""Spellings of the loopback address the probes ask the proxy for (every form of 127.0.0.1, the name,
+IPv6, and the addresses that mean "this host")."""

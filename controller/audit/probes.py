@@ -2,7 +2,8 @@
 
 ``build_probes(plan)`` resolves each probe's addresses from the sandbox's ``AuditTopology`` (gateway,
 host, resolvers, published ports) and, on backends that have them, the audit's own targets (Docker: the
-recorder and allowed containers). Probes that need the targets are left out without them. docs/audit.md
+recorder and allowed containers); the host's web console's port adds the ``console`` group
+(controller.audit.console). Probes that need the targets are left out without them. docs/audit.md
 lists the groups and why each probe is there.
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from controller.audit.console import console_probes
 from controller.audit.judges import (
+    LOOPBACK_FORMS,
     Hits,
     Judge,
     Probe,
@@ -44,7 +47,6 @@ HOST_PORTS = [22, 53, 80, 443, 2375, 2376, 3128, 8000, 8080]
 METADATA = "169.254.169.254"
 DOCUMENTATION_V6 = ["2001:db8::1", "fd00:ec2::254"]
 """IPv6 addresses outside the sandbox (documentation prefix, AWS's IPv6 metadata address)."""
-LOOPBACK_FORMS = ip_forms("127.0.0.1") + ["localhost", "[::1]", "0", "0.0.0.0"]
 METADATA_FORMS = ip_forms(METADATA) + ["[fd00:ec2::254]", "metadata.google.internal", "100.100.100.200"]
 
 
@@ -52,13 +54,15 @@ METADATA_FORMS = ip_forms(METADATA) + ["[fd00:ec2::254]", "metadata.google.inter
 class ProbePlan:
     """What the probe list is resolved from: the sandbox's ``topology``, the audit's ``targets`` (None on
     backends without them), the run's DNS ``canary_name``, the host canary's ``canary_port`` and the
-    audited ``policy`` (its allowed origins each get a probe)."""
+    audited ``policy`` (its allowed origins each get a probe) and the host's web console's port."""
 
     topology: AuditTopology
     targets: Optional[AuditTargets]
     canary_name: str
     canary_port: int
     policy: NetworkPolicy
+    console_port: Optional[int] = None
+    """The port of the web console on the host's 127.0.0.1 (the ``console`` group); None: no console."""
 
 
 def build_probes(plan: ProbePlan) -> list[Probe]:
@@ -173,6 +177,8 @@ def build_probes(plan: ProbePlan) -> list[Probe]:
             add(name, topo.host_label, host_port(host_ip, port), "blocked",
                 {"kind": "udp", "host": host_ip, "port": port}, blocked(connected, no_hits(target="host")))
 
+    if plan.console_port is not None:  # the host's web console, every way the probes above reach the host
+        probes.extend(console_probes(topo, plan.console_port))
     probes.extend(origin_probes(plan, proxy))
     probes.extend(host_header_probes(plan, proxy))
     return probes

@@ -1,8 +1,10 @@
 """Running the audit: the probe list in the guest, the targets' and host canary's records, the verdicts.
 
-``run_audit(topology, policy, targets=..., host_canary=...)`` is the same for every backend; ``audit``
-(Docker: targets, sandbox, gateway attached to the targets) and controller.audit.vm's ``audit_vm`` (VM: no
-targets; the gateway is a host process) start what it needs and remove it afterwards.
+``run_audit(topology, policy, targets=..., host_canary=..., console=...)`` is the same for every backend;
+``audit`` (Docker: targets, sandbox, gateway attached to the targets) and controller.audit.vm's
+``audit_vm`` (VM: no targets; the gateway is a host process) start what it needs — the host canary and
+the web console (controller.audit.console) first, so both run for the audit's whole duration — and
+remove it afterwards.
 
 The guest is hostile: netprobe's output is read under a deadline (``timeout``) and a size cap
 (:data:`MAX_PROBE_OUTPUT`), every observation is checked against the probe it claims to answer, and one
@@ -11,6 +13,7 @@ that is missing or malformed is judged as observed ``error`` (a failed probe), n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -20,7 +23,8 @@ from typing import Any, Optional
 
 from controller.audit import probes as probe_list
 from controller.audit.canary import HostCanary
-from controller.audit.errors import AuditImageMissing, GatewayNotListening, ProbeRunFailed
+from controller.audit.console import ConsoleLike, audit_console, console_control_probe, host_check
+from controller.audit.errors import AuditImageMissing, ConsoleNotStarted, GatewayNotListening, ProbeRunFailed
 from controller.audit.judges import Hits, Probe
 from controller.audit.report import AuditReport, ProbeResult, utc_now
 from controller.audit.targets import AuditTargets, effective_policy, new_canary_name
@@ -37,22 +41,32 @@ _NETPROBE = Path(__file__).resolve().parents[2] / "guest" / "netprobe.py"
 
 
 def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Optional[AuditTargets] = None,
-              host_canary: Optional[HostCanary] = None, timeout: float = 300.0) -> AuditReport:
+              host_canary: Optional[HostCanary] = None, console: Optional[ConsoleLike] = None,
+              timeout: float = 300.0) -> AuditReport:
     """Run every probe in the guest of ``topology``'s sandbox and judge them; return the report.
 
     The sandbox's gateway enforces ``effective_policy(policy, targets)`` and, with ``targets``, is
     attached to them. ``host_canary``: listeners on the host (one is opened and closed here when None).
+    ``console``: the web console running on the host's 127.0.0.1 (a real one is started on a temporary
+    runs directory and stopped here when None); the ``console`` probes aim at its port and the host's
+    own requests to it, before and after the guest's probes, are the positive control.
     ``timeout``: seconds for the probe run in the guest. Raises GatewayNotListening, ProbeRunFailed (both
-    AuditError) or controller.sandbox.SandboxError.
+    AuditError), ConsoleNotStarted (AuditError: the console did not start) or
+    controller.sandbox.SandboxError.
     """
     started = utc_now()
-    own_canary = host_canary is None
-    canary = host_canary or HostCanary()
-    try:
+    with contextlib.ExitStack() as stack:
+        canary = host_canary if host_canary is not None else stack.enter_context(HostCanary())
+        console = console if console is not None else stack.enter_context(audit_console())
+        if not console.port:
+            raise ConsoleNotStarted("the web console given to the audit is not listening (no port)")
         plan = probe_list.ProbePlan(topology=topology, targets=targets, policy=policy, canary_port=canary.port,
-                                    canary_name=targets.canary if targets is not None else new_canary_name())
+                                    canary_name=targets.canary if targets is not None else new_canary_name(),
+                                    console_port=console.port)
         probes = probe_list.build_probes(plan)
+        console_before = host_check(console.port)
         observations = run_probes(topology, probes, timeout=timeout)
+        console_after = host_check(console.port)
         canary.flush()
         if targets is not None:
             targets.flush()
@@ -69,11 +83,9 @@ def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Option
             report.probes.extend(target_summary_probes(targets, hits))
         report.probes.append(host_canary_probe(canary, f"{topology.host_label}-canary"))
         report.probes.append(canary_resolution_probe(plan.canary_name, report.decisions))
+        report.probes.append(console_control_probe(console.port, console_before, console_after))
         report.finished = utc_now()
         return report
-    finally:
-        if own_canary:
-            canary.close()
 
 
 def run_probes(topology: AuditTopology, probes: list[Probe], *, timeout: float) -> list[dict[str, Any]]:
@@ -176,10 +188,11 @@ def target_summary_probes(targets: AuditTargets, hits: Hits) -> list[ProbeResult
 
 
 def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = None,
-          ready_timeout: float = 120.0) -> AuditReport:
-    """Start targets and a Docker sandbox with ``policy`` (``image``: the guest image tag, default the
-    sandbox's; ``client``: a docker.DockerClient), attach the gateway to the targets, run the audit,
-    remove everything; return the report.
+          ready_timeout: float = 120.0, console: Optional[ConsoleLike] = None) -> AuditReport:
+    """Start the host canary, the web console (unless ``console``, one already listening, is given),
+    targets and a Docker sandbox with ``policy`` (``image``: the guest image tag, default the sandbox's;
+    ``client``: a docker.DockerClient), attach the gateway to the targets, run the audit, remove
+    everything; return the report.
 
     Raises AuditImageMissing, another AuditError, controller.sandbox.SandboxError or
     docker.errors.DockerException when the run cannot start.
@@ -196,14 +209,17 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
         client.images.get(image)
     except docker.errors.ImageNotFound:
         raise AuditImageMissing(f"image {image} not found; build it with `make desktop`") from None
-    with HostCanary() as canary:
+    with contextlib.ExitStack() as stack:
+        canary = stack.enter_context(HostCanary())
+        console = console if console is not None else stack.enter_context(audit_console())
         targets = AuditTargets.start(client, image, {LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
                                                      LABEL_OWNER_ID: owner_id()})
         try:
             spec = SandboxSpec(policy=effective_policy(policy, targets), ready_timeout=ready_timeout)
             with DockerSandbox.start(spec, DockerOptions(image=image), client=client) as sandbox:
                 targets.gateway_ip, targets.gateway_ip6 = sandbox.attach_gateway(targets.network_name)
-                return run_audit(audit_topology(sandbox), policy, targets=targets, host_canary=canary)
+                return run_audit(audit_topology(sandbox), policy, targets=targets, host_canary=canary,
+                                 console=console)
         finally:
             targets.close()
 

@@ -75,6 +75,7 @@ from controller.sandbox.docker_hardening import (
     check_memory_budget,
     desktop_tmpfs,
 )
+from controller.gateway.relay import interface_addresses
 from controller.sandbox.owner import owner_id
 from controller.text import clean_lines
 
@@ -519,10 +520,17 @@ class DockerSandbox(Sandbox):
 
 
 def _network_gateway(network: Any) -> str | None:
-    """The IPv4 bridge address of a Docker network (the host's address on it), or None."""
+    """The IPv4 bridge address of a Docker network (the host's address on it), or None.
+
+    The network's IPAM ``Gateway`` when Docker lists one; else (the default bridge on some engines
+    lists only its subnet) the IPv4 address of its bridge interface on this host (``docker0``, named in
+    ``com.docker.network.bridge.name``, or ``br-<id>``)."""
     network.reload()
     for config in network.attrs.get("IPAM", {}).get("Config") or []:
         gateway = config.get("Gateway")
         if gateway and "." in gateway:
             return gateway.split("/")[0]
-    return None
+    options = network.attrs.get("Options") or {}
+    bridge = options.get("com.docker.network.bridge.name") or f"br-{str(network.attrs.get('Id', ''))[:12]}"
+    address = interface_addresses().get(bridge)
+    return str(address) if address is not None else None

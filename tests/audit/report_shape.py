@@ -12,7 +12,7 @@ import json
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import controller.audit.probes
 from controller.audit import AuditReport, Probe, ProbePlan, ProbeResult
@@ -110,6 +110,9 @@ def check_report(data: dict[str, Any]) -> AuditReport:
         assert probe["expected"] in ("blocked", "allowed"), probe
         assert any(p.fullmatch(probe["observed"]) for p in observed), f"undocumented observed word: {probe}"
         assert not (probe["escaped"] and (probe["passed"] or probe["expected"] != "blocked")), probe
+        # only the origins a policy allows, and the host's own reach of the console, are expected through
+        assert probe["expected"] == "blocked" or probe["category"] == "origins" \
+            or probe["name"] == "console-reachable-from-host", probe
     summary = [p["name"] for p in data["probes"] if p["category"] == "summary"]
     assert summary == categories["summary"], summary
     assert data["passed"] == all(p["passed"] for p in data["probes"])
@@ -139,15 +142,24 @@ def check_model_is_documented() -> None:
     assert documented_decision()[0] == set(Decision.model_fields)
 
 
-def record_probe_list(monkeypatch) -> list[Probe]:
-    """Make ``run_audit`` keep the probe list it builds (``controller.audit.probes.build_probes``); returns the
-    list it fills. A report holds one result per listed probe, in order, then the summary probes."""
-    built: list[Probe] = []
+class BuiltProbes(list):
+    """The probes ``run_audit`` built (a list of Probe), and ``plans``: the ProbePlan(s) it built them from."""
+
+    plans: list[ProbePlan]
+
+
+def record_probe_list(monkeypatch) -> BuiltProbes:
+    """Make ``run_audit`` keep the probe list it builds (``controller.audit.probes.build_probes``) and its
+    plan; returns the list it fills. A report holds one result per listed probe, in order, then the summary
+    probes."""
+    built = BuiltProbes()
+    built.plans = []
     build = controller.audit.probes.build_probes
 
     def recording(plan: ProbePlan) -> list[Probe]:
         probes = build(plan)
         built.extend(probes)
+        built.plans.append(plan)
         return probes
 
     monkeypatch.setattr(controller.audit.probes, "build_probes", recording)
@@ -157,3 +169,53 @@ def record_probe_list(monkeypatch) -> list[Probe]:
 def expected_probe_names(built: list[Probe]) -> list[str]:
     """Every probe name a report of the run that built ``built`` must hold, in order."""
     return [p.name for p in built] + documented_categories()["summary"]
+
+
+@cache
+def documented_console_count() -> tuple[int, int]:
+    """``(a, b)`` of the ``console`` group's documented size, ``a·h + b`` probes for ``h`` host addresses."""
+    text = " ".join(_between("- `console`:", "- `summary`:").split())
+    m = re.search(r"With `h` host addresses: `(\d+)h \+ (\d+)` probes", text)
+    assert m, "docs/audit.md no longer states the console group's size"
+    return int(m.group(1)), int(m.group(2))
+
+
+CONSOLE_REFUSED = {"refused", "timeout", "unreachable", "error", "status:403"}
+"""What a guest's ``console`` probe may observe (the gateway's 403 only with its own body: the judge)."""
+
+
+def check_console_probes(data: dict[str, Any], host_ips: Sequence[str], port: int) -> list[dict[str, Any]]:
+    """Assert that a report (parsed JSON) aimed the ``console`` group at the console on 127.0.0.1:``port``
+    exactly as docs/audit.md says for a sandbox whose host addresses are ``host_ips`` — as many probes as
+    the documented formula, every way named, each refused — and that the positive control reached the
+    console from the host; return the group's probes."""
+    a, b = documented_console_count()
+    probes = [p for p in data["probes"] if p["category"] == "console"]
+    names = {p["name"] for p in probes}
+    assert len(probes) == a * len(host_ips) + b, (len(probes), len(host_ips), sorted(names))
+    wanted = {f"console-{way}-{ip}:{port}" for ip in host_ips for way in ("tcp", "proxy", "connect")}
+    wanted |= {f"console-{way}-{form}:{port}" for way in ("proxy", "connect")
+               for form in ("127.0.0.1", "localhost", "[::1]", "2130706433", "0x7f000001", "[::ffff:127.0.0.1]",
+                            "0", "0.0.0.0", "host.docker.internal")}
+    wanted |= {f"console-tcp-127.0.0.1:{port}", f"console-tcp-host.docker.internal:{port}"}
+    assert wanted <= names, sorted(wanted - names)
+    for p in probes:
+        assert p["expected"] == "blocked" and p["target"].startswith("console ") and str(port) in p["target"], p
+        assert p["passed"] and not p["escaped"] and p["observed"] in CONSOLE_REFUSED, p
+        if p["name"].startswith(("console-proxy-", "console-connect-")):
+            assert p["observed"] == "status:403", p  # the gateway answered, and refused
+    control = next(p for p in data["probes"] if p["name"] == "console-reachable-from-host")
+    assert control["category"] == "summary" and control["expected"] == "allowed", control
+    assert control["target"] == f"console 127.0.0.1:{port} from the host", control
+    assert control["passed"] and control["observed"] == "status:401", control  # the console's own refusal
+    assert [control["detail"][k]["detail"]["code"] for k in ("before", "after")] == ["unauthenticated"] * 2
+    return probes
+
+
+def console_port(data: dict[str, Any]) -> int:
+    """The console's port, as the positive control's target (``console 127.0.0.1:PORT from the host``)
+    names it in a report (parsed JSON)."""
+    control = next(p for p in data["probes"] if p["name"] == "console-reachable-from-host")
+    m = re.fullmatch(r"console 127\.0\.0\.1:(\d+) from the host", control["target"])
+    assert m, control
+    return int(m.group(1))

@@ -129,11 +129,13 @@ def targets() -> AuditTargets:
                         recorder_ip6="fd00:1::3", gateway_ip="172.26.0.4", gateway_ip6="fd00:1::4")
 
 
-def run_standin_audit(policy: NetworkPolicy, through: Collection[str] = ()) -> AuditReport:
-    """``run_audit`` of ``policy`` on the stand-in (a real host canary, which nothing reaches)."""
+def run_standin_audit(policy: NetworkPolicy, through: Collection[str] = (), *, console: Any = None,
+                      sandbox: Optional[StandInSandbox] = None) -> AuditReport:
+    """``run_audit`` of ``policy`` on the stand-in (a real host canary, which nothing reaches; ``console``:
+    the web console, by default a real one ``run_audit`` starts; ``sandbox``: another stand-in)."""
     with HostCanary() as canary:
-        return run_audit(audit_topology(StandInSandbox(through)), policy, targets=targets(), host_canary=canary,
-                         timeout=30)
+        return run_audit(audit_topology(sandbox or StandInSandbox(through)), policy, targets=targets(),
+                         host_canary=canary, console=console, timeout=30)
 
 
 def audit_factory(through: Collection[str] = ()):

@@ -15,7 +15,9 @@ import pytest
 from controller.audit import FIXTURE_ORIGIN
 from controller.gateway.policy import NetworkPolicy
 
-from .report_shape import check_model_is_documented, check_report, expected_probe_names, record_probe_list
+from .report_shape import (
+    check_console_probes, check_model_is_documented, check_report, expected_probe_names, record_probe_list,
+)
 from .standin import run_standin_audit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +38,11 @@ def test_a_report_has_the_documented_shape_and_a_result_for_every_probe(monkeypa
     assert [p["name"] for p in data["probes"]] == expected_probe_names(built)
     assert data["passed"] and data["escaped"] == [], [p for p in data["probes"] if not p["passed"]]
     assert data["policy"] == policy.model_dump(mode="json")
-    expected = {p["name"]: p["expected"] for p in data["probes"]}
+    expected = {p["name"]: p["expected"] for p in data["probes"] if p["category"] != "summary"}
     assert sorted(n for n, e in expected.items() if e == "allowed") == sorted(through - {"redirect-allowed-to-denied"})
+    # the web console run_audit started: every way to it from the guest refused, the host reached it
+    [plan] = built.plans
+    check_console_probes(data, plan.topology.host_ips, plan.console_port)
 
 
 def test_an_escape_fails_the_report():

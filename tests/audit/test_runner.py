@@ -19,6 +19,7 @@ from controller.sandbox.vm import SLIRP_DNS, SLIRP_HOST
 from controller.gateway.policy import NetworkPolicy
 from controller.sandbox import ExecResult
 
+from .report_shape import check_console_probes, console_port
 from .standin import CANARY, StandInSandbox, targets
 
 
@@ -27,7 +28,7 @@ def _topology(exec_in_guest) -> AuditTopology:
 
 
 def _probes(topology: AuditTopology):
-    return build_probes(ProbePlan(topology, targets(), CANARY, 9, NetworkPolicy()))
+    return build_probes(ProbePlan(topology, targets(), CANARY, 9, NetworkPolicy(), console_port=39999))
 
 
 def test_missing_misnamed_and_malformed_observations_are_errors_not_trusted():
@@ -98,11 +99,15 @@ def test_the_same_probe_list_serves_a_backend_without_targets(through, escaped):
     report = run_audit(_vm_like(StandInSandbox(through | {"policy-origin-https://example.com"})), policy, timeout=30)
     names = [p.name for p in report.probes]
     assert len(names) == len(set(names))
-    assert [p.name for p in report.probes if p.category == "summary"] == ["host-canary", "canary-not-resolved-by-gateway"]
+    assert [p.name for p in report.probes if p.category == "summary"] == [
+        "host-canary", "canary-not-resolved-by-gateway", "console-reachable-from-host"]
     assert not [n for n in names if n.startswith(("direct-tcp-v4", "doh-direct", "proxy-private", "gateway-relay"))]
     assert {"host-tcp-10.0.2.2", "proxy-loopback-127.0.0.1:40001", "policy-origin-https://example.com"} <= set(names)
     assert report.effective_policy == report.policy and report.target_hits == []
     assert report.escaped == escaped and report.passed is not escaped
+    # the console on the host's loopback, through QEMU's alias of it (10.0.2.2) and the gateway's loopback
+    data = json.loads(report.to_json())
+    check_console_probes(data, [SLIRP_HOST, SLIRP_DNS], console_port(data))
 
 
 def test_host_header_probes_escape_when_let_through_or_seen_by_a_target():

@@ -100,13 +100,25 @@ def test_root_file_system_is_read_only(vm_sandbox):
     assert "Read-only file system" in out and "1000" in out and "home-ok" in out
 
 
-def test_audit_passes_on_the_vm(vm_sandbox, tmp_path):
+def test_audit_passes_on_the_vm(vm_sandbox, tmp_path, monkeypatch):
     from controller.audit import audit_vm
     from controller.gateway.policy import NetworkPolicy
+    from controller.sandbox.vm import SLIRP_DNS, SLIRP_HOST
+    from tests.audit.report_shape import check_console_probes, console_port, record_probe_list
 
+    built = record_probe_list(monkeypatch)
     report = audit_vm(NetworkPolicy(), sandbox=vm_sandbox)
     (tmp_path / "audit.json").write_text(report.to_json())
     failed = [(p.name, p.observed) for p in report.probes if not p.passed]
     assert not failed, failed
-    assert len(report.probes) > 40
+    # one result per probe built for this VM, then the VM's summary probes (the web console's control last)
+    summary = ["host-canary", "canary-not-resolved-by-gateway", "console-reachable-from-host"]
+    assert [p.name for p in report.probes] == [p.name for p in built] + summary
+    # the web console on the host's loopback: QEMU's alias of it, 10.0.2.2, and the gateway's own
+    # loopback (a host process) among the ways, as many probes as documented, each refused
+    data = json.loads(report.to_json())
+    [plan] = built.plans
+    assert plan.topology.host_ips[:2] == (SLIRP_HOST, SLIRP_DNS)
+    console = check_console_probes(data, plan.topology.host_ips, console_port(data))
+    assert len(report.probes) - len(console) > 40  # the rest of the audit, as before the console
     assert not report.host_hits
