@@ -2,7 +2,7 @@
 path into a Docker sandbox, each beside its floor, all measured in one run.
 
 ``python -m controller.bench [--iterations N] [--baseline-iterations M] [--no-baseline] [--image TAG]
-[--no-docker] [--json FILE]``
+[--no-docker] [--console-iterations K] [--no-console] [--json FILE]``
 
 **Loopback.** A private Xvfb 1280x800x24 with a few terminals full of text (a realistic, compressible
 screen), the agent as a real subprocess on 127.0.0.1, wall time per operation in ms:
@@ -31,6 +31,10 @@ controller's real path, driver -> ``AgentClient`` -> gateway relay -> agent:
 
 ``settle cost`` = settled step p50 - click+screenshot p50 (same path), what the settle adds per step.
 
+**Web console** (:mod:`controller.bench_console`; skipped, with the reason, without Xvfb, Debian's chromium
+or Playwright): action-to-pixels in the console's page beside its floor (the same click straight to the
+agent, its screenshot polled), and the controller's CPU cost of the live view at 5 frames a second.
+
 Sampling: every case of a group is sampled round-robin (sample i of each case before sample i+1 of
 any), agent and baseline alike, so load on the machine spreads over all of them; the in-guest floor runs
 in blocks between rounds of driver samples. p50 is the median; p95 is the nearest-rank percentile
@@ -38,10 +42,10 @@ in blocks between rounds of driver samples. p50 is the median; p95 is the neares
 
 Targets checked: loopback click+screenshot PNG p50 <= 20 ms and >= 10x the baseline; settled step p50
 < 150 ms (loopback, and through the relay); driver click+screenshot through the relay <= 3x the
-in-guest floor (p50s).
+in-guest floor (p50s); console action-to-pixels p50 < 150 ms; the browser receives the live view's 5 fps.
 
-One module (about 470 lines): the two sections share the sampling, the percentiles and the report, and
-each target sits beside the measurement it judges.
+One module (about 490 lines): the two sections share the sampling, the percentiles and the report, and
+each target sits beside the measurement it judges; the console's section, with its browser, is its own.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.agent_client import AgentClient
+from controller.bench_console import checks as console_checks, render_lines as console_lines, run_console
 from controller.text import clean, clean_lines
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
@@ -339,10 +344,13 @@ def _p50(rows: dict[str, dict[str, Any]], name: str) -> float | None:
 
 
 def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
-              baseline: bool = True, image: str | None = DEFAULT_IMAGE) -> dict[str, Any]:
-    """Every section (module doc; ``image`` None skips the Docker one); returns the report dict."""
+              baseline: bool = True, image: str | None = DEFAULT_IMAGE,
+              console_iterations: int | None = 30) -> dict[str, Any]:
+    """Every section (module doc; ``image`` None skips the Docker one, ``console_iterations`` None the
+    console); returns the report dict."""
     results = run_loopback(iterations, baseline_iterations, type_iterations, baseline)
     docker = run_docker(image, iterations) if image else {"skipped": "--no-docker"}
+    console = run_console(console_iterations) if console_iterations else {"skipped": "--no-console"}
     derived: dict[str, float] = {}
     checks: dict[str, bool] = {}
     png = results["click+screenshot png"]
@@ -368,8 +376,9 @@ def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iteratio
             step <= TARGET_FLOOR_RATIO * floor)
         checks[f"docker settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
         checks["docker idle-screen waits settled"] = all(v is True for v in docker["idle_wait_settled"])
+    checks.update(console_checks(console))
     return {"screen": "1280x800x24", "iterations": iterations, "settle_rule": SETTLE_RULE,
-            "results": results, "docker": docker, "derived": derived, "checks": checks}
+            "results": results, "docker": docker, "console": console, "derived": derived, "checks": checks}
 
 
 def _fmt(value: float | None, width: int) -> str:
@@ -399,6 +408,8 @@ def render(report: dict[str, Any]) -> str:
             a = row["agent"]
             lines.append(f"{name:36} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4} "
                          f"{(str(row['x_floor']) + 'x') if 'x_floor' in row else '-':>8}")
+    if "console" in report:
+        lines += ["", *console_lines(report["console"])]
     for name, value in report["derived"].items():
         lines.append(f"{name}: {value:.2f}")
     lines.append("times in ms; p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; "
@@ -438,6 +449,8 @@ def _print(report: dict[str, Any]) -> None:
             table.add_row(name, f"{a['p50']:.2f}", f"{a['p95']:.2f}", str(a["n"]),
                           f"{row['x_floor']:.2f}x" if "x_floor" in row else "-")
         console.print(table)
+    for line in console_lines(report["console"]) if "console" in report else ():
+        console.print(line, markup=False, emoji=False, highlight=False)
     for name, value in report["derived"].items():
         console.print(f"{name}: {value:.2f}", highlight=False)
     console.print("p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; x floor = p50 / in-guest floor p50",
@@ -455,10 +468,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="guest image of the Docker section")
     parser.add_argument("--no-docker", action="store_true", help="skip the Docker sandbox section")
+    parser.add_argument("--console-iterations", type=int, default=30, help="action-to-pixels samples in the console")
+    parser.add_argument("--no-console", action="store_true", help="skip the web console section")
     parser.add_argument("--json", help="also write the report to this file")
     ns = parser.parse_args(argv)
     report = run_bench(ns.iterations, ns.baseline_iterations, ns.type_iterations, baseline=not ns.no_baseline,
-                       image=None if ns.no_docker else ns.image)
+                       image=None if ns.no_docker else ns.image,
+                       console_iterations=None if ns.no_console else ns.console_iterations)
     _print(report)
     if ns.json:
         with open(ns.json, "w", encoding="utf-8") as fh:

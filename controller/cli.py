@@ -468,7 +468,7 @@ def _keep_serving(server: Any, noted: list[int]) -> None:
     until Enter, or a signal (``noted`` grows: signals are deferred here)."""
     import select
 
-    console.print(f"the console goes on showing this run at {server.origin}/: press Enter (or Ctrl-C) to stop it",
+    console.print(f"the console goes on showing this run at {server.base}/: press Enter (or Ctrl-C) to stop it",
                   markup=False, highlight=False)
     before = len(noted)
     while len(noted) == before:

@@ -2,6 +2,7 @@
 
 ==============================================  ===============================================================
 ``GET /login?t=<token>``                        the one-time token for the session cookie; 303 to ``/``
+(every path here is under the secret base, :attr:`controller.console.auth.Auth.base`)
 ``GET /``                                       the runs list (live runs on top, then newest first)
 ``GET /runs/{id}``                              a live run's page, or a finished run's report
 ``GET /runs/{id}/state``                        ``describe()`` plus ``last_action`` (JSON)
@@ -29,7 +30,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,7 +41,7 @@ from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, 
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
 from controller.run import json_semantics
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
-from controller.report.html import render_report
+from controller.report.html import read_shot, render_report
 from controller.run.record import read_entries, summarize
 from controller.run.registry import AnswerRefused
 from controller.text import clean
@@ -64,6 +65,10 @@ def error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
 
 
+FRAME_THREADS = 4
+"""Threads that fetch live frames from the guest (shared by every viewer of every run)."""
+
+
 class ConsoleState:
     """What the routes share: ``runs_dir``, ``auth``, the live runs (by id, in the order added),
     ``closing`` (set when the console stops: streams end), the runs list and ``waits``, the threads
@@ -76,6 +81,10 @@ class ConsoleState:
         self.closing = threading.Event()
         self.index = RunIndex(self.runs_dir)
         self.waits = ThreadPoolExecutor(max_workers=WAIT_THREADS, thread_name_prefix="console-events")
+        # frames and a person's input call the guest, which may be slow on purpose: each has threads of
+        # its own, so neither starves the other, the event streams, or the run's controls (run inline)
+        self.frames = ThreadPoolExecutor(max_workers=FRAME_THREADS, thread_name_prefix="console-frames")
+        self.inputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-input")
 
     def live_run(self, run_id: str) -> LiveRun:
         """The live run ``run_id``: 404 ``unknown_run`` for a bad or unknown id, ``not_live`` for a
@@ -121,7 +130,8 @@ def render_finished(state: ConsoleState, templates: Environment, request: Reques
     under :data:`controller.console.auth.REPORT_CSP`); when the record cannot be read, a page saying why
     with the screenshots there are."""
     try:
-        page = render_report(directory, embed_images=False, image_url=lambda name: f"/runs/{run_id}/shots/{name}")
+        page = render_report(directory, embed_images=False,
+                             image_url=lambda name: f"{state.auth.base}/runs/{run_id}/shots/{name}")
         return HTMLResponse(page, headers={POLICY_HEADER: "report"})
     except (OSError, ValueError) as exc:  # an unreadable record: said on the summary page
         problem = clean(exc, 500)
@@ -139,6 +149,7 @@ def create_app(state: ConsoleState) -> FastAPI:
     """The routes (module docstring) over ``state``; wrap it in :class:`controller.console.auth.Guard`."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+    templates.globals["base"] = state.auth.base  # every link and script names the secret base path
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.exception_handler(ApiError)
@@ -160,14 +171,14 @@ def create_app(state: ConsoleState) -> FastAPI:
     @app.get("/login")
     async def login(request: Request, t: str = "") -> Response:
         auth = state.auth
-        if auth.csrf_for(request.cookies.get(auth.cookie_name)) is not None:
-            return RedirectResponse("/", status_code=303)  # already logged in in this browser
+        if auth.csrf_for_header(request.headers.get("cookie", "")) is not None:
+            return RedirectResponse(auth.base + "/", status_code=303)  # already logged in in this browser
         try:
             session, _csrf = auth.redeem(t)
         except Refused as refused:
             body, ctype = refusal_body(refused.status, refused.code, refused.message, wants_html(request.headers))
             return Response(body, status_code=refused.status, media_type=ctype)
-        response = RedirectResponse("/", status_code=303)
+        response = RedirectResponse(auth.base + "/", status_code=303)
         response.headers.append("set-cookie", auth.session_cookie(session))
         return response
 
@@ -225,7 +236,7 @@ def create_app(state: ConsoleState) -> FastAPI:
             if live.state == "finished":
                 raise ApiError(409, "run_finished", "the run has finished")
             try:
-                await asyncio.to_thread(act, live)
+                act(live)  # flags under a lock, never the guest: answered at once whatever the guest does
             except RunOver as exc:
                 raise ApiError(409, "run_finished" if live.state == "finished" else "not_started", str(exc)) from None
             return JSONResponse({"state": live.describe()}, status_code=202)
@@ -239,7 +250,8 @@ def create_app(state: ConsoleState) -> FastAPI:
         live = state.live_run(run_id)
         action = await read_json(request)
         try:
-            shown = await asyncio.to_thread(live.human_action, action, "console")
+            shown = await asyncio.get_running_loop().run_in_executor(state.inputs, live.human_action, action,
+                                                                     "console")
         except NotInControl as exc:
             raise ApiError(409, "not_in_control", str(exc)) from None
         except RunOver as exc:
@@ -254,7 +266,7 @@ def create_app(state: ConsoleState) -> FastAPI:
     async def screen_jpg(run_id: str) -> Response:
         live = state.live_run(run_id)
         try:
-            jpeg = await asyncio.to_thread(live.frame)
+            jpeg = await asyncio.get_running_loop().run_in_executor(state.frames, live.frame)
         except RunOver as exc:
             raise ApiError(409, "run_finished" if live.state == "finished" else "not_started", str(exc)) from None
         except AgentError as exc:
@@ -266,14 +278,18 @@ def create_app(state: ConsoleState) -> FastAPI:
     @app.get("/runs/{run_id}/screen.mjpeg")
     async def screen_mjpeg(run_id: str, fps: float | None = None) -> StreamingResponse:
         live = state.live_run(run_id)
-        return StreamingResponse(streams.mjpeg_stream(live, streams.clamp_fps(fps), state.closing),
+        return StreamingResponse(streams.mjpeg_stream(live, streams.clamp_fps(fps), state.closing, state.frames),
                                  media_type=f"multipart/x-mixed-replace; boundary={streams.BOUNDARY}")
 
     @app.get("/runs/{run_id}/shots/{name}")
-    async def shot(run_id: str, name: str) -> FileResponse:
-        found = shot_file(state.directory(run_id), name)
-        if found is None:
+    async def shot(run_id: str, name: str) -> Response:
+        directory = state.directory(run_id)
+        found = shot_file(directory, name)
+        # read through the report's reader (no link followed, regular file, capped, magic checked):
+        # what was checked above is what is sent, whatever a writer in runs_dir swaps meanwhile
+        data = (await asyncio.to_thread(read_shot, directory, name))[0] if found is not None else None
+        if data is None:
             raise ApiError(404, "unknown_shot", "no recorded screenshot of this name")
-        return FileResponse(found[0], media_type=found[1])
+        return Response(data, media_type=found[1])
 
     return app

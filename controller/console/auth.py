@@ -3,11 +3,18 @@
 The console listens on 127.0.0.1 only, but every web page the user's browser opens can send requests
 to it (and a DNS-rebinding page can even read answers), so:
 
-* **login**: the URL the console prints, ``/login?t=<token>`` (``secrets.token_urlsafe(32)``), is
-  exchanged once for a session: the answer sets the cookie ``ds_console_<port>`` (random,
-  ``HttpOnly; SameSite=Strict; Path=/``) and redirects to ``/``; the token is then spent, a second
-  use is refused (403 ``token_spent``);
-* **every request** but ``/login`` needs that cookie (401 ``unauthenticated``);
+* **a secret base path**: everything the console serves is under ``/s/<128 random bits>`` (the
+  :attr:`Auth.base`); any other path is 404. Browsers keep cookies apart by host and path, not by
+  port, and SameSite counts every port of 127.0.0.1 as the same site: a page served by any other
+  program on another 127.0.0.1 port could otherwise have the browser send it the console's cookie.
+  Scoped to the secret path, the cookie goes only to a URL that names the secret;
+* **login**: the URL the console prints, ``<base>/login?t=<token>`` (``secrets.token_urlsafe(32)``),
+  is exchanged once for a session: the answer sets the cookie ``ds_console_<port>`` (random,
+  ``HttpOnly; SameSite=Strict; Path=<base>``) and redirects to ``<base>/``; the token is then spent,
+  a second use is refused (403 ``token_spent``);
+* **every request** but ``/login`` needs that cookie (401 ``unauthenticated``); when the browser sends
+  several cookies of that name (another port's program may set one with ``Path=/``), any one that
+  opens a session counts, so a tossed cookie cannot log the person out;
 * **every state-changing request** (any method but GET / HEAD) also needs the session's CSRF token in
   ``X-CSRF-Token`` (403 ``bad_csrf``; the page reads it from ``<meta name="csrf-token">``) and an
   ``Origin`` equal to the console's own origin as the request addresses it (403 ``bad_origin``);
@@ -29,7 +36,6 @@ import threading
 from typing import Any, Awaitable, Callable
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.requests import cookie_parser
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -45,7 +51,7 @@ SECURITY_HEADERS: dict[str, str] = {
 }
 """Headers set on every response (replacing any the app set)."""
 
-REPORT_CSP = ("default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'; "
+REPORT_CSP = ("default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; frame-ancestors 'none'; "
               "base-uri 'none'; form-action 'none'")
 """The policy of a finished run's report page (``controller.report``: no script at all, its CSS inline,
 every value in it autoescaped), chosen by the app with the private header :data:`POLICY_HEADER`."""
@@ -73,6 +79,8 @@ class Auth:
 
     def __init__(self) -> None:
         self.login_token = secrets.token_urlsafe(32)
+        self.base = "/s/" + secrets.token_urlsafe(16)
+        """The secret path everything is served under (``/s/<22 urlsafe characters>``, no slash at the end)."""
         self.port: int | None = None
         self._spent = False
         self._sessions: dict[str, str] = {}  # session cookie value -> its CSRF token
@@ -122,9 +130,20 @@ class Auth:
                 found = csrf
         return found
 
+    def csrf_for_header(self, cookie_header: str) -> str | None:
+        """The CSRF token of the first cookie named :attr:`cookie_name` in a raw ``Cookie`` header that
+        opens a session (a browser sends every cookie of that name whose path matches), or None."""
+        for pair in cookie_header.split(";"):
+            name, sep, value = pair.strip().partition("=")
+            if sep and name == self.cookie_name:
+                csrf = self.csrf_for(value.strip().strip('"'))
+                if csrf is not None:
+                    return csrf
+        return None
+
     def session_cookie(self, session: str) -> str:
-        """The ``Set-Cookie`` value for a new session."""
-        return f"{self.cookie_name}={session}; HttpOnly; SameSite=Strict; Path=/"
+        """The ``Set-Cookie`` value for a new session (scoped to :attr:`base`)."""
+        return f"{self.cookie_name}={session}; HttpOnly; SameSite=Strict; Path={self.base}"
 
 
 def wants_html(headers: Headers) -> bool:
@@ -178,22 +197,28 @@ class Guard:
 
         headers = Headers(scope=scope)
         try:
-            self.check(scope, headers)
+            scope = self.check(scope, headers)
         except Refused as refused:
             await send_refusal(send_secured, refused, wants_html(headers))
             return
         await self.app(scope, receive, send_secured)
 
-    def check(self, scope: Scope, headers: Headers) -> None:
-        """Raise :class:`Refused` unless the request may reach the app (see the module docstring)."""
+    def check(self, scope: Scope, headers: Headers) -> Scope:
+        """The request's scope for the app (its path without the secret base, which becomes
+        ``root_path``); :class:`Refused` unless the request may reach the app (module docstring)."""
         host = headers.get("host")
         if not self.auth.host_ok(host):
             raise Refused(403, "bad_host", "requests must address the console as 127.0.0.1 or localhost "
                                            "with its port")
-        if scope["path"] == LOGIN_PATH:
-            return
-        cookies = cookie_parser(headers.get("cookie", ""))
-        csrf = self.auth.csrf_for(cookies.get(self.auth.cookie_name))
+        base, path = self.auth.base, scope["path"]
+        if not (hmac.compare_digest(path[:len(base)].encode(), base.encode())
+                and (len(path) == len(base) or path[len(base)] == "/")):
+            raise Refused(404, "not_found", "nothing is served here; open the URL the console printed")
+        inner = path[len(base):] or "/"
+        scope = {**scope, "path": inner, "raw_path": inner.encode()}
+        if inner == LOGIN_PATH:
+            return scope
+        csrf = self.auth.csrf_for_header(headers.get("cookie", ""))
         if csrf is None:
             raise Refused(401, "unauthenticated", "log in with the URL the console printed")
         if scope["method"] not in SAFE_METHODS:
@@ -202,3 +227,4 @@ class Guard:
             if not hmac.compare_digest(headers.get("x-csrf-token", "").encode(), csrf.encode()):
                 raise Refused(403, "bad_csrf", "the request lacks the page's CSRF token")
         scope.setdefault("state", {})["csrf"] = csrf
+        return scope

@@ -3,7 +3,7 @@
 ::
 
     server = ConsoleServer(Path("runs")).start()
-    print(f"console: {server.url}")      # http://127.0.0.1:PORT/login?t=<one-time token>
+    print(f"console: {server.url}")      # http://127.0.0.1:PORT/s/<secret>/login?t=<one-time token>
     server.add_run(live)                 # a LiveRun in progress: its page, events, screen, approvals
     ...
     server.stop()
@@ -65,9 +65,14 @@ class ConsoleServer:
         return f"http://{HOST}:{self.port}"
 
     @property
+    def base(self) -> str:
+        """``http://127.0.0.1:PORT/s/<secret>``: the console's root; every page is under it."""
+        return self.origin + self.auth.base
+
+    @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT/login?t=<token>``: opens one browser session, once."""
-        return f"{self.origin}/login?t={self.auth.login_token}"
+        """``http://127.0.0.1:PORT/s/<secret>/login?t=<token>``: opens one browser session, once."""
+        return f"{self.base}/login?t={self.auth.login_token}"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "ConsoleServer":
         """Listen on 127.0.0.1 (a free port) in a background thread; returns once it listens.
@@ -109,7 +114,8 @@ class ConsoleServer:
             self._server.should_exit = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(STOP_TIMEOUT_S)
-        self.state.waits.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.state.waits, self.state.frames, self.state.inputs):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> "ConsoleServer":
         return self.start()

@@ -41,7 +41,7 @@ CSP = "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'"
 """The page's Content-Security-Policy: images from ``data:`` URLs or the serving origin, inline CSS,
 nothing else (no script, no font, no frame, no connection)."""
 
-SHOT_NAME = re.compile(r"shot-\d{4}\.(png|jpg)")
+SHOT_NAME = re.compile(r"shot-[0-9]{4}\.(png|jpg)")
 """The only screenshot file names the report opens (what :class:`controller.run.record.RunRecord` writes)."""
 
 MIME = {"png": "image/png", "jpg": "image/jpeg"}
@@ -79,10 +79,18 @@ def read_shot(directory: Path, file: Any, budget: int = MAX_IMAGE_BYTES) -> tupl
     if name is None:
         return None, "not a screenshot file name"
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    # the run directory, then the file in it, each opened without following a link: a writer that swaps
+    # either for a link between a check and the read cannot point the read outside the run
     try:
-        fd = os.open(directory / name, flags)
+        dir_fd = os.open(directory, flags | os.O_DIRECTORY)
+    except OSError as exc:
+        return None, f"cannot open the run directory: {exc.strerror or exc}"
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
         return None, f"cannot open: {exc.strerror or exc}"
+    finally:
+        os.close(dir_fd)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode):

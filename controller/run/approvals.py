@@ -162,6 +162,10 @@ class _Asking:
                     registry.answer(request.id, "approve" if approved else "deny", by="terminal")
                 except AnswerRefused:
                     pass  # decided elsewhere in the meantime: that answer counts
+        elif request.pending:
+            left = request.seconds_left()
+            _say(self.console, "  waiting for an answer in the console" +
+                 (f" (denied if none within {left:.0f}s: --approval-timeout)" if left is not None else ""))
         registry.wait(request, cancelled)
         if request.by not in ("terminal", None):
             _say(self.console, f"  {'answered in the console' if request.by == 'console' else request.by}: "

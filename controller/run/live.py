@@ -117,6 +117,7 @@ class LiveRun:
         self._seq = 0
         self._want_human = False
         self._in_call = False
+        self._human = False  # a person may act: set and read under _agent_lock
         self._agent_lock = threading.Lock()
         self._last_action: dict[str, Any] | None = None
         registry.subscribe(self._on_request)
@@ -204,19 +205,25 @@ class LiveRun:
         with self._cond:
             if not self._want_human:
                 return
+        with self._agent_lock:  # the person's actions start after the record says who has control
+            if self._record_control is not None:
+                self._record_control("human")
+            self._human = True
         self._set_state("human", by="console")
-        if self._record_control is not None:
-            self._record_control("human")
         with self._cond:
             while self._want_human and not cancelled():
                 self._cond.wait(0.1)  # poll interval: the cancellation flag is a plain attribute
-        if self._record_control is not None:
-            self._record_control("model")
+        with self._agent_lock:  # an action of the person's under way ends before the model goes on
+            self._human = False
+            if self._record_control is not None:
+                self._record_control("model")
         if not cancelled():
             self._set_state("running", by="console")
 
     def finish(self, status: str) -> None:
-        """The run ended with ``status``; a waiting loop (none by then) and every view are released."""
+        """The run ended with ``status``; a waiting loop (none by then) and every view are released,
+        and the registry takes no more answers (every pending request withdrawn)."""
+        self.registry.close("run ended")
         with self._cond:
             self.status = status
             self._want_human = False
@@ -276,18 +283,20 @@ class LiveRun:
         with self._cond:
             if self.state == "finished" or self._agent is None:
                 raise RunOver("the run has finished")
-            if self.state != "human":
-                raise NotInControl("take over first: the model has control")
             agent, screen = self._agent, self.screen
         outside = first_outside(parsed, screen)
         if outside is not None:
             raise HumanActionInvalid(f"point {outside} is outside the {screen[0]}x{screen[1]} screen")
         wire = parsed.to_wire()
+        # checked, sent and recorded under one lock that the loop takes before it goes on: no action
+        # of the person's runs or is recorded after control went back to the model
         with self._agent_lock:
+            if not self._human:
+                raise NotInControl("take over first: the model has control")
             agent.actions([wire])
+            if self._record_human is not None:
+                self._record_human({"action": describe(wire, clean=clean, redact=True), "by": by})
         self.on_forward([wire], by="human")
-        if self._record_human is not None:
-            self._record_human({"action": describe(wire, clean=clean, redact=True), "by": by})
         return shown_action(wire)
 
     def frame(self, max_width: int = 1280, quality: int = 60) -> bytes:

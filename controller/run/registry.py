@@ -145,6 +145,8 @@ class ApprovalRegistry:
         self._requests: dict[str, Request] = {}
         self._listeners: list[Listener] = []
         self.version = 0
+        self.closed: str | None = None
+        """Why the registry takes no more questions (:meth:`close`), or None while it does."""
 
     # -- views -----------------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -184,6 +186,9 @@ class ApprovalRegistry:
         with self._lock:
             self._requests[request.id] = request
             self.version += 1
+            closed = self.closed
+        if closed is not None:  # asked after the run was cancelled or ended: withdrawn at once
+            self.withdraw(request, closed)
         self._publish(request)
         return request
 
@@ -254,6 +259,29 @@ class ApprovalRegistry:
     def withdraw_all(self, reason: str = "run cancelled") -> list[Request]:
         """Withdraw every pending request; returns those withdrawn."""
         return [r for r in self.pending() if self.withdraw(r, reason)]
+
+    def close(self, reason: str, then: Callable[[], None] | None = None) -> list[Request]:
+        """Take no more questions: every pending request is withdrawn, and one opened later is
+        withdrawn at once. ``then`` (the run's cancellation flag) runs under the same lock as the
+        withdrawal, so no answer can land between the two: a request is either decided before, or
+        withdrawn. Returns the requests withdrawn."""
+        withdrawn: list[Request] = []
+        with self._lock:
+            self.closed = self.closed or reason
+            if then is not None:
+                then()
+            for request in self._requests.values():
+                if request.pending:
+                    request.state, request.by, request.reason = "withdrawn", "cancel", reason
+                    request.decided_at = _now_iso()
+                    request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
+                    withdrawn.append(request)
+            if withdrawn:
+                self.version += 1
+        for request in withdrawn:
+            request._decided.set()
+            self._publish(request)
+        return withdrawn
 
     def wait(self, request: Request, cancelled: Callable[[], bool] | None = None) -> Request:
         """Block until ``request`` is decided: by an answer, its deadline (denied, ``by="timeout"``) or

@@ -147,9 +147,8 @@ class _Cancel:
     def set_by_view(self, by: str, registry: ApprovalRegistry) -> None:
         """Cancel from a view (the web console's **Cancel run**): as a first Ctrl-C, and every pending
         approval is withdrawn at once."""
-        self.set(by)
+        registry.close("run cancelled", then=lambda: self.set(by))
         self._notes.append(f"{by}: cancelling: the action under way is stopped, inputs released, the sandbox removed")
-        registry.withdraw_all("run cancelled")
 
     @contextlib.contextmanager
     def installed(self, console: Console, interruptible: bool = True) -> Iterator[None]:
@@ -437,7 +436,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
                             run_t0, cancel, network)
                 finally:
-                    registry.withdraw_all("run ended")
+                    registry.close("run ended")
                     if view is not None:
                         view.finish(status)
                 raise
@@ -446,7 +445,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
                                          console, run_t0, cancel, network)
     finally:
-        registry.withdraw_all("run ended")
+        registry.close("run ended")
         if view is not None:
             view.finish(status)
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,

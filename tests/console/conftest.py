@@ -45,9 +45,9 @@ class Session:
 
     def __init__(self, server: ConsoleServer) -> None:
         self.server = server
-        self.client = httpx.Client(base_url=server.origin, timeout=httpx.Timeout(15.0))
+        self.client = httpx.Client(base_url=server.base, timeout=httpx.Timeout(15.0))
         login = self.client.get(server.url)
-        assert login.status_code == 303 and login.headers["location"] == "/", login.text
+        assert login.status_code == 303 and login.headers["location"] == server.auth.base + "/", login.text
         page = self.client.get("/")
         assert page.status_code == 200, page.text
         found = re.search(r'<meta name="csrf-token" content="([^"]+)">', page.text)

@@ -31,7 +31,8 @@ def _secured(resp: httpx.Response) -> None:
 
 
 def test_binds_loopback_only_and_prints_a_one_time_url(console):
-    assert console.url.startswith(f"http://127.0.0.1:{console.port}/login?t=")
+    assert console.url.startswith(f"http://127.0.0.1:{console.port}{console.auth.base}/login?t=")
+    assert len(console.auth.base) >= len("/s/") + 22  # 128 secret bits in the path
     token = console.url.split("t=", 1)[1]
     assert len(token) >= 43
     addresses = [s.getsockname() for srv in console._server.servers for s in srv.sockets]
@@ -49,35 +50,35 @@ def test_binds_loopback_only_and_prints_a_one_time_url(console):
 
 
 def test_no_cookie_is_401_json_or_a_plain_page(console):
-    resp = httpx.get(console.origin + "/")
+    resp = httpx.get(console.base + "/")
     assert resp.status_code == 401 and _error(resp) == "unauthenticated"
     _secured(resp)
-    page = httpx.get(console.origin + "/runs/x", headers={"Accept": "text/html"})
+    page = httpx.get(console.base + "/runs/x", headers={"Accept": "text/html"})
     assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")
     assert "unauthenticated" in page.text and "<script" not in page.text
-    forged = httpx.get(console.origin + "/", cookies={console.auth.cookie_name: "not-a-session"})
+    forged = httpx.get(console.base + "/", cookies={console.auth.cookie_name: "not-a-session"})
     assert forged.status_code == 401
 
 
 def test_login_sets_a_strict_httponly_cookie_and_the_token_is_spent(console):
-    with httpx.Client(base_url=console.origin) as client:
+    with httpx.Client(base_url=console.base) as client:
         resp = client.get(console.url)
-        assert resp.status_code == 303 and resp.headers["location"] == "/"
+        assert resp.status_code == 303 and resp.headers["location"] == console.auth.base + "/"
         _secured(resp)
         cookie = resp.headers["set-cookie"]
         parts = [p.strip() for p in cookie.split(";")]
         assert parts[0].startswith(console.auth.cookie_name + "=") and len(parts[0].split("=", 1)[1]) >= 43
-        assert "HttpOnly" in parts and "SameSite=Strict" in parts and "Path=/" in parts, cookie
+        assert "HttpOnly" in parts and "SameSite=Strict" in parts and f"Path={console.auth.base}" in parts, cookie
         assert client.get("/").status_code == 200
     again = httpx.get(console.url)
     assert again.status_code == 403 and _error(again) == "token_spent"
     wrong = httpx.get(console.url[:-3] + "xyz")
     assert wrong.status_code == 403 and _error(wrong) == "invalid_token"
-    assert httpx.get(console.origin + "/login").status_code == 403
+    assert httpx.get(console.base + "/login").status_code == 403
 
 
 def test_a_wrong_token_does_not_spend_the_right_one(console):
-    assert httpx.get(console.origin + "/login?t=guess").status_code == 403
+    assert httpx.get(console.base + "/login?t=guess").status_code == 403
     Session(console).close()  # still logs in
 
 
@@ -126,6 +127,29 @@ def test_every_request_checks_host(session, console):
 def test_security_headers_on_every_kind_of_response(session, live):
     for resp in (session.get("/"), session.get("/static/console.js"), session.get("/nowhere"),
                  session.get(f"/runs/{live.run_id}/approvals"), session.post("/runs/x/takeover", drop=("Origin",)),
-                 httpx.get(session.server.origin + "/runs/x")):
+                 httpx.get(session.server.base + "/runs/x")):
         _secured(resp)
     assert session.get("/nowhere").status_code == 404 and _error(session.get("/nowhere")) == "not_found"
+
+
+def test_nothing_is_served_outside_the_secret_base_path(session, console):
+    """Cookies are not kept apart by port: any program on another 127.0.0.1 port could have the browser
+    send it the console's cookie, were it scoped to ``/``. Scoped to the secret base, it never is."""
+    cookie = {console.auth.cookie_name: session.client.cookies.get(console.auth.cookie_name)}
+    assert cookie[console.auth.cookie_name]
+    for path in ("/", "/runs/x", "/login?t=" + console.auth.login_token, "/static/console.js",
+                 console.auth.base[:-1] + "/", console.auth.base + "x/", "/s/" + "A" * 22 + "/"):
+        resp = httpx.get(console.origin + path, cookies=cookie)
+        assert resp.status_code == 404 and _error(resp) == "not_found", path
+        _secured(resp)
+    assert httpx.get(console.base + "/", cookies=cookie).status_code == 200
+
+
+def test_a_cookie_tossed_by_another_port_does_not_log_the_person_out(session, console):
+    """Another program's page may set ``ds_console_<port>=junk; Path=/``: the browser then sends both
+    cookies; the console takes the one that opens a session."""
+    real = session.client.cookies.get(console.auth.cookie_name)
+    for header in (f"{console.auth.cookie_name}={real}; {console.auth.cookie_name}=junk",
+                   f"{console.auth.cookie_name}=junk; {console.auth.cookie_name}={real}"):
+        assert httpx.get(console.base + "/", headers={"Cookie": header}).status_code == 200
+    assert httpx.get(console.base + "/", headers={"Cookie": f"{console.auth.cookie_name}=junk"}).status_code == 401

@@ -45,13 +45,13 @@ def test_the_console_in_a_browser(browser, console, runs_dir, live_desktop, desk
     page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
 
     page.goto(console.url)
-    assert page.url == console.origin + "/"
+    assert page.url == console.base + "/"
     runs = page.locator("#runs")
     expect(runs).to_contain_text(LIVE_ID)
     expect(runs).to_contain_text("20290101-000000-old-0001")
     expect(runs.locator("tbody tr").first).to_have_attribute("data-run-id", LIVE_ID)
 
-    page.click(f'a[href="/runs/{LIVE_ID}"]')
+    page.click(f'a[href="{console.auth.base}/runs/{LIVE_ID}"]')
     state = page.locator("#state")
     expect(state).to_have_text("running")
     expect(page.locator("#conn")).to_have_text("live")

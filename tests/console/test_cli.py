@@ -17,7 +17,7 @@ import httpx
 from tests.console.conftest import write_record
 
 ROOT = Path(__file__).resolve().parents[2]
-URL = re.compile(r"console: (http://127\.0\.0\.1:([0-9]+)/login\?t=[A-Za-z0-9_-]{43})\n")
+URL = re.compile(r"console: (http://127\.0\.0\.1:([0-9]+)/s/[A-Za-z0-9_-]{22}/login\?t=[A-Za-z0-9_-]{43})\n")
 
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
@@ -37,7 +37,7 @@ def test_console_command_serves_the_runs_until_ctrl_c(runs_dir):
         found = URL.fullmatch(line)
         assert found, line
         url, port = found.group(1), int(found.group(2))
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        with httpx.Client(base_url=url.split("/login?", 1)[0], timeout=10) as client:
             assert client.get(url).status_code == 303
             page = client.get("/")
             assert page.status_code == 200 and "from-cli" in page.text

@@ -111,7 +111,7 @@ def test_runs_list_newest_first_live_on_top_unreadable_shown(session, runs_dir, 
     page = session.get("/")
     assert page.status_code == 200
     text = page.text
-    order = [text.index(f'href="/runs/{run_id}"') for run_id in ("run-live", "run-c", "run-b", "run-a")]
+    order = [text.index(f'href="{console.auth.base}/runs/{run_id}"') for run_id in ("run-live", "run-c", "run-b", "run-a")]
     assert order == sorted(order), "live first, then newest first"
     assert "no-record" not in text
     row = lambda run_id: text[text.index(f'data-run-id="{run_id}"'):].split("</tr>", 1)[0]  # noqa: E731
@@ -191,6 +191,6 @@ def test_the_real_report_of_a_recorded_run_links_its_shots_here(session, runs_di
         record.finish("passed")
     page = session.get("/runs/run-r")
     assert page.status_code == 200 and "real-report" in page.text
-    assert 'src="/runs/run-r/shots/shot-0001.png"' in page.text and "data:image" not in page.text
+    assert f'src="{session.server.auth.base}/runs/run-r/shots/shot-0001.png"' in page.text and "data:image" not in page.text
     shot = session.get("/runs/run-r/shots/shot-0001.png")
     assert shot.status_code == 200 and shot.content.startswith(b"\x89PNG")

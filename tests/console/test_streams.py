@@ -144,7 +144,7 @@ def test_stopping_the_console_ends_open_streams(session, live, console):
         assert elapsed < 2.5, f"stop took {elapsed:.1f} s with two streams open"
         assert [e.get("event") for e in _events(events)][:3] == [None, "approvals", "state"]
     with pytest.raises(httpx.ConnectError):
-        httpx.get(console.origin + "/", timeout=2)
+        httpx.get(console.base + "/", timeout=2)
 
 
 def test_the_end_is_sent_even_when_the_console_stops_right_after_the_run(session, live, console):

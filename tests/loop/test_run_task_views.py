@@ -187,3 +187,41 @@ def _wait_state(live: LiveRun, state: str, timeout: float = 60.0) -> None:
         events = live.events_after(seq, timeout=max(0.0, deadline - time.monotonic()))
         if events:
             seq = events[-1]["seq"]
+
+
+def test_no_human_action_runs_or_is_recorded_after_control_goes_back(desk, tmp_path):
+    """Many of a person's inputs racing Resume: each either ran and was recorded before the
+    ``takeover: model`` line, or was refused (409 not_in_control); none slips in after."""
+    from controller.run.registry import ApprovalRegistry
+
+    for _ in range(5):
+        log: list[str] = []
+        live = LiveRun("r", tmp_path, ApprovalRegistry())
+        live.attach(desk.client, (desk.xvfb.width, desk.xvfb.height), cancel=lambda by: None,
+                    record_human=lambda d: log.append("human"), record_control=log.append)
+        live.take_over()
+        parked = threading.Thread(target=live.checkpoint, args=(lambda: False,), kwargs={"screenshot": True})
+        parked.start()
+        _wait_state(live, "human")
+        go = threading.Barrier(9)
+        refused: list[int] = []
+
+        def press() -> None:
+            go.wait()
+            for i in range(5):
+                try:
+                    live.human_action({"type": "move", "x": 10 + i, "y": 10})
+                except NotInControl:
+                    refused.append(i)
+
+        presses = [threading.Thread(target=press) for _ in range(8)]
+        for t in presses:
+            t.start()
+        go.wait()
+        live.resume()
+        for t in presses:
+            t.join()
+        parked.join(10)
+        assert log[0] == "human" and "model" in log
+        assert log[log.index("model"):] == ["model"], log  # nothing of the person's after it
+        live.finish("passed")

@@ -6,7 +6,7 @@
    POST, and on every (re)connection of the stream, the approvals snapshot is fetched again. */
 (function () {
   const runId = document.body.dataset.runId;
-  const base = "/runs/" + encodeURIComponent(runId);
+  const base = document.querySelector('meta[name="console-base"]').content + "/runs/" + encodeURIComponent(runId);
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
   const $ = (id) => document.getElementById(id);
   const SHOT = /^shot-[0-9]{4}\.(png|jpg)$/;
@@ -135,8 +135,18 @@
   }
 
   /* ---- state and controls ---------------------------------------------------------------- */
-  function applyState(next, screen) {
+  /* The run's event number the shown state is as of. A control POST answers with the state when it
+     was handled (describe(): state and last_seq together), which may be older than a `control` event
+     the stream already brought (Resume answers "human" while the loop is waking up, and its "running"
+     event can arrive first): a state is shown only if it is not older than the one on the page. */
+  let stateSeq = -1;
+
+  function applyState(next, screen, seq) {
     if (typeof next !== "string") return;
+    if (typeof seq === "number") {
+      if (seq < stateSeq) return;
+      stateSeq = seq;
+    }
     const el = $("state");
     el.textContent = next;
     el.className = "state state-" + next.replace(/[^a-z]/g, "");
@@ -151,7 +161,7 @@
     $("control-error").textContent = "";
     try {
       const data = await post(path, {});
-      if (data && data.state) applyState(data.state.state, data.state.screen);
+      if (data && data.state) applyState(data.state.state, data.state.screen, data.state.last_seq);
     } catch (e) {
       $("control-error").textContent = e.message;
     }
@@ -251,6 +261,40 @@
     }
   }
 
+  /* ---- the end of the run ----------------------------------------------------------------- */
+  /* The finished run's page is its report: reload into it while the console goes on serving (run-task on
+     a terminal keeps it until Enter, `desktop-sandbox console` and tests until stopped). run-task without
+     a terminal stops its console as the run ends: a reload would land on the browser's "can't be reached"
+     page, so the page stays and says how the run ended and where its report is. Its listener closes
+     within a moment of the run's end (uvicorn's 0.1 s tick), so the console must still answer after
+     ENDED_RECHECK_MS before the page reloads. */
+  const ENDED_RECHECK_MS = 1500;
+
+  async function answers() {
+    try {
+      const resp = await fetch(base + "/state", { credentials: "same-origin", cache: "no-store" });
+      return resp.ok;
+    } catch (e) { return false; }
+  }
+
+  async function ended(status) {
+    $("conn").textContent = "finished";
+    for (const id of [...cards.keys()]) removeCard(id);
+    applyState("finished", null, Number.MAX_SAFE_INTEGER);
+    if (status) $("state").textContent = "finished: " + status;
+    const note = $("ended");
+    note.textContent = `The run ended${status ? ": " + status : ""}.`;
+    note.hidden = false;
+    if (await answers()) {
+      await new Promise((resolve) => setTimeout(resolve, ENDED_RECHECK_MS));
+      if (await answers()) { window.location.reload(); return; }
+    }
+    $("conn").textContent = "console stopped";
+    note.textContent += " This console stopped with the run, so it cannot show the report here: " +
+      `see it with "desktop-sandbox report runs/${runId} --html" (or your --runs-dir), ` +
+      `or browse runs with "desktop-sandbox console".`;
+  }
+
   /* ---- the stream ------------------------------------------------------------------------- */
   function parse(ev) { try { return JSON.parse(ev.data); } catch (e) { return null; } }
 
@@ -262,16 +306,16 @@
     es.addEventListener("state", (ev) => {
       const d = parse(ev);
       if (!d) return;
-      applyState(d.state, d.screen);
+      applyState(d.state, d.screen, d.last_seq);
       if (d.last_action) window.DSScreen.showAction(d.last_action);
     });
-    es.addEventListener("control", (ev) => { const d = parse(ev); if (d) applyState(d.state); });
+    es.addEventListener("control", (ev) => { const d = parse(ev); if (d) applyState(d.state, null, d.seq); });
     es.addEventListener("action", (ev) => { const d = parse(ev); if (d) window.DSScreen.showAction(d); });
     es.addEventListener("record", (ev) => { const d = parse(ev); if (d) addEntry(d.entry); });
-    es.addEventListener("end", () => {
+    es.addEventListener("end", (ev) => {
       es.close();
-      $("conn").textContent = "finished";
-      window.location.reload(); /* the finished run's page is its report */
+      const d = parse(ev);
+      ended(d && typeof d.status === "string" ? d.status : null);
     });
   }
 

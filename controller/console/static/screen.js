@@ -51,7 +51,7 @@
     const note = document.getElementById("screen-note");
     if (state !== "starting" && state !== "finished" && !s.streaming) {
       s.streaming = true;
-      s.img.src = `/runs/${encodeURIComponent(s.runId)}/screen.mjpeg?fps=5`;
+      s.img.src = `${document.querySelector('meta[name="console-base"]').content}/runs/${encodeURIComponent(s.runId)}/screen.mjpeg?fps=5`;
       note.textContent = "";
     }
     if (state === "human") {

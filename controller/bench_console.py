@@ -1,0 +1,398 @@
+"""Benchmark of the web console (:mod:`controller.console`): how long an action sent from the console's
+page takes to show in the page's live image, and what the live view costs the controller's CPU.
+
+Run by :mod:`controller.bench` (``--no-console`` skips it): :func:`run_console` returns the section, or
+``{"skipped": why}`` without Xvfb, Debian's chromium (:data:`CHROMIUM`) or Playwright.
+
+**Setup**, all private to this process: an Xvfb 1280x800x24; the agent as a real subprocess
+(:class:`guest.localrun.AgentProcess`); a window (:data:`TOGGLE_SCRIPT`, python-xlib in a subprocess)
+whose square turns black or white on every button or key press; a :class:`LiveRun` attached to an
+:class:`AgentClient` of that agent and taken over (state ``human``: a thread waits in its checkpoint as
+the model loop does); a :class:`ConsoleServer` serving it; Debian's chromium driven by Playwright,
+logged in through the one-time URL, on the run's page, whose ``<img>`` shows ``screen.mjpeg?fps=5``
+(static/screen.js).
+
+**Action to pixels** (ms): in the page, ``performance.now()`` from sending a click on the square as the
+page sends input (``fetch`` POST ``/runs/{id}/input``, the page's CSRF token) to the first animation
+frame whose ``<img>``, drawn into a canvas, shows the square's new colour. Before each sample the page
+waits until its image shows the square's present colour, then a random delay under one frame period,
+so actions land at every phase of the stream's frame clock as a person's do. The floor, sampled
+alternately with it: the same click sent straight to the agent from Python, then the screenshot a
+console frame is (JPEG, quality 60, at most 1280 wide) polled until it shows the change. ``x floor`` =
+console p50 / floor p50. Also the input POST's round trip as the page sees it.
+
+**CPU of the live view**: the controller is this process; its CPU time (``time.process_time``, every
+thread, the console's included) over windows of ``window_s`` seconds with the run page open and one
+viewer of ``screen.mjpeg?fps=5`` in the browser (:data:`VIEWER_JS`: it reads the stream, decodes each
+JPEG and notes when it came), alternated with windows of the same page and no viewer (the ``<img>``'s
+stream stopped). Reported: CPU % of one core of each (median over the windows), the live view's share
+(the difference), CPU ms per frame served, frames per second the browser received (from the arrival
+times), and the agent process's
+CPU % over the viewer windows (the guest's side of the same frames).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from controller.agent_client import AgentClient
+
+CHROMIUM = "/usr/bin/chromium"
+SCREEN = (1280, 800)
+FPS = 5.0
+"""Frame rate of the live view (what screen.js asks for)."""
+FRAME = {"format": "jpeg", "quality": 60, "max_width": 1280}
+"""The screenshot a console frame is (:meth:`LiveRun.frame`'s defaults); the floor polls the same."""
+SQUARE = (560, 320, 160)
+"""x, y, side (screen px) of the square that changes colour."""
+CLICK = (SQUARE[0] + 24, SQUARE[1] + 24)
+SPOT = (SQUARE[0] + 96, SQUARE[1] + 96)
+"""Centre of the 8x8 block whose colour is read: inside the square, away from the pointer."""
+TARGET_P50_MS = 150.0
+MIN_FPS_RATIO = 0.9
+"""The browser must receive at least this share of the frames per second it asked for."""
+SAMPLE_TIMEOUT_S = 5.0
+RUN_ID = "bench-console"
+
+#: ``python -c TOGGLE_SCRIPT X Y SIDE``: a window over the screen, white, with a square at (X, Y) that
+#: turns black or white on each button or key press; prints ``ready`` once it is on screen.
+TOGGLE_SCRIPT = """\
+import sys
+from Xlib import X, display
+x, y, side = (int(a) for a in sys.argv[1:4])
+dpy = display.Display()
+screen = dpy.screen()
+win = screen.root.create_window(0, 0, screen.width_in_pixels, screen.height_in_pixels, 0, screen.root_depth,
+                                X.InputOutput, X.CopyFromParent, background_pixel=screen.white_pixel,
+                                override_redirect=True,
+                                event_mask=X.ButtonPressMask | X.KeyPressMask | X.ExposureMask | X.StructureNotifyMask)
+win.map()
+gcs = [win.create_gc(foreground=screen.white_pixel), win.create_gc(foreground=screen.black_pixel)]
+dark = 0
+while True:
+    ev = dpy.next_event()
+    if ev.type in (X.ButtonPress, X.KeyPress):
+        dark ^= 1
+    win.fill_rectangle(gcs[dark], x, y, side, side)
+    dpy.sync()
+    if ev.type == X.MapNotify:
+        print("ready", flush=True)
+"""
+
+#: One console sample, in the page (see the module docstring); resolves to ``{ms, post_ms}``.
+SAMPLE_JS = """async ({action, spot, dark, jitterMs, timeoutMs}) => {
+  const img = document.getElementById("screen-img");
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 8;
+  const ctx = canvas.getContext("2d", {willReadFrequently: true});
+  const shows = (wantDark) => {
+    if (!img.naturalWidth) return false;
+    ctx.drawImage(img, spot[0] - 4, spot[1] - 4, 8, 8, 0, 0, 8, 8);
+    const d = ctx.getImageData(0, 0, 8, 8).data;
+    let sum = 0;
+    for (let i = 0; i < d.length; i += 4) sum += d[i] + d[i + 1] + d[i + 2];
+    const level = sum / (d.length / 4 * 3);
+    return wantDark ? level < 64 : level > 192;
+  };
+  const until = async (wantDark, deadline) => {
+    for (;;) {
+      const now = performance.now();
+      if (shows(wantDark)) return now;
+      if (now > deadline) throw new Error("the live image did not show the square " + (wantDark ? "dark" : "light"));
+      // poll interval: once per displayed frame, the finest the page can see its image change
+      await new Promise((resolve) => requestAnimationFrame(resolve));
+    }
+  };
+  await until(!dark, performance.now() + timeoutMs);
+  // a random phase against the stream's frame clock (frame-rate pacing, not a wait for a condition)
+  await new Promise((resolve) => setTimeout(resolve, jitterMs));
+  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const t0 = performance.now();
+  const posted = fetch(location.pathname + "/input", {
+    method: "POST", credentials: "same-origin", cache: "no-store",
+    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf}, body: JSON.stringify(action),
+  }).then(async (resp) => {
+    if (resp.status !== 202) throw new Error("POST input answered " + resp.status + ": " + (await resp.text()));
+    return performance.now() - t0;
+  });
+  const [seen, postMs] = await Promise.all([until(dark, t0 + timeoutMs), posted]);
+  return {ms: seen - t0, post_ms: postMs};
+}"""
+
+#: Start (``url``) or stop (null) the page's viewer of the MJPEG stream: it reads the stream, takes it
+#: apart (a part ends after its Content-Length, or without one at the next delimiter), decodes each JPEG
+#: (createImageBitmap) and notes when it came (``window.__dsViewer.times``, page ms).
+VIEWER_JS = """(url) => {
+  if (window.__dsViewer) window.__dsViewer.ctl.abort();
+  if (!url) return 0;
+  const st = window.__dsViewer = {times: [], ctl: new AbortController()};
+  const find = (buf, seq, from) => {
+    outer: for (let i = from; i <= buf.length - seq.length; i++) {
+      for (let j = 0; j < seq.length; j++) if (buf[i + j] !== seq[j]) continue outer;
+      return i;
+    }
+    return -1;
+  };
+  (async () => {
+    const resp = await fetch(url, {signal: st.ctl.signal, credentials: "same-origin", cache: "no-store"});
+    const boundary = /boundary="?([^";]+)/.exec(resp.headers.get("content-type") || "")[1];
+    const delim = new TextEncoder().encode("\\r\\n--" + boundary), blank = new TextEncoder().encode("\\r\\n\\r\\n");
+    const reader = resp.body.getReader();
+    let buf = new Uint8Array(0);
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) return;
+      const joined = new Uint8Array(buf.length + value.length);
+      joined.set(buf);
+      joined.set(value, buf.length);
+      buf = joined;
+      for (;;) {
+        const head = find(buf, blank, 0);
+        if (head < 0) break;
+        const len = /content-length: *(\\d+)/i.exec(new TextDecoder("latin1").decode(buf.subarray(0, head)));
+        const end = len ? head + 4 + Number(len[1]) : find(buf, delim, head + 4);
+        if (end < 0 || end > buf.length) break;
+        const jpeg = buf.slice(head + 4, end);
+        buf = buf.slice(end);
+        (await createImageBitmap(new Blob([jpeg], {type: "image/jpeg"}))).close();
+        st.times.push(performance.now());
+      }
+    }
+  })().catch(() => undefined);
+  return 0;
+}"""
+
+
+def unavailable() -> str | None:
+    """Why the console section cannot run here, or None."""
+    if shutil.which("Xvfb") is None:
+        return "Xvfb not installed (apt-get install xvfb)"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"{CHROMIUM} not installed (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright not installed (pip install playwright)"
+    return None
+
+
+def _shows(jpeg: bytes, dark: bool) -> bool:
+    """Whether a frame (JPEG of the whole screen) shows the square dark (or light)."""
+    from PIL import Image, ImageStat
+
+    image = Image.open(io.BytesIO(jpeg))
+    image.draft("L", (image.width // 8, image.height // 8))  # decode at 1/8 scale: all a colour test needs
+    image = image.convert("L")
+    x, y = SPOT[0] * image.width // SCREEN[0], SPOT[1] * image.height // SCREEN[1]
+    level = ImageStat.Stat(image.crop((x - 1, y - 1, x + 1, y + 1))).mean[0]
+    return level < 64 if dark else level > 192
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_toggle(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", TOGGLE_SCRIPT, *(str(v) for v in SQUARE)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    if not select.select([proc.stdout], [], [], 15)[0] or proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        proc.wait()
+        raise RuntimeError("the toggle window did not come up")
+    return proc
+
+
+def _latency(page: Any, agent: AgentClient, iterations: int, seed: int) -> dict[str, list[float]]:
+    """Console samples and floor samples, alternately (one unmeasured pair first)."""
+    rng = random.Random(seed)
+    click = {"type": "click", "x": CLICK[0], "y": CLICK[1], "button": "left"}
+    out: dict[str, list[float]] = {"console": [], "floor": [], "input_post": []}
+    dark = False
+    for i in range(iterations + 1):
+        dark = not dark
+        got = page.evaluate(SAMPLE_JS, {"action": click, "spot": list(SPOT), "dark": dark,
+                                        "jitterMs": rng.uniform(0, 1000 / FPS), "timeoutMs": SAMPLE_TIMEOUT_S * 1000})
+        dark = not dark
+        start = time.perf_counter()
+        agent.actions([click])
+        while not _shows(agent.screenshot(**FRAME).data, dark):
+            # no pause: each poll is a capture and an encode in the agent, the floor's own granularity
+            if time.perf_counter() - start > SAMPLE_TIMEOUT_S:
+                raise RuntimeError(f"the agent's screenshot did not show the square {'dark' if dark else 'light'}")
+        floor = (time.perf_counter() - start) * 1000.0
+        if i:
+            out["console"].append(got["ms"])
+            out["input_post"].append(got["post_ms"])
+            out["floor"].append(floor)
+    return out
+
+
+def _cpu(page: Any, served: list[int], agent_pid: int, rounds: int, window_s: float) -> dict[str, Any]:
+    """The live view's CPU (module docstring): idle and viewer windows alternately, ``rounds`` each."""
+    stream = page.evaluate("() => location.pathname") + f"/screen.mjpeg?fps={FPS:g}"  # on the run's page
+    page.evaluate("() => document.getElementById('screen-img').removeAttribute('src')")  # the page's own stream
+    windows: dict[str, list[dict[str, float]]] = {"idle": [], "viewer": []}
+    for _ in range(rounds):
+        for kind in ("idle", "viewer"):
+            page.evaluate(VIEWER_JS, stream if kind == "viewer" else None)
+            if kind == "viewer":
+                page.wait_for_function("() => window.__dsViewer.times.length > 0", timeout=SAMPLE_TIMEOUT_S * 1000)
+            else:
+                _quiet(served)
+            p0 = page.evaluate("() => performance.now()")
+            s0, c0, a0, w0 = len(served), time.process_time(), _cpu_s(agent_pid), time.perf_counter()
+            time.sleep(window_s)  # the measuring window itself: CPU time is read over a span of wall time
+            w1, c1, a1, s1 = time.perf_counter(), time.process_time(), _cpu_s(agent_pid), len(served)
+            got = page.evaluate("(p0) => window.__dsViewer.times.filter(t => t >= p0)", p0) if kind == "viewer" else []
+            # the browser's rate from its frames' arrival times: no +-1 frame at the window's edges
+            rate = (len(got) - 1) * 1000 / (got[-1] - got[0]) if len(got) > 1 and got[-1] > got[0] else 0.0
+            windows[kind].append({"wall": w1 - w0, "cpu": c1 - c0, "agent": a1 - a0, "served": s1 - s0, "rate": rate})
+    page.evaluate(VIEWER_JS, None)
+    pct = {k: [w["cpu"] / w["wall"] * 100 for w in v] for k, v in windows.items()}
+    per_frame = [(v["cpu"] - i["cpu"] / i["wall"] * v["wall"]) * 1000 / v["served"]
+                 for i, v in zip(windows["idle"], windows["viewer"]) if v["served"]]
+    med = statistics.median
+    return {
+        "fps": FPS, "window_s": window_s, "rounds": rounds,
+        "idle_cpu_pct": round(med(pct["idle"]), 2), "viewer_cpu_pct": round(med(pct["viewer"]), 2),
+        "live_view_cpu_pct": round(med(pct["viewer"]) - med(pct["idle"]), 2),
+        "cpu_ms_per_frame": round(med(per_frame), 2) if per_frame else None,
+        "browser_fps": round(med([w["rate"] for w in windows["viewer"]]), 2),
+        "served_fps": round(med([w["served"] / w["wall"] for w in windows["viewer"]]), 2),
+        "idle_served": sum(w["served"] for w in windows["idle"]),
+        "agent_cpu_pct": round(med([w["agent"] / w["wall"] * 100 for w in windows["viewer"]]), 2),
+    }
+
+
+def _quiet(served: list[int]) -> None:
+    """Return once no frame was served for two frame periods (a stopped viewer's stream has ended)."""
+    deadline = time.monotonic() + SAMPLE_TIMEOUT_S
+    seen = -1
+    while seen != len(served):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the MJPEG stream kept serving frames after its viewer stopped")
+        seen = len(served)
+        time.sleep(2 / FPS)  # poll interval: two frame periods, so a live stream serves one in between
+
+
+def _live_run(root: Path, agent: AgentClient, stack: ExitStack) -> tuple[Any, list[int]]:
+    """A LiveRun on ``agent``, taken over (a thread waits in its checkpoint, as the model loop does),
+    and the list its frames' sizes go to as they are served."""
+    from controller.run.live import LiveRun
+    from controller.run.registry import ApprovalRegistry
+
+    (root / RUN_ID).mkdir()
+    stop = threading.Event()
+    live = LiveRun(RUN_ID, root / RUN_ID, ApprovalRegistry(None))
+    live.attach(agent, SCREEN, cancel=lambda by: stop.set(), record_human=lambda entry: None, task_name=RUN_ID)
+    stack.callback(live.finish, "cancelled")
+    stack.callback(stop.set)
+    served: list[int] = []
+    frame = live.frame
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        data = frame(*args, **kwargs)
+        served.append(len(data))
+        return data
+
+    live.frame = counted  # type: ignore[method-assign]  # the frames served, for the CPU figures
+    live.take_over(by="bench")
+    threading.Thread(target=live.checkpoint, args=(stop.is_set,), kwargs={"screenshot": True}, daemon=True).start()
+    seq, deadline = 0, time.monotonic() + SAMPLE_TIMEOUT_S
+    while live.state != "human" and time.monotonic() < deadline:
+        for event in live.events_after(seq, 1.0):  # woken by the state change itself
+            seq = event["seq"]
+    if live.state != "human":
+        raise RuntimeError(f"the run never reached state human (it is {live.state})")
+    return live, served
+
+
+def run_console(iterations: int = 30, rounds: int = 3, window_s: float = 4.0, seed: int = 1) -> dict[str, Any]:
+    """The console section (module docstring): ``{"screen", "latency", "cpu"}`` or ``{"skipped": why}``."""
+    why = unavailable()
+    if why:
+        return {"skipped": why}
+    from playwright.sync_api import sync_playwright
+
+    from controller.bench import percentiles
+    from controller.console.server import ConsoleServer
+    from guest.localrun import AgentProcess, Xvfb, terminate
+
+    with ExitStack() as stack:  # torn down in reverse: browser, console, run, agent, window, Xvfb
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ds-bench-console-")))
+        xvfb = Xvfb(*SCREEN, 24).start()
+        stack.callback(xvfb.stop)
+        stack.callback(terminate, _start_toggle(xvfb.env()))
+        agent = AgentProcess(xvfb.display).start()
+        stack.callback(agent.stop)
+        live_agent, floor_agent = (stack.enter_context(AgentClient(agent.base_url, agent.token, timeout=30))
+                                   for _ in range(2))
+        live, served = _live_run(root, live_agent, stack)
+        server = ConsoleServer(root).start()
+        stack.callback(server.stop)
+        server.add_run(live)
+        browser = stack.enter_context(sync_playwright()).chromium.launch(executable_path=CHROMIUM,
+                                                                        args=["--no-sandbox"])
+        stack.callback(browser.close)
+        page = browser.new_page(viewport={"width": 1600, "height": 1100})
+        page.goto(server.url)  # lands on the runs list, the console's base path + "/"
+        page.goto(page.url.rstrip("/") + f"/runs/{RUN_ID}")
+        page.wait_for_function("() => document.getElementById('state').textContent === 'human'"
+                               " && document.getElementById('screen-img').naturalWidth > 0")
+        samples = _latency(page, floor_agent, iterations, seed)
+        cpu = _cpu(page, served, agent.proc.pid, rounds, window_s)
+    rows = {name: percentiles(values) for name, values in samples.items()}
+    x_floor = round(rows["console"]["p50"] / rows["floor"]["p50"], 2) if rows["floor"]["p50"] > 0 else None
+    cpu["frame_kib"] = round(statistics.median(served) / 1024, 1)
+    return {"screen": f"{SCREEN[0]}x{SCREEN[1]}x24", "latency": {**rows, "x_floor": x_floor}, "cpu": cpu}
+
+
+def checks(section: dict[str, Any]) -> dict[str, bool]:
+    """The section's PASS/FAIL lines (none when it was skipped)."""
+    if "latency" not in section:
+        return {}
+    cpu, p50 = section["cpu"], section["latency"]["console"]["p50"]
+    return {
+        f"console action-to-pixels p50 < {TARGET_P50_MS:g} ms (measured {p50:.1f} ms)": p50 < TARGET_P50_MS,
+        (f"console live view at {cpu['fps']:g} fps: browser received {cpu['browser_fps']:g} fps "
+         f"(>= {MIN_FPS_RATIO * cpu['fps']:g}); controller CPU {cpu['live_view_cpu_pct']:g}% of one core, "
+         f"{cpu['cpu_ms_per_frame']} ms per frame"): cpu["browser_fps"] >= MIN_FPS_RATIO * cpu["fps"],
+    }
+
+
+def render_lines(section: dict[str, Any]) -> list[str]:
+    """The section as plain text lines (its checks are rendered with the report's)."""
+    if "skipped" in section:
+        return [f"web console: skipped ({section['skipped']})"]
+    lat, cpu = section["latency"], section["cpu"]
+    lines = [f"web console: page on 127.0.0.1, <img> of screen.mjpeg?fps={cpu['fps']:g}, clicks POSTed from "
+             f"the page; private Xvfb {section['screen']}",
+             f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8}"]
+    for key, name in (("console", "action-to-pixels (page <img>)"), ("floor", "floor: click + agent screenshot"),
+                      ("input_post", "input POST round trip (page)")):
+        row = lat[key]
+        ratio = f"{lat['x_floor']}x" if key == "console" and lat.get("x_floor") is not None else "-"
+        lines.append(f"{name:36} {row['p50']:>8.2f} {row['p95']:>8.2f} {row['n']:>4} {ratio:>8}")
+    lines.append(f"live view at {cpu['fps']:g} fps: controller CPU {cpu['live_view_cpu_pct']:.2f}% of one core "
+                 f"(page with viewer {cpu['viewer_cpu_pct']:.2f}%, without {cpu['idle_cpu_pct']:.2f}%), "
+                 f"{cpu['cpu_ms_per_frame']} ms CPU per frame ({cpu.get('frame_kib', '?')} KiB); browser received "
+                 f"{cpu['browser_fps']:.2f} fps, served {cpu['served_fps']:.2f}; agent CPU "
+                 f"{cpu['agent_cpu_pct']:.2f}%; median of {cpu['rounds']} x {cpu['window_s']:g} s windows each")
+    return lines
