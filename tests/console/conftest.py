@@ -5,7 +5,6 @@ logged-in httpx session against it, LiveRuns with a real ApprovalRegistry, run r
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -19,24 +18,12 @@ import pytest
 from controller.console.server import ConsoleServer
 from controller.run.live import LiveRun
 from controller.run.registry import ApprovalRegistry
-from tests.require import require_commands, unavailable
+from tests.conformance.harness import poll
+from tests.require import require_commands
 
 LIVE_ID = "20300101-000000-live-abcd"
 
-try:
-    from tests.require import CHROMIUM, require_browser
-except ImportError:  # until tests/require.py has its ``browser`` requirement
-    CHROMIUM = "/usr/bin/chromium"
-
-    def require_browser() -> str:
-        """Skip (or fail under ``DESKTOP_SANDBOX_REQUIRE_BROWSER=1``) without chromium or Playwright."""
-        if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-            unavailable("BROWSER", f"{CHROMIUM} not installed (apt-get install chromium)")
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            unavailable("BROWSER", "playwright not installed (pip install playwright)")
-        return CHROMIUM
+from tests.require import CHROMIUM, require_browser  # noqa: F401 - used by the browser tests
 
 
 class Session:
@@ -140,16 +127,9 @@ def wait_state(live: LiveRun, state: str, timeout: float = 10.0) -> None:
 
 
 def until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    """Call ``predicate`` until it is truthy; return it, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        # poll interval: what is polled (a registry state, a file) has no notification to wait on
-        time.sleep(0.02)
+    """Call ``predicate`` until it is truthy; return it, or fail after ``timeout`` seconds
+    (:func:`tests.conformance.harness.poll`)."""
+    return poll(predicate, timeout=timeout, what=what)
 
 
 def write_record(runs_dir: Path, run_id: str, started: str, task: str, status: str | None) -> Path:
@@ -201,3 +181,11 @@ def live_desktop(runs_dir: Path, console: ConsoleServer, desktop: Desktop) -> It
 
 __all__ = ["CHROMIUM", "LIVE_ID", "Runner", "Session", "make_live", "require_browser", "until", "wait_state",
            "write_record"]
+
+
+@pytest.fixture
+def live(runs_dir: Path, console: ConsoleServer) -> LiveRun:
+    """A LiveRun (:func:`make_live`) shown in ``console``."""
+    run = make_live(runs_dir)
+    console.add_run(run)
+    return run

@@ -5,23 +5,13 @@ their directory."""
 from __future__ import annotations
 
 import os
-import sys
-import types
 
-import pytest
 
 from tests.console.conftest import LIVE_ID, Runner, make_live, wait_state, write_record
 
 
 def _code(resp) -> str:
     return resp.json()["error"]["code"]
-
-
-@pytest.fixture
-def live(runs_dir, console):
-    run = make_live(runs_dir)
-    console.add_run(run)
-    return run
 
 
 def test_approval_answers_follow_the_registry_semantics(session, live):

@@ -12,14 +12,7 @@ import httpx
 import pytest
 
 from controller.console import streams
-from tests.console.conftest import LIVE_ID, Runner, make_live
-
-
-@pytest.fixture
-def live(runs_dir, console):
-    run = make_live(runs_dir)
-    console.add_run(run)
-    return run
+from tests.console.conftest import LIVE_ID, Runner
 
 
 def _events(resp: httpx.Response) -> Iterator[dict[str, Any]]:
