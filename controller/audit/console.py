@@ -42,9 +42,11 @@ CONTROL_TIMEOUT = 5.0
 
 
 class ConsoleLike(Protocol):
-    """What the audit needs of a running console: the port it listens on (127.0.0.1)."""
+    """What the audit needs of a running console: the port it listens on (127.0.0.1) and the path of
+    its home page (under its secret base: ``ConsoleServer.home_path``)."""
 
     port: int | None
+    home_path: str
 
 
 @contextlib.contextmanager
@@ -90,13 +92,14 @@ def console_probes(topo: AuditTopology, port: int) -> list[Probe]:
     return list(probes.values())
 
 
-def host_check(port: int, timeout: float = CONTROL_TIMEOUT) -> dict[str, Any]:
-    """One GET / from the controller to the console at 127.0.0.1:``port`` (no proxy): ``{"observed":
-    "status:<code>" | "refused" | "timeout" | "error", "detail": ...}``; the detail of an answer holds
-    the console's error code when it sent one (``unauthenticated``: the request had no session)."""
+def host_check(port: int, path: str = "/", timeout: float = CONTROL_TIMEOUT) -> dict[str, Any]:
+    """One GET ``path`` (the console's secret base and ``/``) from the controller to the console at
+    127.0.0.1:``port`` (no proxy): ``{"observed": "status:<code>" | "refused" | "timeout" | "error",
+    "detail": ...}``; the detail of an answer holds the console's error code when it sent one
+    (``unauthenticated``: the request had no session)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", "/", headers={"Host": f"127.0.0.1:{port}", "Accept": "application/json"})
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{port}", "Accept": "application/json"})
         response = conn.getresponse()
         body = response.read(4096)
     except socket.timeout:

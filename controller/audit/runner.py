@@ -64,9 +64,9 @@ def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Option
                                     canary_name=targets.canary if targets is not None else new_canary_name(),
                                     console_port=console.port)
         probes = probe_list.build_probes(plan)
-        console_before = host_check(console.port)
+        console_before = host_check(console.port, console.home_path)
         observations = run_probes(topology, probes, timeout=timeout)
-        console_after = host_check(console.port)
+        console_after = host_check(console.port, console.home_path)
         canary.flush()
         if targets is not None:
             targets.flush()

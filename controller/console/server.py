@@ -70,6 +70,11 @@ class ConsoleServer:
         return self.origin + self.auth.base
 
     @property
+    def home_path(self) -> str:
+        """``/s/<secret>/``: the path of the runs list (what a request without a session gets 401 for)."""
+        return self.auth.base + "/"
+
+    @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT/s/<secret>/login?t=<token>``: opens one browser session, once."""
         return f"{self.base}/login?t={self.auth.login_token}"

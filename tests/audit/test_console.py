@@ -24,7 +24,8 @@ HOST_IPS = [host for host, _ in NETWORKS.values()]
 def test_the_audit_console_listens_on_loopback_only_and_is_gone_afterwards():
     with audit_console() as console:
         port = console.port
-        assert host_check(port)["observed"] == "status:401"
+        assert host_check(port, console.auth.base + "/")["observed"] == "status:401"
+        assert host_check(port)["observed"] == "status:404"  # nothing outside the secret base path
         listening = [line.split()[1] for line in open("/proc/net/tcp").read().splitlines()[1:]
                      if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == port]
         assert listening == ["0100007F:%04X" % port]  # 127.0.0.1, nothing else
@@ -52,6 +53,7 @@ class _UnboundPort:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.home_path = "/"
 
 
 def test_a_console_the_host_cannot_reach_fails_the_positive_control():
