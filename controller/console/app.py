@@ -130,7 +130,7 @@ def render_finished(state: ConsoleState, templates: Environment, request: Reques
     under :data:`controller.console.auth.REPORT_CSP`); when the record cannot be read, a page saying why
     with the screenshots there are."""
     try:
-        page = render_report(directory, embed_images=False,
+        page = render_report(directory, embed_images=False, home_url=state.auth.base + "/",
                              image_url=lambda name: f"{state.auth.base}/runs/{run_id}/shots/{name}")
         return HTMLResponse(page, headers={POLICY_HEADER: "report"})
     except (OSError, ValueError) as exc:  # an unreadable record: said on the summary page

@@ -150,21 +150,22 @@ def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
 
 
 def render_report(run_dir: Path, *, embed_images: bool = True,
-                  image_url: Callable[[str], str] | None = None) -> str:
+                  image_url: Callable[[str], str] | None = None, home_url: str | None = None) -> str:
     """The review page of the run in ``run_dir`` (``runs/<id>``, or its ``record.jsonl``) as HTML text.
 
     ``embed_images=True``: screenshots inlined as base64 ``data:`` URLs (the page stands alone);
     ``False``: each screenshot's ``src`` is ``image_url(file_name)`` (``file_name`` always matches
     :data:`SHOT_NAME` and names a regular file in the run directory), for a server that serves them.
     Raises OSError / ValueError when the record cannot be read (:func:`read_entries`), ValueError
-    when ``embed_images`` is False without ``image_url``."""
+    when ``embed_images`` is False without ``image_url``. ``home_url``: a link back to where the page
+    is listed (the console's runs list), shown above the header; None for a page that stands alone."""
     if not embed_images and image_url is None:
         raise ValueError("render_report: give image_url when embed_images is False")
     directory = _directory(Path(run_dir))
     entries = read_entries(run_dir)
     view = build_view(entries, directory.resolve().name)
     _resolve_images(view, directory, embed_images, image_url)
-    return _ENV.get_template("report.html").render(csp=CSP, **view)
+    return _ENV.get_template("report.html").render(csp=CSP, home_url=home_url, **view)
 
 
 def write_report(run_dir: Path) -> Path:

@@ -137,7 +137,7 @@ def _new_step(n: int, d: dict[str, Any], shot: dict[str, Any] | None) -> dict[st
 
 def _call(d: dict[str, Any], first: int) -> dict[str, Any]:
     actions = d.get("actions") if isinstance(d.get("actions"), list) else []
-    return {"call_id": text(d.get("call_id"), SHORT), "form": text(d.get("form"), SHORT),
+    return {"call_id": text(d.get("call_id"), SHORT), "raw_id": d.get("call_id"), "form": text(d.get("form"), SHORT),
             "pending": [_pending(c) for c in (d.get("pending_checks") or [])[:20]],
             "raw_actions": [(first + i, a) for i, a in enumerate(actions)],
             "actions": [{"n": first + i, "text": describe(a, clean=clean)} for i, a in enumerate(actions[:500])],
@@ -178,6 +178,9 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
             bucket["network"].append(_network(d))
         elif kind == "human_action" and step is not None:
             step["human"].append(_human(d))
+        elif kind == "takeover" and step is not None:  # who had the desktop, between the person's actions
+            step["human"].append({"by": text(d.get("by"), SHORT), "action": "took over the desktop (the model waits)"
+                                  if d.get("control") == "human" else "handed the desktop back to the model"})
         elif kind == "check":
             checks.append(d)
         elif kind == "network_log":
@@ -209,11 +212,18 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
     if steps and isinstance(final, str) and not steps[-1]["calls"] and steps[-1]["text"] is None:
         steps[-1]["text"] = text(final, LONG)
     shown = set()
+    # a call none of whose actions reached the driver (denied, withdrawn, cancelled first) is listed
+    # but not drawn: the picture shows only what was done
+    ran = {e.get("call_id") for e in (entry.as_json() for entry in entries) if e.get("type") == "action"}
     for step in steps:
         shot = step.pop("shot_entry")
         step.pop("call_ids")
         step["shot"] = shot
         shown.add(id(shot))
+        for call in step["calls"]:
+            call["not_run"] = bool(call["raw_actions"]) and call.pop("raw_id") not in ran
+            if call["not_run"]:
+                call["raw_actions"] = []
         actions = [a for c in step["calls"] for a in c.pop("raw_actions")]
         step["overlay"] = overlay(actions, shot["image_size"]) if shot and shot["image_size"] else None
     return {

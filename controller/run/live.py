@@ -17,9 +17,11 @@
   reconnects replays from the last ``seq`` it saw. At most :data:`MAX_EVENTS` are kept; a view that
   falls further behind gets the approvals snapshot again (``approvals`` events carry the full state).
 
-* **take over**: :meth:`LiveRun.take_over` asks the model loop to pause at its next step boundary --
-  before the screenshot that ends the current computer_call, or before the first action of the
-  next one (:meth:`LiveRun.checkpoint`, called by the driver). There the loop waits, the state is
+* **take over**: :meth:`LiveRun.take_over` asks the model loop to pause at its next step boundary:
+  before the screenshot that ends a computer_call (:meth:`LiveRun.checkpoint`, called by the
+  driver). The actions the model chose for that call run first -- they were chosen on the screen as it
+  still is -- and none is held across the person's turn, where it would act on a screen the model
+  never saw; the screenshot after Resume is the model's next look. There the loop waits, the state is
   ``human``, and :meth:`LiveRun.human_action` forwards a person's pointer and keyboard actions
   (screen px) through the same agent with the same validation (:func:`wire.actions.parse_action`,
   bounds against the screen). :meth:`LiveRun.resume` hands control back; the screenshot the loop
@@ -116,7 +118,6 @@ class LiveRun:
         self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self._seq = 0
         self._want_human = False
-        self._in_call = False
         self._human = False  # a person may act: set and read under _agent_lock
         self._agent_lock = threading.Lock()
         self._last_action: dict[str, Any] | None = None
@@ -185,8 +186,6 @@ class LiveRun:
         for action in actions:
             if action.get("type") in ("wait", "screenshot"):
                 continue
-            if by == "model":
-                self._in_call = True
             shown = shown_action(action)
             with self._cond:
                 self._last_action = {"by": by, "action": shown, "screen": list(self.screen or (0, 0))}
@@ -194,13 +193,10 @@ class LiveRun:
 
     def checkpoint(self, cancelled: Callable[[], bool], *, screenshot: bool) -> None:
         """The loop's step boundary (the driver calls it before a screenshot, ``screenshot=True``,
-        and before each action). When a person asked to take over, the loop waits here -- before the
-        screenshot ending a call, or before the first action of the next one -- until
-        :meth:`resume` or ``cancelled()``."""
-        boundary = screenshot or not self._in_call
-        if screenshot:
-            self._in_call = False
-        if not boundary:
+        and before each action, ``False``). When a person asked to take over, the loop waits here --
+        before the screenshot ending a call, never between a call's actions or before them (see the
+        module docstring) -- until :meth:`resume` or ``cancelled()``."""
+        if not screenshot:
             return
         with self._cond:
             if not self._want_human:

@@ -391,7 +391,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 if cancel():
                     raise _Cancelled() from None
                 status = "failed" if denials else "error"
-                reason = f"loop stopped: {exc}"
+                reason = _denial_reason(denials[-1]) if denials else f"loop stopped: {exc}"
             except _Cancelled:
                 raise
             except Exception as exc:  # API errors, driver errors, agent errors
@@ -451,6 +451,17 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
                       final_message=final_message, timings=timings,
                       scripted_requests=scripted.requests if scripted else None)
+
+
+def _denial_reason(decision: Any) -> str:
+    """Why a run stopped on a denial: ``safety check sensitive_action denied by console`` or ``action
+    type <5 chars> denied by timeout (no answer within 300s (--approval-timeout))``."""
+    if decision.what == "safety_check":
+        what = "safety check " + (", ".join(c or "(no code)" for c in decision.codes) or "(none)")
+    else:
+        what = f"action {decision.action or '?'}"
+    why = f" ({decision.message})" if decision.message and decision.by in ("timeout", "no-approver") else ""
+    return clean(f"{what} denied by {decision.by}{why}", 400)
 
 
 class _Both:

@@ -121,14 +121,16 @@ def _hostile_record(tmp_path: Path, status: str = "failed") -> RunRecord:
     rec.write("computer_call", call_id="call_2", form="actions",
               pending_checks=[{"id": "sc_1", "code": "sensitive_action", "message": "<img src=x onerror=alert(1)>"}],
               actions=[{"type": "scroll", "x": 300, "y": 10, "scroll_x": -200, "scroll_y": 0}])
-    rec.write("approval", what="safety_check", decision="denied", by="no-approver", call_id="call_2",
+    rec.write("approval", what="safety_check", decision="approved", by="console", call_id="call_2",
               codes=["sensitive_action"], message=EVIL)
+    rec.write("action", call_id="call_2", action="scroll", duration_ms=2.0)
     rec.save_screenshot(SHOTS[3], "image/png", image_size=(W, H), frame=(0, 0, 640, 400), call_id="call_2")
     rec.write("expectation", turn=2, call_id="call_3", met=False, reason="deadline passed",
               unmet=[{"kind": "color", "expected": "white", "observed": "<b>black</b>"}])
     rec.write("model_response", response_id="resp_3", http_status=200)
     rec.write("computer_call", call_id="call_3", form="action", actions=[{"type": "click", "x": 5, "y": 6,
                                                                           "button": "left"}])
+    rec.write("action", call_id="call_3", action="click", duration_ms=1.0)
     (tmp_path / "outside.png").write_bytes(OUTSIDE)
     rec.write("screenshot", file="../outside.png", sha256="0" * 64, mime="image/png", image_size=(W, H),
               frame=(0, 0, 640, 400), call_id="call_3")
@@ -171,7 +173,7 @@ def test_each_step_shows_the_screenshot_the_model_chose_its_actions_on(hostile):
     # grouping: approvals, network and failed calls in step 1; the pending check and denial in step 2
     s1, s2 = page.step(1)["text"], page.step(2)["text"]
     assert "https://allowed.example" in s1 and "drag: boom <script>" in s1
-    assert "sensitive_action" in s2 and "denied" in s2 and "no-approver" in s2 and "allowed.example" not in s2
+    assert "sensitive_action" in s2 and "approved" in s2 and "console" in s2 and "allowed.example" not in s2
     assert "color #ffffff" in s1 and "deadline passed" in page.step(3)["text"]  # each expectation before its call
     assert "command line" in page.find("section", id="before")[0]["text"]
 
@@ -398,3 +400,27 @@ def test_the_pickup_runs_report_in_chromium(tmp_path):
         assert abs(ring["y"] + ring["height"] / 2 - (box["y"] + first_click["y"] / height * box["height"])) < 2
         assert page.locator("#checks tbody tr").count() == 3
         assert not problems, problems
+
+
+def test_a_call_that_never_ran_is_listed_not_drawn(tmp_path):
+    """A denied call (no ``action`` entry of its id) is listed with a ``not run`` badge and has no marks on
+    the screenshot; the call that ran in the same record is drawn."""
+    rec = RunRecord(tmp_path, "run-denied")
+    rec.write("run_started", task={"name": "t"})
+    rec.save_screenshot(SHOTS[1], "image/png", image_size=(W, H), frame=(0, 0, W, H))
+    rec.write("model_response", response_id="r1")
+    rec.write("computer_call", call_id="ran", actions=[{"type": "click", "x": 11, "y": 12, "button": "left"}])
+    rec.write("action", call_id="ran", action="click", duration_ms=1.0)
+    rec.save_screenshot(SHOTS[2], "image/png", image_size=(W, H), frame=(0, 0, W, H), call_id="ran")
+    rec.write("model_response", response_id="r2")
+    rec.write("computer_call", call_id="denied", actions=[{"type": "click", "x": 21, "y": 22, "button": "left"}],
+              pending_checks=[{"id": "sc", "code": "sensitive_action", "message": "m"}])
+    rec.write("approval", what="safety_check", decision="denied", by="console", call_id="denied",
+              codes=["sensitive_action"])
+    rec.finish("failed", "safety check sensitive_action denied by console")
+    rec.close()
+    page = Page(render_report(rec.dir))
+    first, second = page.step(1), page.step(2)
+    assert "not run" not in first["text"] and "not run" in second["text"].lower()
+    assert page.find("g", within=first, class_="mark")  # the click that ran is drawn
+    assert not page.find("g", within=second, class_="mark")  # the denied one is not

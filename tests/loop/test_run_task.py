@@ -96,7 +96,8 @@ def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path)
     with LocalSandbox(openbox=True) as sb:
         denied = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None))
         assert not (sb.home / "Documents/approval.txt").exists()
-    assert denied.status == "failed" and "approval" in denied.reason
+    assert denied.status == "failed"
+    assert denied.reason.startswith("safety check sensitive_action denied by no-approver (denied: no terminal"), denied.reason
     entries = read_record(denied.record_dir)
     approvals = [e for e in entries if e["type"] == "approval"]
     assert approvals and approvals[0]["decision"] == "denied" and approvals[0]["by"] == "no-approver"

@@ -111,6 +111,7 @@ def test_the_console_answers_and_the_record_says_who(tmp_path, answer):
         assert saved and approval["decision"] == "approved"
     else:
         assert outcome.status == "failed" and not saved and approval["decision"] == "denied"
+        assert outcome.reason == "safety check sensitive_action denied by console"
         assert _actions_of(outcome.record_dir, request["call_id"]) == []
 
 

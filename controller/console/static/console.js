@@ -15,6 +15,7 @@
   let approvalsVersion = -1;
   const cards = new Map(); /* request id -> {el, error, buttons, left, received} */
   const usage = { input: 0, output: 0, total: 0, responses: 0, missing: 0 };
+  let lastText = null; /* the last response's words (the run's final message repeats them) */
 
   function node(tag, text, cls) {
     const el = document.createElement(tag);
@@ -211,7 +212,7 @@
         } else usage.missing += 1;
         showUsage();
         line("messages", ts, `step ${usage.responses}: response${e.http_status ? " (HTTP " + e.http_status + ")" : ""}${e.error ? " error " + short(e.error, 200) : ""}`, e.error ? "bad" : "");
-        if (e.text) line("messages", ts, `model: ${short(e.text, 2000)}`);
+        if (e.text) { line("messages", ts, `model: ${short(e.text, 2000)}`); lastText = e.text; }
         break;
       case "computer_call": {
         const n = Array.isArray(e.actions) ? e.actions.length : 0;
@@ -224,6 +225,10 @@
         break;
       case "human_action":
         line("log", ts, `  person${e.by ? " (" + e.by + ")" : ""}: ${short(e.action, 200)}`, "human");
+        break;
+      case "takeover":
+        line("log", ts, e.control === "human" ? "a person took over the desktop; the model waits"
+                                              : "the desktop is handed back to the model", "human");
         break;
       case "screenshot": {
         const li = line("log", ts, "  screenshot ");
@@ -253,7 +258,8 @@
         break;
       case "run_finished":
         line("log", ts, `run finished: ${e.status}${e.reason ? " (" + e.reason + ")" : ""}`, e.status === "passed" ? "good" : "bad");
-        if (e.final_message) line("messages", ts, `model: ${e.final_message}`);
+        // the final message is the last response's text, already shown with that response
+        if (e.final_message && e.final_message !== lastText) line("messages", ts, `model: ${e.final_message}`);
         break;
       default:
         if (typeof e.type === "string" && e.type.includes("message")) line("messages", ts, short(e.text || e.message || e, 500));
