@@ -254,7 +254,34 @@ class TextSink:
             return self.content()[before:]
 
     def stop(self) -> None:
+        """Stop the terminal and wait until the window manager has let go of its window.
+
+        The process is gone once it is reaped, but a window manager handles the window's end later
+        (it unmanages it and may move the keyboard focus then): a probe started by the next module
+        could get the focus first and lose it to that late move. So this waits until no window of
+        class ``XTerm`` is in the window manager's client list (``_NET_CLIENT_LIST``)."""
         self.desktop.kill(self.pid)
+        poll(lambda: self.desktop.managed_windows("XTerm") == 0, 10 * self.desktop.time_scale,
+             what="the window manager to let go of the terminal's window")
+
+
+MANAGED_WINDOWS = (
+    "import sys\n"
+    "from Xlib import X, Xatom, display, error\n"
+    "d = display.Display(sys.argv[1])\n"
+    "root = d.screen().root\n"
+    "prop = root.get_full_property(d.intern_atom('_NET_CLIENT_LIST'), Xatom.WINDOW)\n"
+    "n = 0\n"
+    "for w in (prop.value if prop else []):\n"
+    "    try:\n"
+    "        cls = d.create_resource_object('window', w).get_wm_class()\n"
+    "    except error.XError:\n"
+    "        cls = None  # listed, already destroyed: the window manager has not let go yet\n"
+    "    n += cls is None or sys.argv[2] in cls\n"
+    "print(n)\n"
+)
+"""Prints how many windows in the window manager's client list have WM_CLASS ``argv[2]`` (or are
+already destroyed); 0 without a window manager (no list). Runs where the display is reachable."""
 
 
 class AgentDesktop:
@@ -345,6 +372,18 @@ class AgentDesktop:
         finally:
             other.close()
         return shift
+
+    def managed_windows(self, wm_class: str) -> int:
+        """How many windows of ``wm_class`` the window manager still manages (:data:`MANAGED_WINDOWS`);
+        0 when the display is not reachable from here (nothing to wait for then)."""
+        if not self.display:
+            return 0
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-c", MANAGED_WINDOWS, self.display, wm_class], capture_output=True,
+                             text=True, timeout=30)
+        return int(out.stdout) if out.returncode == 0 else 1
 
     def pressed(self) -> tuple[list[int], int] | None:
         """(keycodes down, pointer button mask) from the X server, or None if unreachable."""

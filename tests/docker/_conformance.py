@@ -63,6 +63,13 @@ class ContainerDesktop(AgentDesktop):
         # `kill -0` succeeds on a zombie too, so this waits until the agent has reaped the child.
         poll(lambda: not self.alive(pid), timeout * self.time_scale, interval=0.1, what=f"process {pid} to exit")
 
+    def managed_windows(self, wm_class: str) -> int:
+        from tests.conformance.harness import MANAGED_WINDOWS
+
+        result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", MANAGED_WINDOWS, ":99", wm_class], timeout=20)
+        assert result.exit_code == 0, result.stderr.decode()
+        return int(result.stdout)
+
     def alive(self, pid: int) -> bool:
         return self.sandbox.exec_in_guest(["kill", "-0", str(pid)], timeout=10).exit_code == 0
 
