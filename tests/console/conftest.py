@@ -189,3 +189,16 @@ def live(runs_dir: Path, console: ConsoleServer) -> LiveRun:
     run = make_live(runs_dir)
     console.add_run(run)
     return run
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium through Playwright (:func:`tests.require.require_browser`), headless; one per
+    module (each test opens its own pages or contexts)."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()

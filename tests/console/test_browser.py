@@ -6,24 +6,9 @@ the scaled screen position on the real desktop, keys typed on it reach the probe
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 from PIL import Image
 
-from tests.console.conftest import CHROMIUM, LIVE_ID, require_browser, until, write_record
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+from tests.console.conftest import LIVE_ID, until, write_record
 
 
 def _png(width: int, height: int) -> bytes:

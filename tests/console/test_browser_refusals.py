@@ -12,18 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.console.conftest import CHROMIUM, LIVE_ID, Runner, require_browser
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+from tests.console.conftest import LIVE_ID, Runner
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ def test_console_command_serves_the_runs_until_ctrl_c(runs_dir):
         found = URL.fullmatch(line)
         assert found, line
         url, port = found.group(1), int(found.group(2))
+        assert url.startswith(f"http://127.0.0.1:{port}/s/")
         with httpx.Client(base_url=url.split("/login?", 1)[0], timeout=10) as client:
             assert client.get(url).status_code == 303
             page = client.get("/")

@@ -41,7 +41,7 @@ from controller.run.record import read_record
 from controller.run.runner import RunOptions, RunOutcome, run_task
 from controller.run.tasks import Task, load_task
 from tests.loop.local_sandbox import LocalSandbox
-from tests.require import require_browser, require_commands, unavailable
+from tests.require import require_commands, unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -61,24 +61,13 @@ TITLE_ACTIVE = "#8eb1dd"
 
 
 # -- the browser -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    executable = require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
-def page(chromium: Any) -> Iterator[Any]:
+def page(browser: Any) -> Iterator[Any]:
     """A fresh browser context (no console cookie yet), 1280 px wide; page errors fail the test."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=DEADLINE_MS)  # global in Playwright: set back below
-    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(DEADLINE_MS)
     page = context.new_page()
     errors: list[str] = []

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai.types.responses import ResponseComputerToolCall
@@ -40,17 +41,18 @@ print("RESULT", repr(result), flush=True)
 """
 
 
-def _run_in_pty(answer: str) -> str:
+def _converse(child: str, argv: list[str], react: Any, done: bytes, pass_fds: tuple[int, ...] = ()) -> str:
+    """Run ``python -c child argv...`` on a pseudo-terminal; after each read, ``react(out, master)`` may
+    write to the terminal; stop once the output matches the regex ``done`` (or 30 s). Returns the output."""
     master, slave = os.openpty()
     env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="120")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=slave, stdout=slave, stderr=slave, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", child, *argv], stdin=slave, stdout=slave, stderr=slave, env=env,
+                            start_new_session=True, pass_fds=pass_fds)
     os.close(slave)
     out = b""
     deadline = time.monotonic() + 30
-    answered = False
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not re.search(done, out):
             ready, _, _ = select.select([master], [], [], 0.2)
             if ready:
                 try:
@@ -60,15 +62,22 @@ def _run_in_pty(answer: str) -> str:
                 if not chunk:
                     break
                 out += chunk
-            if not answered and b"[y/N]" in out:
-                os.write(master, answer.encode() + b"\r")
-                answered = True
-            if b"RESULT" in out and out.rstrip().endswith((b"True", b"False")):
-                break
+            react(out, master)
     finally:
         proc.wait(10)
         os.close(master)
     return out.decode(errors="replace")
+
+
+def _run_in_pty(answer: str) -> str:
+    answered: list[bool] = []
+
+    def react(out: bytes, master: int) -> None:
+        if not answered and b"[y/N]" in out:
+            os.write(master, answer.encode() + b"\r")
+            answered.append(True)
+
+    return _converse(CHILD, [], react, rb"RESULT (True|False)")
 
 
 @pytest.mark.parametrize("answer, expected", [("y", "True"), ("yes", "True"), ("n", "False"), ("", "False"),
@@ -245,37 +254,21 @@ print("LEFT", repr(sys.stdin.readline()), flush=True)
 def test_a_console_answer_ends_the_terminal_prompt_and_leaves_its_input_alone(answer, expected):
     """The terminal and the console ask the same request: the console answers first, the terminal
     says so and stops asking; a line typed afterwards is not taken as an answer to anything."""
-    master, slave = os.openpty()
     go_r, go_w = os.pipe()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TERM="dumb", COLUMNS="120")
-    proc = subprocess.Popen([sys.executable, "-c", CONSOLE_CHILD, str(go_r), answer], stdin=slave, stdout=slave,
-                            stderr=slave, env=env, start_new_session=True, pass_fds=(go_r,))
-    os.close(slave)
-    os.close(go_r)
-    out = b""
-    deadline = time.monotonic() + 30
-    stage = 0
+    stage: list[int] = [0]
+
+    def react(out: bytes, master: int) -> None:
+        if stage[0] == 0 and b"[y/N]" in out:
+            os.write(go_w, b"x")  # the console answers now, while the terminal asks
+            stage[0] = 1
+        if stage[0] == 1 and re.search(rb"RESULT (True|False)\r?\n", out):  # the whole line: the echo cannot split it
+            os.write(master, b"y\r")  # typed after the decision: must not approve anything
+            stage[0] = 2
+
     try:
-        while time.monotonic() < deadline and not re.search(rb"LEFT .*\r?\n", out):
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            if stage == 0 and b"[y/N]" in out:
-                os.write(go_w, b"x")  # the console answers now, while the terminal asks
-                stage = 1
-            if stage == 1 and re.search(rb"RESULT (True|False)\r?\n", out):  # the whole line: the echo cannot split it
-                os.write(master, b"y\r")  # typed after the decision: must not approve anything
-                stage = 2
+        text = _converse(CONSOLE_CHILD, [str(go_r), answer], react, rb"LEFT .*\r?\n", pass_fds=(go_r,))
     finally:
-        proc.wait(10)
-        os.close(master)
+        os.close(go_r)
         os.close(go_w)
-    text = out.decode(errors="replace")
     assert f"answered in the console: {'approved' if answer == 'approve' else 'denied'}" in text, text
     assert f"RESULT {expected}" in text and "LEFT 'y\\n'" in text, text
