@@ -2,7 +2,7 @@
 page takes to show in the page's live image, and what the live view costs the controller's CPU.
 
 Run by :mod:`controller.bench` (``--no-console`` skips it): :func:`run_console` returns the section, or
-``{"skipped": why}`` without Xvfb, Debian's chromium (:data:`CHROMIUM`) or Playwright.
+``{"skipped": why}`` without Xvfb, Debian's chromium (:data:`controller.chromium.CHROMIUM`) or Playwright.
 
 **Setup**, all private to this process: an Xvfb 1280x800x24; the agent as a real subprocess
 (:class:`guest.localrun.AgentProcess`); a window (:data:`TOGGLE_SCRIPT`, python-xlib in a subprocess)
@@ -48,9 +48,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from controller import chromium
 from controller.agent_client import AgentClient
+from controller.chromium import launch as launch_chromium
 
-CHROMIUM = "/usr/bin/chromium"
 SCREEN = (1280, 800)
 FPS = 5.0
 """Frame rate of the live view (what screen.js asks for)."""
@@ -180,13 +181,7 @@ def unavailable() -> str | None:
     """Why the console section cannot run here, or None."""
     if shutil.which("Xvfb") is None:
         return "Xvfb not installed (apt-get install xvfb)"
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        return f"{CHROMIUM} not installed (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright not installed (pip install playwright)"
-    return None
+    return chromium.unavailable()
 
 
 def _shows(jpeg: bytes, dark: bool) -> bool:
@@ -348,8 +343,7 @@ def run_console(iterations: int = 30, rounds: int = 3, window_s: float = 4.0, se
         server = ConsoleServer(root).start()
         stack.callback(server.stop)
         server.add_run(live)
-        browser = stack.enter_context(sync_playwright()).chromium.launch(executable_path=CHROMIUM,
-                                                                        args=["--no-sandbox"])
+        browser = launch_chromium(stack.enter_context(sync_playwright()))
         stack.callback(browser.close)
         page = browser.new_page(viewport={"width": 1600, "height": 1100})
         page.goto(server.url)  # lands on the runs list, the console's base path + "/"

@@ -29,16 +29,13 @@ def require_commands(what: str, *commands: str, install: str) -> None:
         unavailable(what, f"{', '.join(missing)} not installed ({install})")
 
 
-CHROMIUM = "/usr/bin/chromium"
-"""The browser Playwright drives in tests (Debian's ``chromium`` package; no downloaded browser)."""
-
-
 def require_browser() -> str:
-    """:data:`CHROMIUM`'s path, after :func:`unavailable` (``BROWSER``) unless it and Playwright are there."""
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        unavailable("BROWSER", f"{CHROMIUM} not installed (apt-get install chromium)")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        unavailable("BROWSER", "playwright not installed (pip install playwright)")
-    return CHROMIUM
+    """:data:`controller.chromium.CHROMIUM`'s path, after :func:`unavailable` (``BROWSER``) unless the
+    browser can start here (:func:`controller.chromium.unavailable`). Start it with
+    :func:`controller.chromium.launch` (its sandbox on)."""
+    from controller import chromium
+
+    why = chromium.unavailable()
+    if why:
+        unavailable("BROWSER", why)
+    return chromium.CHROMIUM

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from controller.chromium import launch as launch_chromium
 from controller.console.server import ConsoleServer
 from controller.run.live import LiveRun
 from controller.run.registry import ApprovalRegistry
@@ -23,7 +24,7 @@ from tests.require import require_commands
 
 LIVE_ID = "20300101-000000-live-abcd"
 
-from tests.require import CHROMIUM, require_browser  # noqa: F401 - used by the browser tests
+from tests.require import require_browser  # noqa: F401 - used by the browser tests
 
 
 class Session:
@@ -179,7 +180,7 @@ def live_desktop(runs_dir: Path, console: ConsoleServer, desktop: Desktop) -> It
     live.finish("cancelled")
 
 
-__all__ = ["CHROMIUM", "LIVE_ID", "Runner", "Session", "make_live", "require_browser", "until", "wait_state",
+__all__ = ["LIVE_ID", "Runner", "Session", "make_live", "require_browser", "until", "wait_state",
            "write_record"]
 
 
@@ -193,12 +194,12 @@ def live(runs_dir: Path, console: ConsoleServer) -> LiveRun:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's chromium through Playwright (:func:`tests.require.require_browser`), headless; one per
-    module (each test opens its own pages or contexts)."""
+    """Debian's chromium through Playwright (:func:`tests.require.require_browser`), headless, its sandbox
+    on (:func:`controller.chromium.launch`); one per module (each test opens its own pages or contexts)."""
     require_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        chromium = launch_chromium(playwright)
         yield chromium
         chromium.close()

@@ -360,7 +360,7 @@ def test_the_pickup_runs_report_in_chromium(tmp_path):
     from tests.loop.local_sandbox import LocalSandbox
     from tests.require import require_browser, require_commands
 
-    chromium = require_browser()
+    require_browser()
     require_commands("X", "firefox-esr", "openbox", "xterm", install="apt-get install firefox-esr openbox xterm")
     task = load_task(ROOT / "tasks" / "pickup.toml")
     with LocalSandbox(openbox=True, pickup=True) as sb:
@@ -378,14 +378,17 @@ def test_the_pickup_runs_report_in_chromium(tmp_path):
 
     from playwright.sync_api import sync_playwright
 
+    from controller.chromium import launch as launch_chromium
+
     with sync_playwright() as pw:  # leaving it closes the browser
-        page = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"]).new_page(
-            viewport={"width": 1280, "height": 900})
+        page = launch_chromium(pw).new_page(viewport={"width": 1280, "height": 900})
         problems: list[str] = []
         page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
         page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
         page.on("requestfailed", lambda r: problems.append(f"request {r.url[:80]}"))
-        page.goto(Path(out.stdout.strip()).as_uri())
+        # the browser runs as nobody when the tests run as root (controller.chromium), and pytest's
+        # tmp_path is private to the test's user: the self-contained page is handed over as content
+        page.set_content(Path(out.stdout.strip()).read_text(encoding="utf-8"))
         assert page.locator("article.step[id^=step-]").count() == responses
         for i in range(1, responses + 1):
             step = page.locator(f"#step-{i}")
