@@ -1,6 +1,7 @@
 """HTTP client for the guest agent API (contract 1 in ARCHITECTURE.md).
 
-``AgentClient(base_url, token)`` wraps one keep-alive ``httpx.Client``. Coordinates it sends are
+``AgentClient(base_url, token)`` wraps one keep-alive ``httpx.Client`` (its transport bounds every
+socket wait by the call's deadline: :mod:`controller.agent_transport`). Coordinates it sends are
 **screen pixels** (mapping from model space is the driver's job). Every non-2xx answer raises
 :class:`AgentError` carrying the HTTP status and the agent's ``code``, ``message`` and ``index``.
 
@@ -8,10 +9,12 @@ The guest is untrusted: a process in it can stop the agent and answer on its por
 streamed and held to two limits (the rule is stated once, in ARCHITECTURE.md, contract 1):
 
 * a **size cap** per call -- :data:`JSON_MAX_BYTES` for the JSON endpoints and every error body,
-  :func:`screenshot_cap` for ``GET /v1/screenshot``, ``max_file_bytes`` (default
-  :data:`FILE_MAX_BYTES`) for ``GET /v1/files``. A ``Content-Length`` over the cap is refused before
-  any of the body is read, and bytes are counted as they arrive, so a lying or absent
-  ``Content-Length`` (chunked, close-delimited) is caught too: ``AgentError`` code ``too_large``.
+  :func:`screenshot_cap` for ``GET /v1/screenshot`` and ``POST /v1/actions?screenshot=``,
+  ``max_file_bytes`` (default :data:`FILE_MAX_BYTES`) for ``GET /v1/files``; the status line and
+  headers of any answer at most 100 KiB (httpcore's limit on an incomplete head). A
+  ``Content-Length`` over the cap is refused before any of the body is read, and bytes are counted as
+  they arrive, so a lying or absent ``Content-Length`` (chunked, close-delimited) is caught too:
+  ``AgentError`` code ``too_large``.
 * an **overall deadline** per call (the client's ``timeout``): wall clock from sending the request to
   the last byte of the answer, headers included. Every socket operation waits at most the time left,
   so a peer that trickles one byte just inside each read timeout, or stalls mid-answer, is cut off
@@ -30,6 +33,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -65,6 +69,7 @@ MAX_GUEST_TEXT = 200
 _SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")
 _FRAME = re.compile(r"([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6}),([0-9]{1,6})")
 _CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_COUNT = re.compile(r"([0-9]{1,6})")
 
 
 class AgentError(RuntimeError):
@@ -127,16 +132,20 @@ def screenshot_bounds(max_width: int | None = None, max_height: int | None = Non
 
 
 @dataclass(frozen=True)
-class _Answer:
+class Answer:
+    """A 2xx answer read in full: ``status``, ``headers`` and the raw ``body``."""
+
     status: int
     headers: httpx.Headers
     body: bytes
 
-    def json(self, what: str) -> Any:
-        try:
-            return json.loads(self.body)
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-            raise AgentError(0, "bad_response", f"{what}: the answer is not JSON ({clean(exc, MAX_GUEST_TEXT)})") from None
+
+def _json(answer: Answer, what: str) -> Any:
+    """The answer's body parsed as JSON; ``bad_response`` when it is not JSON."""
+    try:
+        return json.loads(answer.body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        raise AgentError(0, "bad_response", f"{what}: the answer is not JSON ({clean(exc, MAX_GUEST_TEXT)})") from None
 
 
 def _int_field(body: Any, name: str, what: str, minimum: int) -> int:
@@ -156,16 +165,32 @@ def _header(headers: httpx.Headers, name: str, pattern: re.Pattern[str], what: s
     return tuple(int(v) for v in match.groups())
 
 
-class AgentClient:
-    """Synchronous client for one agent. Thread-safe as far as ``httpx.Client`` is.
+@dataclass(frozen=True)
+class AgentStep:
+    """The answer of :meth:`AgentClient.actions_screenshot`: ``executed`` actions run in full,
+    ``settled`` (the request's last ``wait``: True settled, False cut off by the cap or the deadline;
+    None when it held no ``wait``) and the ``screenshot`` taken after them."""
 
-    ``timeout`` (seconds): the overall deadline of each call, from sending the request to the last
-    byte of the answer; keep it above the agent's ``--request-timeout`` plus its ``--busy-timeout``
-    (20 + 5 s by default) for action calls, so the agent's own ``timeout`` or ``busy`` answer arrives
-    first. ``max_file_bytes``: cap on a ``read_file`` answer (default :data:`FILE_MAX_BYTES`, the
-    agent's default ``--max-file-bytes``). ``transport``: for tests; a custom transport keeps the size
-    caps and the deadline checked between body chunks, but its socket waits are its own.
-    Raises ValueError for a ``timeout`` or ``max_file_bytes`` that is not positive.
+    executed: int
+    settled: bool | None
+    screenshot: AgentScreenshot
+
+
+_SETTLED = {"true": True, "false": False}
+
+
+class AgentClient:
+    """Synchronous client for one agent. Thread-safe as far as ``httpx.Client`` is (concurrent calls
+    use separate pooled connections).
+
+    ``base_url``: ``http://HOST:PORT`` of the agent (a path prefix is kept). ``timeout`` (seconds):
+    the overall deadline of each call, from sending the request to the last byte of the answer; keep
+    it above the agent's ``--request-timeout`` plus its ``--busy-timeout`` (20 + 5 s by default) for
+    action calls, so the agent's own ``timeout`` or ``busy`` answer arrives first. ``max_file_bytes``:
+    cap on a ``read_file`` answer (default :data:`FILE_MAX_BYTES`, the agent's default
+    ``--max-file-bytes``). ``transport``: for tests; a custom transport keeps the size caps and the
+    deadline checked between body chunks, but its socket waits are its own. Raises ValueError for a ``timeout`` or ``max_file_bytes`` that is not
+    positive, a ``base_url`` that is not ``http://HOST[:PORT]`` or a ``token`` that is not printable ASCII.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
@@ -175,6 +200,15 @@ class AgentClient:
         if max_file_bytes < 1:
             raise ValueError(f"max_file_bytes must be at least 1, got {max_file_bytes!r}")
         self.base_url = base_url.rstrip("/")
+        parts = urlsplit(self.base_url)
+        try:
+            port = parts.port or 80
+        except ValueError:
+            port = 0
+        if parts.scheme != "http" or not parts.hostname or not port or parts.query or parts.fragment:
+            raise ValueError(f"base_url must be http://HOST[:PORT], got {clean(base_url, 100)!r}")
+        if not (token.isascii() and token.isprintable()):
+            raise ValueError("the token must be printable ASCII (it goes into a header)")
         self.timeout = float(timeout)
         self.max_file_bytes = int(max_file_bytes)
         self._deadlines = Deadlines()
@@ -195,41 +229,52 @@ class AgentClient:
         self.close()
 
     # -- plumbing ----------------------------------------------------------------------------
-    def _request(self, method: str, path: str, cap: int, **kwargs: Any) -> _Answer:
+    def _request(self, method: str, path: str, cap: int, *, params: dict[str, Any] | None = None,
+                 json_body: Any = None) -> Answer:
         """One call: the status, headers and whole body of a 2xx answer of at most ``cap`` bytes,
         complete within ``self.timeout`` seconds. Raises AgentError: the agent's own error for a
         non-2xx answer (its body capped at :data:`JSON_MAX_BYTES`), or status 0 with ``unreachable``,
         ``deadline``, ``too_large`` or ``bad_response``."""
         what = f"{method} {path}"
         deadline = time.monotonic() + self.timeout
+        kwargs: dict[str, Any] = {}
+        if params:
+            kwargs["params"] = params
+        if json_body is not None:
+            kwargs["json"] = json_body
         try:
-            with self._deadlines.until(deadline), \
-                    self._http.stream(method, path, **kwargs) as resp:
+            with self._deadlines.until(deadline), self._http.stream(method, path, **kwargs) as resp:
                 ok = 200 <= resp.status_code < 300
                 body = self._read_body(resp, cap if ok else JSON_MAX_BYTES, deadline, what)
-                status, headers = resp.status_code, resp.headers
+                answer = Answer(resp.status_code, resp.headers, body)
         except httpx.TimeoutException:
             raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
                                             "deadline of the call") from None
+        except httpx.RemoteProtocolError as exc:
+            # h11 refused the answer's framing (not HTTP/1.x, a malformed status or header line, a head
+            # over its limit, a body shorter than declared, the peer closing before it answered).
+            raise AgentError(0, "bad_response", f"{what}: not a complete HTTP/1.1 answer "
+                                                f"({clean(exc, MAX_GUEST_TEXT)})") from None
         except httpx.TransportError as exc:
-            raise AgentError(0, "unreachable", f"{what}: {clean(exc, MAX_GUEST_TEXT)}") from exc
-        if not ok:
-            try:
-                parsed = json.loads(body)
-            except (ValueError, RecursionError):
-                parsed = None
-            if not isinstance(parsed, dict):
-                raise AgentError(status, "http_error", clean(body.decode("utf-8", "replace"), MAX_GUEST_TEXT))
-            err = parsed.get("error")
-            err = err if isinstance(err, dict) else {}
-            code = err.get("code")
-            code = code if isinstance(code, str) and _CODE.fullmatch(code) else "http_error"
-            message = err.get("message")
-            message = clean(message if message is not None else body.decode("utf-8", "replace"), MAX_GUEST_TEXT)
-            index = err.get("index")
-            index = index if isinstance(index, int) and not isinstance(index, bool) else None
-            raise AgentError(status, code, message, index, parsed)
-        return _Answer(status, headers, body)
+            raise AgentError(0, "unreachable", f"{what}: {clean(exc, MAX_GUEST_TEXT)}") from None
+        if 200 <= answer.status < 300:
+            return answer
+        body = answer.body
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise AgentError(answer.status, "http_error", clean(body.decode("utf-8", "replace"), MAX_GUEST_TEXT))
+        err = parsed.get("error")
+        err = err if isinstance(err, dict) else {}
+        code = err.get("code")
+        code = code if isinstance(code, str) and _CODE.fullmatch(code) else "http_error"
+        message = err.get("message")
+        message = clean(message if message is not None else body.decode("utf-8", "replace"), MAX_GUEST_TEXT)
+        index = err.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) else None
+        raise AgentError(answer.status, code, message, index, parsed)
 
     def _read_body(self, resp: httpx.Response, cap: int, deadline: float, what: str) -> bytes:
         """The raw body, refused past ``cap`` bytes (declared or counted) or past ``deadline``."""
@@ -253,39 +298,10 @@ class AgentClient:
             body += chunk
         return bytes(body)
 
-    # -- API -----------------------------------------------------------------------------------
-    # Every method below raises AgentError: the agent's refusal (its status and code), or status 0
-    # with unreachable, deadline (over ``timeout`` s), too_large (over the call's cap) or bad_response.
-
-    def livez(self) -> bool:
-        """True when ``GET /livez`` answers 200 (answer capped at :data:`JSON_MAX_BYTES`)."""
-        return self._request("GET", "/livez", JSON_MAX_BYTES).status == 200
-
-    def display(self) -> dict[str, int]:
-        """``{"width", "height", "depth"}`` of the guest screen (screen px, bits); each a positive int,
-        else ``bad_response``. Answer capped at :data:`JSON_MAX_BYTES`."""
-        what = "GET /v1/display"
-        body = self._request("GET", "/v1/display", JSON_MAX_BYTES).json(what)
-        return {name: _int_field(body, name, what, 1) for name in ("width", "height", "depth")}
-
-    def actions(self, actions: Sequence[dict[str, Any]]) -> int:
-        """Run Responses computer actions (screen px) in one request; returns ``executed`` (an int
-        >= 0, else ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
-        what = "POST /v1/actions"
-        body = self._request("POST", "/v1/actions", JSON_MAX_BYTES, json={"actions": list(actions)}).json(what)
-        return _int_field(body, "executed", what, 0)
-
-    def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
-                   max_height: int | None = None,
-                   crop: tuple[int, int, int, int] | None = None) -> AgentScreenshot:
-        """Capture the screen (optionally ``crop`` in screen px, bounded to max_width/max_height image px).
-
-        The answer is capped at :func:`screenshot_cap` of these parameters. ``X-Screen-Size``,
-        ``X-Frame`` and ``X-Image-Size`` must be decimal ``WxH`` / ``x,y,w,h`` and the image no larger
-        than the request allows (:func:`screenshot_bounds`), else ``bad_response``.
-        """
-        what = "GET /v1/screenshot"
-        params: dict[str, Any] = {"format": format}
+    @staticmethod
+    def _screenshot_params(quality: int | None, max_width: int | None, max_height: int | None,
+                           crop: tuple[int, int, int, int] | None) -> dict[str, Any]:
+        params: dict[str, Any] = {}
         if quality is not None:
             params["quality"] = quality
         if max_width is not None:
@@ -294,7 +310,12 @@ class AgentClient:
             params["max_height"] = max_height
         if crop is not None:
             params["crop"] = ",".join(str(int(v)) for v in crop)
-        answer = self._request("GET", "/v1/screenshot", screenshot_cap(max_width, max_height, crop), params=params)
+        return params
+
+    @staticmethod
+    def _shot(answer: Answer, what: str, max_width: int | None, max_height: int | None,
+              crop: tuple[int, int, int, int] | None) -> AgentScreenshot:
+        """The image of a screenshot answer, its headers checked (see :meth:`screenshot`)."""
         frame = _header(answer.headers, "X-Frame", _FRAME, what)
         screen = _header(answer.headers, "X-Screen-Size", _SIZE, what)
         image = _header(answer.headers, "X-Image-Size", _SIZE, what)
@@ -310,6 +331,74 @@ class AgentClient:
             image_size=(image[0], image[1]),
         )
 
+    # -- API -----------------------------------------------------------------------------------
+    # Every method below raises AgentError: the agent's refusal (its status and code), or status 0
+    # with unreachable, deadline (over ``timeout`` s), too_large (over the call's cap) or bad_response.
+
+    def livez(self) -> bool:
+        """True when ``GET /livez`` answers 200 (answer capped at :data:`JSON_MAX_BYTES`)."""
+        return self._request("GET", "/livez", JSON_MAX_BYTES).status == 200
+
+    def display(self) -> dict[str, int]:
+        """``{"width", "height", "depth"}`` of the guest screen (screen px, bits); each a positive int,
+        else ``bad_response``. Answer capped at :data:`JSON_MAX_BYTES`."""
+        what = "GET /v1/display"
+        body = _json(self._request("GET", "/v1/display", JSON_MAX_BYTES), what)
+        return {name: _int_field(body, name, what, 1) for name in ("width", "height", "depth")}
+
+    def actions(self, actions: Sequence[dict[str, Any]]) -> int:
+        """Run Responses computer actions (screen px) in one request; returns ``executed`` (an int
+        >= 0, else ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
+        what = "POST /v1/actions"
+        body = _json(self._request("POST", "/v1/actions", JSON_MAX_BYTES, json_body={"actions": list(actions)}), what)
+        return _int_field(body, "executed", what, 0)
+
+    def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
+                   max_height: int | None = None,
+                   crop: tuple[int, int, int, int] | None = None) -> AgentScreenshot:
+        """Capture the screen (optionally ``crop`` in screen px, bounded to max_width/max_height image px).
+
+        The answer is capped at :func:`screenshot_cap` of these parameters. ``X-Screen-Size``,
+        ``X-Frame`` and ``X-Image-Size`` must be decimal ``WxH`` / ``x,y,w,h`` and the image no larger
+        than the request allows (:func:`screenshot_bounds`), else ``bad_response``.
+        """
+        params = {"format": format, **self._screenshot_params(quality, max_width, max_height, crop)}
+        answer = self._request("GET", "/v1/screenshot", screenshot_cap(max_width, max_height, crop), params=params)
+        return self._shot(answer, "GET /v1/screenshot", max_width, max_height, crop)
+
+    def actions_screenshot(self, actions: Sequence[dict[str, Any]], format: str = "png",
+                           quality: int | None = None, max_width: int | None = None,
+                           max_height: int | None = None,
+                           crop: tuple[int, int, int, int] | None = None) -> AgentStep:
+        """Run ``actions`` (screen px), then capture the screen, in one request
+        (``POST /v1/actions?screenshot=FORMAT``, contract 1): one round trip instead of two, and the
+        image is taken while the request still holds the input, so it shows the screen the actions
+        (a ``wait`` among them) left. Screenshot parameters as :meth:`screenshot`.
+
+        The answer is capped at :func:`screenshot_cap`; ``X-Executed`` must be a decimal integer and
+        ``X-Settled`` absent, ``true`` or ``false``, the image headers as :meth:`screenshot`, else
+        ``bad_response``. An agent that predates the combined request answers the actions alone (JSON
+        ``executed``); the screenshot is then fetched with ``GET /v1/screenshot``.
+        """
+        what = "POST /v1/actions?screenshot"
+        params = {"screenshot": format, **self._screenshot_params(quality, max_width, max_height, crop)}
+        answer = self._request("POST", "/v1/actions", screenshot_cap(max_width, max_height, crop), params=params,
+                               json_body={"actions": list(actions)})
+        if "X-Executed" not in answer.headers and answer.body[:1] == b"{":
+            # An older agent ignored the query and ran the actions only.
+            body = _json(answer, what)
+            executed = _int_field(body, "executed", what, 0)
+            settled = body.get("settled") if isinstance(body, dict) else None
+            return AgentStep(executed, settled if isinstance(settled, bool) else None,
+                             self.screenshot(format, quality, max_width, max_height, crop))
+        (executed,) = _header(answer.headers, "X-Executed", _COUNT, what)
+        raw_settled = answer.headers.get("X-Settled")
+        if raw_settled is not None and raw_settled not in _SETTLED:
+            raise AgentError(0, "bad_response", f"{what}: header X-Settled is malformed "
+                                                f"({clean(repr(raw_settled), 60)})")
+        settled = _SETTLED[raw_settled] if raw_settled is not None else None
+        return AgentStep(executed, settled, self._shot(answer, what, max_width, max_height, crop))
+
     def release(self) -> None:
         """Release every key and button the guest reports down (answer capped at :data:`JSON_MAX_BYTES`)."""
         self._request("POST", "/v1/release", JSON_MAX_BYTES)
@@ -323,5 +412,27 @@ class AgentClient:
         """Start an allowlisted guest app with extra argv entries; returns its pid (an int >= 1, else
         ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
         what = "POST /v1/launch"
-        body = self._request("POST", "/v1/launch", JSON_MAX_BYTES, json={"app": app, "args": list(args)}).json(what)
+        body = _json(self._request("POST", "/v1/launch", JSON_MAX_BYTES, json_body={"app": app, "args": list(args)}),
+                     what)
         return _int_field(body, "pid", what, 1)
+
+
+DIRECT_PROBE_S = 1.0
+"""Seconds :func:`direct_client` gives an address to answer before falling back."""
+
+
+def direct_client(base_url: str, token: str, *, probe_timeout: float = DIRECT_PROBE_S,
+                  **kwargs: Any) -> AgentClient | None:
+    """An :class:`AgentClient` for ``base_url`` (``kwargs`` as the class takes them) when the agent there
+    answers an authenticated ``GET /v1/display`` within ``probe_timeout`` seconds, else None.
+
+    For a route to the agent that may not exist from where the controller runs, such as a Docker
+    bridge address (routable on a Linux Docker host, not from Docker Desktop's VM): the caller keeps
+    its published address when this gives None. The token check proves it is this sandbox's agent.
+    """
+    try:
+        with AgentClient(base_url, token, timeout=probe_timeout) as probe:
+            probe.display()
+    except (AgentError, ValueError):
+        return None
+    return AgentClient(base_url, token, **kwargs)

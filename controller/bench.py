@@ -13,7 +13,8 @@ screen), the agent as a real subprocess on 127.0.0.1, wall time per operation in
 - ``type 100 ascii`` / ``type 100 unicode``: one ``type`` action into a terminal;
 - ``wait (idle screen)``: one ``wait`` action on a screen nothing draws on;
 - ``settled step``: what the controller does per model step, through :class:`controller.run.driver.SandboxDriver`:
-  a click, then the screenshot, which the driver precedes with a ``wait`` because input happened.
+  a click, then the screenshot, which the driver precedes with a ``wait`` because input happened (the
+  ``wait`` and the screenshot in one request, ``POST /v1/actions?screenshot=png``).
 
 Baseline, the way many tools do it: one ``xdotool`` process per action (``mousemove X Y click 1``,
 ``type`` with its default per-character delay) and ImageMagick ``import -window root png:-`` /
@@ -22,21 +23,28 @@ Baseline, the way many tools do it: one ``xdotool`` process per action (``mousem
 **Docker sandbox** (skipped, with the reason on one line, without a Docker engine or the image): a
 sandbox from ``--image`` with the demo app's page in the browser and a terminal, as ``tasks/pickup.toml``
 lays them out, the page's input unfocused so nothing blinks (an idle screen). Measured through the
-controller's real path, driver -> ``AgentClient`` -> gateway relay -> agent:
+controller's real path, driver -> ``AgentClient`` -> gateway relay -> agent (the relay at the gateway's
+egress address where the host routes there, as the sandbox's own client does; else the published port):
 
 - ``in-guest floor``: grab + PNG encode inside the guest, no HTTP (a script run in the guest with
   ``exec_in_guest``, the same :class:`guest.capture.Capture` and screenshot size the driver asks for);
+- ``in-guest click+screenshot, no HTTP``: the same script, each shot after the driver's click run by
+  the agent's own :class:`guest.actions.Executor` in that process: what a step costs in the guest with
+  no transport at all, the browser's reaction to the click included (not a target; it shows how much
+  of the driver's time is the guest's and how much the way there);
 - ``driver click+screenshot``: ``SandboxDriver.click`` then ``SandboxDriver.screenshot`` (no settle);
 - ``settled step``: the same with the driver's settle (``wait`` before the screenshot).
 
-``settle cost`` = settled step p50 - click+screenshot p50 (same path), what the settle adds per step.
+``settle cost`` = settled step p50 - click+screenshot p50 (same path), what the settle adds per step;
+``path cost`` = driver click+screenshot p50 - in-guest click+screenshot p50, what the way from the
+driver to the guest (client, relay, HTTP) adds per step.
 
 **Web console** (:mod:`controller.bench_console`; skipped, with the reason, without Xvfb, Debian's chromium
 or Playwright): action-to-pixels in the console's page beside its floor (the same click straight to the
 agent, its screenshot polled), and the controller's CPU cost of the live view at 5 frames a second.
 
 Sampling: every case of a group is sampled round-robin (sample i of each case before sample i+1 of
-any), agent and baseline alike, so load on the machine spreads over all of them; the in-guest floor runs
+any), agent and baseline alike, so load on the machine spreads over all of them; the in-guest rows run
 in blocks between rounds of driver samples. p50 is the median; p95 is the nearest-rank percentile
 (the ceil(0.95 n)-th smallest sample).
 
@@ -85,17 +93,28 @@ SETTLE_RULE = (f"wait settles once the X server reported no drawing for {WAIT_QU
 #: Screenshot request of the driver's default policy (what the model is sent).
 POLICY = ScreenshotPolicy()
 
-#: Runs in the guest: ``python -c FLOOR_SCRIPT N W H`` prints the grab+encode times (ms) of N shots as
-#: a JSON list, after two unmeasured ones. Same Capture, size bound and allocator setting as the agent.
+#: Runs in the guest: ``python -c FLOOR_SCRIPT N W H [X Y]`` prints the grab+encode times (ms) of N
+#: shots as a JSON list, after two unmeasured ones. Same Capture, size bound and allocator setting as
+#: the agent. With X Y, each shot follows a click near (X, Y) (the driver's clicks, :func:`_click`) run by
+#: the agent's own executor in this process: a step's work in the guest with no HTTP at all.
 FLOOR_SCRIPT = """\
 import json, os, sys, time
 from guest import capture
 n, w, h = (int(a) for a in sys.argv[1:4])
 getattr(capture, "retain_frame_buffers", lambda: False)()
-cap = capture.Capture(os.environ.get("DISPLAY", ":99"))
+display = os.environ.get("DISPLAY", ":99")
+cap = capture.Capture(display)
+click = None
+if len(sys.argv) > 5:
+    from guest.actions import Executor
+    from guest.display import DisplayConnection
+    executor, (x, y) = Executor(DisplayConnection(display), cap), (int(a) for a in sys.argv[4:6])
+    click = lambda i: executor.execute([{"type": "click", "x": x + i % 40, "y": y + i % 40, "button": "left"}])
 out = []
 for i in range(n + 2):
     t = time.perf_counter()
+    if click is not None:
+        click(i)
     cap.screenshot(fmt="png", max_width=w, max_height=h)
     out.append((time.perf_counter() - t) * 1000.0)
 print(json.dumps(out[2:]))
@@ -263,9 +282,11 @@ def _docker_unavailable(image: str) -> str | None:
     return None
 
 
-def _guest_floor(sandbox: Any, n: int) -> list[float]:
-    """``n`` in-guest grab+encode times (ms), from :data:`FLOOR_SCRIPT` run in the guest."""
+def _guest_floor(sandbox: Any, n: int, click: tuple[int, int] | None = None) -> list[float]:
+    """``n`` in-guest grab+encode times (ms), from :data:`FLOOR_SCRIPT` run in the guest; each after a
+    click near ``click`` (screen px) when given."""
     argv = [GUEST_PYTHON, "-c", FLOOR_SCRIPT, str(n), str(POLICY.max_width), str(POLICY.max_height)]
+    argv += [str(v) for v in click] if click else []
     result = sandbox.exec_in_guest(argv, timeout=120)
     if result.exit_code != 0:
         raise RuntimeError(f"in-guest floor script failed: {clean_lines(result.stderr.decode('utf-8', 'replace'), 400)}")
@@ -319,6 +340,8 @@ def run_docker(image: str, iterations: int = 50, rounds: int = 5) -> dict[str, A
         samples: dict[tuple[str, str], list[float]] = {}
         for r in range(rounds):
             samples.setdefault(("in-guest floor: grab+encode png", "agent"), []).extend(_guest_floor(sandbox, per))
+            samples.setdefault(("in-guest click+screenshot, no HTTP", "agent"), []).extend(
+                _guest_floor(sandbox, per, BLANK_SPOT))
             cases = {
                 ("driver click+screenshot", "agent"): (step(plain), per),
                 ("settled step (driver)", "agent"): (step(settling), per),
@@ -369,9 +392,13 @@ def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iteratio
         settled = _p50(rows, "settled step (driver)")
         assert floor is not None and step is not None and settled is not None
         if floor > 0:
-            rows["driver click+screenshot"]["x_floor"] = round(step / floor, 2)
-            rows["settled step (driver)"]["x_floor"] = round(settled / floor, 2)
+            for name in ("driver click+screenshot", "settled step (driver)", "in-guest click+screenshot, no HTTP"):
+                if name in rows:
+                    rows[name]["x_floor"] = round(rows[name]["agent"]["p50"] / floor, 2)
         derived["docker settle cost per step (ms)"] = round(settled - step, 2)
+        in_guest = _p50(rows, "in-guest click+screenshot, no HTTP")
+        if in_guest is not None:  # driver, client, relay, HTTP: what the way to the guest adds to a step
+            derived["docker path cost per step (ms)"] = round(step - in_guest, 2)
         checks[f"docker driver click+screenshot p50 <= {TARGET_FLOOR_RATIO:g}x in-guest floor p50"] = (
             step <= TARGET_FLOOR_RATIO * floor)
         checks[f"docker settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS

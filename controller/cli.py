@@ -2,7 +2,8 @@
 
 Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (a backend of
 controller.sandbox.registry), ``run-task`` (controller.run.runner), ``report`` (controller.run.record),
-``audit`` (controller.audit), ``bench`` (controller.bench). ``--backend`` names a backend of the registry.
+``audit`` (controller.audit), ``bench`` (controller.bench; ``--suite``: controller.bench_suite), ``run-suite``
+(controller.suite), ``render`` (controller.sandbox.kubernetes). ``--backend`` names a backend of the registry.
 
 Over 400 lines: every command's options, help text and refusals (one line, exit 2) are here and nowhere
 else, so what a user can type reads in one place; the work itself lives in the modules above.
@@ -98,6 +99,34 @@ BACKEND_HELP = f"Backend: {' or '.join(backend_names())}."
 IMAGE_HELP = "Guest image: a Docker tag (default desktop-sandbox:latest) or a VM image directory (default: the built one)."
 
 
+ARCH_HELP = ("Guest architecture: amd64 | arm64 (default the host's). A foreign one runs under emulation: "
+             "the Docker image desktop-sandbox:latest-ARCH (`desktop-sandbox build --arch`), a VM under TCG.")
+
+
+def _with_arch(options: Any, arch: str) -> Any:
+    """``options`` for guest architecture ``arch`` ('' = unchanged, the host's): a VM's options get
+    ``arch``, an image tag the ``-ARCH`` suffix (``desktop-sandbox:latest-arm64``). Refuses (exit 2) an
+    unknown architecture."""
+    import dataclasses
+
+    from controller.sandbox import image
+
+    if not arch:
+        return options
+    try:
+        arch = image.normalize_arch(arch)
+    except ValueError as exc:
+        _refuse(f"--arch: {exc}")
+    if dataclasses.is_dataclass(options) and any(f.name == "arch" for f in dataclasses.fields(options)):
+        return dataclasses.replace(options, arch=arch)
+    if isinstance(getattr(options, "image", None), str):
+        options = dataclasses.replace(options, image=image.arch_tag(options.image, arch))
+        if image.is_foreign(arch) and hasattr(options, "mem_limit"):  # qemu-user needs more (see the constant)
+            options = dataclasses.replace(options, mem_limit=image.EMULATION_MEM_LIMIT)
+        return options
+    _refuse("--arch: this backend has no per-architecture image")
+
+
 def _backend(name: str):  # noqa: ANN202 - a Sandbox subclass
     """The backend class registered as ``name``, or a one-line refusal (exit 2) naming the known ones."""
     try:
@@ -119,19 +148,34 @@ def _docker_client():  # noqa: ANN202
 
 @app.command()
 def build(
-    tag: str = typer.Option("desktop-sandbox:latest", help="Tag of the built image."),
-    base: str = typer.Option("debian:bookworm-slim", help="Base image (imported with debootstrap if absent)."),
+    tag: str = typer.Option("desktop-sandbox:latest", help="Tag of the built image (suffixed -ARCH for a "
+                            "foreign --arch: desktop-sandbox:latest-arm64)."),
+    base: str = typer.Option("debian:bookworm-slim", help="Base image (imported with debootstrap if absent; "
+                             "suffixed -ARCH for a foreign --arch)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
     wheelhouse: bool = typer.Option(True, help="Build the Python wheels on the host first (see wheelhouse/)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every line of build output."),
+    arch: str = typer.Option("", "--arch", help="amd64 | arm64 (default the host's); a foreign one builds "
+                             "under emulation (qemu-user-static, binfmt_misc)."),
 ) -> None:
     """Build the guest image (Dockerfile.desktop) with progress; print its size and build time."""
     from controller.sandbox import image
 
+    try:
+        arch = image.normalize_arch(arch)
+    except ValueError as exc:
+        _refuse(str(exc))
+    tag, base = image.arch_tag(tag, arch), image.arch_tag(base, arch)
     client = _docker_client()
-    how = image.ensure_base(client, base, log=lambda m: _say(m, label="[cyan]base[/]"))
-    _say(f"{base}: {how}", label="[cyan]base[/]")
-    if wheelhouse:
+    try:
+        how = image.ensure_base(client, base, log=lambda m: _say(m, label="[cyan]base[/]"), arch=arch)
+    except image.BuildError as exc:
+        _error("base image:", exc)
+        raise typer.Exit(1) from None
+    _say(f"{base} ({arch}): {how}", label="[cyan]base[/]")
+    if wheelhouse and image.is_foreign(arch):
+        image.prepare_foreign_wheelhouse(arch, log=lambda m: _say(m, label="[cyan]wheels[/]"))
+    elif wheelhouse:
         image.prepare_wheelhouse(client, log=lambda m: _say(m, label="[cyan]wheels[/]"))
 
     def show(ev: image.BuildEvent) -> None:
@@ -144,7 +188,7 @@ def build(
 
     with console.status("building", spinner="dots"):
         try:
-            result = image.build(tag, base, no_cache=no_cache, client=client, on_event=show)
+            result = image.build(tag, base, no_cache=no_cache, client=client, on_event=show, arch=arch)
         except image.BuildError as exc:
             _error("build failed:", exc)
             raise typer.Exit(1) from None
@@ -206,6 +250,7 @@ def up(
     allow: list[str] = typer.Option([], help="Allowlisted origin (repeatable); none: deny all."),
     detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    arch: str = typer.Option("", "--arch", help=ARCH_HELP),
 ) -> None:
     """Start a sandbox, print how to reach its agent (token file, example curl line), and keep it until
     Ctrl-C (or `down ID`, when detached).
@@ -227,7 +272,7 @@ def up(
         _refuse(f"--allow: {describe_validation_error(exc, known_keys=NetworkPolicy.model_fields)}")
     spec = SandboxSpec(screen_width=width, screen_height=height, policy=network.model_dump(mode="json"),
                        ready_timeout=backend_cls.default_ready_timeout)
-    options = backend_cls.make_options(image=image_tag, detached=detach)
+    options = _with_arch(backend_cls.make_options(image=image_tag, detached=detach), arch)
     sandbox = None
     token_file: Path | None = None
     # From the start to the removal a signal never cuts a step in half: it is noted (the start itself
@@ -297,8 +342,8 @@ def down(
 
     bad = [sid for sid in sandbox_ids or [] if not SANDBOX_ID.fullmatch(sid)]
     if bad:
-        _refuse(f"not a sandbox id: {', '.join(clean(s, 40) for s in bad)} (ids look like ds-1a2b3c4d or "
-                "dv-1a2b3c4d, as `up` prints them)")
+        _refuse(f"not a sandbox id: {', '.join(clean(s, 40) for s in bad)} (ids look like ds-1a2b3c4d, "
+                "dv-1a2b3c4d or dk-1a2b3c4d, as `up` prints them)")
     wanted = {}
     for item in label:
         key, sep, value = item.partition("=")
@@ -370,6 +415,9 @@ def run_task_cmd(
     legacy: Optional[bool] = typer.Option(None, "--legacy/--ga", help="Offline: legacy computer_use_preview tool."),
     approve_safety_check: list[str] = typer.Option(
         [], "--approve-safety-check", help="Approve pending safety checks with this code unattended (repeatable; logged)."),
+    approve_origin: list[str] = typer.Option(
+        [], "--approve-origin", help="Approve the gateway's origin requests for this origin (scheme://host[:port]) "
+                                     "unattended, for a task whose [network] mode is \"ask\" (repeatable; logged)."),
     confirm_actions: str = typer.Option("", help="Ask before these action types, e.g. type,keypress."),
     step: bool = typer.Option(False, "--step", help="Ask before every action."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where run records go."),
@@ -379,6 +427,9 @@ def run_task_cmd(
     approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
                                            help="Seconds a question (safety check, confirmation) waits for an "
                                                 "answer before it is denied."),
+    runner: str = typer.Option("sdk", "--runner", help="The model loop: sdk (the openai SDK's ComputerToolset) or "
+                                                       "agent-framework (an Agent Framework agent; needs the [af] extra)."),
+    arch: str = typer.Option("", "--arch", help=ARCH_HELP),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -420,6 +471,8 @@ def run_task_cmd(
                     f"(one of {', '.join(ACTION_TYPES)})")
         if any(not code.strip() for code in approve_safety_check):
             _refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
+        origins = _approve_origins(approve_origin)
+        loop = _runner_loop(runner)
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(runs_dir, os.W_OK | os.X_OK):
@@ -435,15 +488,15 @@ def run_task_cmd(
         if not noted:
             try:  # may build the image (minutes): a signal stops that at once, nothing else is started
                 with raise_on_signals(INTERRUPT_SIGNALS):
-                    open_sandbox = sandbox_opener(backend, image_tag)
+                    open_sandbox = sandbox_opener(backend, image_tag, **({"arch": arch} if arch else {}))
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
                 console.print(f"interrupted before the run ({signal.Signals(noted[-1]).name})", markup=False)
 
         options = RunOptions(
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
-            approve_codes=list(approve_safety_check), approval_timeout_s=approval_timeout,
-            confirm_actions=confirm, step=step, signals_before=noted,
+            approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
+            confirm_actions=confirm, step=step, signals_before=noted, loop=loop,
         )
         server = None
         if ui and not noted:
@@ -461,6 +514,40 @@ def run_task_cmd(
                 server.stop()
         typer.echo(str(outcome.record_dir / "record.jsonl"))
         raise typer.Exit(outcome.exit_code)
+
+
+RUNNERS = ("sdk", "agent-framework")
+"""``run-task --runner`` values: the SDK's own loop, or an Agent Framework agent (:mod:`controller.af`)."""
+
+
+def _runner_loop(runner: str) -> Any:
+    """The ``RunOptions.loop`` for ``--runner``: None for ``sdk``, :func:`controller.af.run_loop` for
+    ``agent-framework``; refuses (exit 2) another name, or ``agent-framework`` without the ``[af]`` extra."""
+    if runner not in RUNNERS:
+        _refuse(f"--runner: unknown runner {runner!r} (one of {', '.join(RUNNERS)})")
+    if runner == "sdk":
+        return None
+    try:
+        from controller.af import run_loop
+    except ImportError as exc:
+        _refuse(f"--runner agent-framework needs the [af] extra (pip install -e '.[af]'): {exc}")
+    return run_loop
+
+
+def _approve_origins(given: list[str]) -> list[Any]:
+    """``--approve-origin`` values parsed as the gateway parses origins (``controller.gateway.policy.Origin``:
+    scheme, IDNA host, effective port; duplicates dropped); refuses (exit 2) one that does not parse."""
+    from controller.gateway.policy import Origin, PolicyError
+
+    origins: list[Any] = []
+    for text in given:
+        try:
+            origin = Origin.parse(text)
+        except PolicyError as exc:
+            _refuse(f"--approve-origin: {exc}")
+        if origin not in origins:
+            origins.append(origin)
+    return origins
 
 
 def _keep_serving(server: Any, noted: list[int]) -> None:
@@ -483,15 +570,16 @@ def _not_opened(task: Any) -> Any:
     raise RuntimeError("the run was cancelled before its sandbox was opened")
 
 
-def sandbox_opener(backend: str, image_tag: Optional[str]) -> Callable[[Any], Any]:
+def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "") -> Callable[[Any], Any]:
     """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh sandbox of the registry's ``backend``
-    from ``image_tag`` (None: the backend's default image), built first when missing, sized and policed by
-    the task. Refuses (exit 2) when the backend cannot be reached."""
+    from ``image_tag`` (None: the backend's default image) for guest architecture ``arch`` ('' = the
+    host's), built first when missing, sized and policed by the task. Refuses (exit 2) when the backend
+    cannot be reached."""
     from controller.sandbox import BackendUnavailable, SandboxSpec
 
     cls = _backend(backend)
     try:
-        options = cls.ensure_image(cls.make_options(image=image_tag), _say)
+        options = cls.ensure_image(_with_arch(cls.make_options(image=image_tag), arch), _say)
     except BackendUnavailable as exc:
         _refuse(str(exc))
 
@@ -554,6 +642,7 @@ def audit(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report to this file."),
     image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    arch: str = typer.Option("", "--arch", help=ARCH_HELP),
 ) -> None:
     """Probe the network policy from inside the guest; print a table, optionally write JSON.
 
@@ -570,6 +659,10 @@ def audit(
     from controller.validation import describe_validation_error
 
     backend_cls = _backend(backend)
+    try:
+        audit_backend = audit_function(backend)
+    except KeyError:
+        _refuse(f"the {backend} backend has no network audit (audit runs on the docker and vm backends)")
     if policy is not None and task is not None:
         _refuse("give --policy or --task, not both")
     if task is not None:
@@ -589,9 +682,9 @@ def audit(
         except UnicodeDecodeError as exc:
             _refuse(f"bad policy {policy}: not UTF-8 text (byte {exc.start})")
     try:
-        options = backend_cls.ensure_image(backend_cls.make_options(image=image_tag), _say)
+        options = backend_cls.ensure_image(_with_arch(backend_cls.make_options(image=image_tag), arch), _say)
         with console.status(f"auditing ({backend} sandbox, probes)"):
-            result = audit_function(backend)(network, image=options.image)
+            result = audit_backend(network, image=options.image)
     except (AuditError, SandboxError, docker.errors.DockerException) as exc:
         _error("audit could not run:", exc)
         raise typer.Exit(2) from None
@@ -611,11 +704,144 @@ def bench(ctx: typer.Context) -> None:
     Options pass through to ``python -m controller.bench`` (--iterations N, --baseline-iterations N,
     --type-iterations N, --no-baseline, --image TAG, --no-docker, --json FILE). Exit 0 only if every
     target was met.
-    """
-    from controller.bench import main as bench_main
 
-    report = bench_main(list(ctx.args))
+    With --suite first: many sandboxes on this host instead (controller.bench_suite): memory and CPU of an
+    idle and a busy sandbox, sandbox start and run-task wall time with 1, 2, 4 and 8 runs at once, the
+    largest N at which every run passed (--levels 1,2,4,8, --task FILE, --image TAG, --idle-samples N,
+    --runs-dir DIR, --json FILE). Exit 0 when the task passed alone.
+    """
+    args = list(ctx.args)
+    if args[:1] == ["--suite"]:
+        from controller.bench_suite import main as suite_main
+
+        report = suite_main(args[1:])
+    else:
+        from controller.bench import main as bench_main
+
+        report = bench_main(args)
     raise typer.Exit(0 if all(report["checks"].values()) else 1)
+
+
+@app.command("run-suite")
+def run_suite_cmd(
+    paths: list[Path] = typer.Argument(..., help="Task files, or folders: every *.toml under one is a task."),
+    parallel: int = typer.Option(1, "--parallel", min=1, max=64, help="Most runs at once."),
+    repeat: int = typer.Option(1, "--repeat", min=1, max=1000, help="Runs of each task, each in a fresh sandbox."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP + " Built once, first, if missing."),
+    live: Optional[bool] = typer.Option(None, "--live/--offline",
+                                        help="Live model or the offline exercise; default: live iff OPENAI_API_KEY."),
+    model: Optional[str] = typer.Option(None, help="Live model (default $OPENAI_MODEL or gpt-6-astra)."),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where run records and the suite's folder go."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the suite's report as JSON here."),
+    junit_out: Optional[Path] = typer.Option(None, "--junit", help="Also write the report as JUnit XML here."),
+    run_timeout: float = typer.Option(900.0, "--run-timeout", min=10.0, max=86400.0,
+                                      help="Seconds one run may take; then it is cancelled (SIGTERM)."),
+) -> None:
+    """Run task files, each --repeat times in a fresh sandbox, at most --parallel at once; report.
+
+    Each run is `run-task` in a process of its own (its own runs/<id>/ record). Shows the runs going,
+    then a table per task (passes/runs, median time, steps) and a summary; writes
+    runs/suite-<id>/index.json (every run's record folder, status, times) and prints its path on stdout.
+
+    \b
+    Exit status:
+      0    every run passed
+      1    a run failed or ended in error
+      2    bad input (a task, its offline script, an option), before anything started
+      130  cancelled (Ctrl-C, SIGTERM): every run going is cancelled as run-task cancels (sandbox removed,
+           record finished `cancelled`), runs not started are reported as not_started
+    """
+    from controller import suite
+    from controller.offline.scripted_server import ScriptError, load_script
+    from controller.run.tasks import TaskError, load_task
+    from controller.sandbox import (INTERRUPT_SIGNALS, BackendUnavailable, SandboxError, SandboxInterrupted,
+                                    raise_on_signals, signals_deferred)
+
+    with signals_deferred(redeliver=False) as noted:
+        try:
+            files = suite.find_task_files(paths)
+        except suite.SuiteError as exc:
+            _refuse(f"run-suite: {exc}")
+        offline = not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY")))
+        tasks = []
+        for path in files:
+            try:
+                task = load_task(path)
+                if offline:
+                    load_script(task.offline_script_path())
+            except (TaskError, ScriptError) as exc:
+                _refuse(f"cannot use task {path}: {exc}")
+            tasks.append((task.name, path))
+        cls = _backend(backend)
+        try:
+            runs_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(runs_dir, os.W_OK | os.X_OK):
+                raise PermissionError("not writable")
+        except OSError as exc:
+            _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+        if not noted:
+            try:  # once, before the runs: N runs must not each build a missing image
+                with raise_on_signals(INTERRUPT_SIGNALS):
+                    cls.ensure_image(cls.make_options(image=image_tag), _say)
+            except (KeyboardInterrupt, SandboxInterrupted) as exc:
+                noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
+            except (BackendUnavailable, SandboxError) as exc:
+                _refuse(f"run-suite: {exc}")
+        if noted:
+            _say(f"cancelled ({signal.Signals(noted[0]).name}) before any run started")
+            raise typer.Exit(130)
+        options = suite.SuiteOptions(parallel=parallel, runs_dir=runs_dir, backend=backend, image=image_tag,
+                                     live=live, model=model, run_timeout_s=run_timeout)
+        plan = suite.plan_runs(tasks, repeat)
+        _say(f"run-suite: {len(plan)} run(s) of {len(tasks)} task(s), at most {parallel} at once ({backend})")
+        runner, report = suite.run_suite(plan, options, repeat=repeat, console=console)
+        console.print(suite.task_table(report))
+        style = "green" if report["status"] == "passed" else ("yellow" if report["cancelled"] else "red")
+        _say(suite.summary_line(report), 2000, style=style)
+        for target, data in ((json_out, suite.report_json), (junit_out, suite.junit_xml)):
+            if target is not None:
+                try:
+                    suite.write_atomic(target, data(report))
+                except OSError as exc:
+                    _error(f"cannot write {target}:", exc)
+                    raise typer.Exit(1) from None
+                _say(f"wrote {target}")
+        typer.echo(str(runner.index_path))
+        raise typer.Exit(suite.exit_status(report))
+
+
+@app.command()
+def render(
+    task_file: Path = typer.Argument(..., help="Task TOML whose sandbox to render."),
+    backend: str = typer.Option("kubernetes", "--backend", help="Only kubernetes renders manifests."),
+    namespace: Optional[str] = typer.Option(None, "--namespace",
+                                            help="Namespace in the manifests (default $DESKTOP_SANDBOX_K8S_NAMESPACE, "
+                                                 "else desktop-sandbox)."),
+    image_tag: Optional[str] = typer.Option(None, "--image", help="Image the cluster pulls (default "
+                                            "$DESKTOP_SANDBOX_K8S_IMAGE, else desktop-sandbox:latest)."),
+) -> None:
+    """Print the Kubernetes manifests (YAML) of one sandbox for TASK, as `--backend kubernetes` creates
+    them; nothing is contacted. Exit 2 for a bad task or another backend."""
+    from controller.run.tasks import TaskError, load_task
+    from controller.sandbox import SandboxSpec
+
+    if backend != "kubernetes":
+        _refuse(f"render: only --backend kubernetes has manifests (not {clean(backend, 40)})")
+    try:
+        task = load_task(task_file)
+    except TaskError as exc:
+        _refuse(f"cannot load task: {exc}")
+    from controller.sandbox import kubernetes as k8s
+
+    options = k8s.KubernetesSandbox.make_options(image=image_tag)
+    options.namespace = namespace or os.environ.get(k8s.NAMESPACE_ENV) or "desktop-sandbox"
+    spec = SandboxSpec(screen_width=task.screen.width, screen_height=task.screen.height,
+                       policy=task.network.model_dump(mode="json"))
+    try:
+        typer.echo(k8s.render_for_task(spec, options), nl=False)
+    except ImportError:
+        _refuse("render needs PyYAML: pip install 'desktop-sandbox[kubernetes]'")
 
 
 def _token_path(sandbox_id: str) -> Path:

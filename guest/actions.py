@@ -95,6 +95,9 @@ class Prepared:
 
     def __init__(self, action: BaseAction, keysyms: list[int], text: list[int], points: list[tuple[int, int]]):
         self.action, self.keysyms, self.text, self.points = action, keysyms, text, points
+        self.last = False
+        """True for the request's last action: its closing X round trip can be left to the release
+        check that follows it (:meth:`guest.held.Held.release_all` ends with round trips)."""
 
 
 def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
@@ -149,6 +152,21 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
     return out
 
 
+QUICK_TYPES = frozenset({"click", "double_click", "move", "scroll", "keypress", "screenshot"})
+"""Action types that send a bounded handful of X requests: no ``wait``, ``type`` (up to
+:data:`MAX_TEXT_CHARS` keys) or ``drag`` (up to :data:`MAX_PATH_POINTS` points, each interpolated)."""
+QUICK_MAX_ACTIONS = 8
+"""Most actions in a request :func:`quick` accepts."""
+
+
+def quick(raw_actions: Any) -> bool:
+    """True for a request of at most :data:`QUICK_MAX_ACTIONS` actions, each a dict whose ``type`` is
+    in :data:`QUICK_TYPES`: one that runs in a few X round trips (a click: about 0.3 ms on an idle
+    server). Only the types are looked at; validation is :func:`prepare`'s."""
+    return (isinstance(raw_actions, list) and 0 < len(raw_actions) <= QUICK_MAX_ACTIONS
+            and all(isinstance(a, dict) and a.get("type") in QUICK_TYPES for a in raw_actions))
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a request did: ``executed`` actions run in full; ``settled`` the result of its last
@@ -157,6 +175,8 @@ class Outcome:
 
     executed: int
     settled: bool | None = None
+    then: Any = None
+    """What the request's ``then`` callable returned (:meth:`Executor.execute`), else None."""
 
 
 class Executor:
@@ -185,19 +205,37 @@ class Executor:
         """Validate and execute a request; returns the number of actions executed (see :meth:`execute`)."""
         return self.execute(raw_actions).executed
 
-    def execute(self, raw_actions: Any) -> Outcome:
+    def execute(self, raw_actions: Any, then: Callable[[], Any] | None = None) -> Outcome:
         """Validate and execute a request; returns its :class:`Outcome`.
+
+        ``then``: called once every action ran and every key and button is released, while the input
+        lock is still held (so no other request's input comes in between); what it returns is the
+        outcome's ``then``. Not called when the request fails.
 
         Raises:
             ActionError: 400 (validation, ``timeout``), 409 ``busy``.
             DisplayUnavailable: the X server went away (503).
         """
-        settled: bool | None = None
         self._acquire()
+        return self._execute_locked(raw_actions, then)
+
+    def try_execute(self, raw_actions: Any, then: Callable[[], Any] | None = None) -> Outcome | None:
+        """:meth:`execute` for a request that is quick to run, when the input lock is free right now;
+        None, having done nothing, when the lock is held or the request is not quick
+        (:func:`quick`). Never waits for the lock, so the agent can run it on its event loop."""
+        if not quick(raw_actions) or not self._lock.acquire(blocking=False):
+            return None
+        return self._execute_locked(raw_actions, then)
+
+    def _execute_locked(self, raw_actions: Any, then: Callable[[], Any] | None) -> Outcome:
+        """The body of :meth:`execute`, entered with the input lock held; releases it."""
+        settled: bool | None = None
         try:
             deadline = time.monotonic() + self.request_timeout
             info = self.conn.info()
             prepared = prepare(raw_actions, (info.width, info.height))
+            if prepared:
+                prepared[-1].last = True
             held = Held()
             try:
                 for index, item in enumerate(prepared):
@@ -216,7 +254,7 @@ class Executor:
                             raise ActionError(400, "invalid_action", str(exc), index) from None
             finally:
                 self._release_all(held)
-            return Outcome(len(prepared), settled)
+            return Outcome(len(prepared), settled, then() if then is not None else None)
         finally:
             self._lock.release()
 
@@ -262,11 +300,12 @@ class Executor:
 
     def _do_click(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
         x, y = item.points[0]
-        pointer.click(dpy, held, x, y, pointer.BUTTONS[item.action.button])  # type: ignore[attr-defined]
+        pointer.click(dpy, held, x, y, pointer.BUTTONS[item.action.button],  # type: ignore[attr-defined]
+                      sync=not item.last)
 
     def _do_double_click(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
         x, y = item.points[0]
-        pointer.click(dpy, held, x, y, 1, count=2)
+        pointer.click(dpy, held, x, y, 1, count=2, sync=not item.last)
 
     def _do_drag(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
         pointer.drag(dpy, held, item.points)
@@ -277,7 +316,8 @@ class Executor:
     def _do_move(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
         x, y = item.points[0]
         pointer.move(dpy, x, y)
-        dpy.sync()
+        if not item.last:
+            dpy.sync()
 
     def _do_scroll(self, dpy: Any, held: Held, item: Prepared, deadline: float | None) -> None:
         x, y = item.points[0]

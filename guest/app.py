@@ -16,8 +16,9 @@ would also take ``1_0`` and non-ASCII digits).
 Threads: the token check and ``GET /v1/screenshot`` run on the event loop itself: a screenshot is a few
 milliseconds of grab and encode, less than the two trips through the thread pool it used to take (the
 token check, then the endpoint: 0.9 ms a shot on a busy 2-core host), and other requests wait for it at
-most that long. Everything that can wait on a lock for long (actions, release, display, files, launch)
-runs in the thread pool.
+most that long. So does a short ``POST /v1/actions`` of pointer actions and key chords when the input
+lock is free (:func:`guest.actions.quick`; a click is a few X round trips). Everything that can wait
+on a lock for long (other actions, release, display, files, launch) runs in the thread pool.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -36,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, WAIT_QUIET_S, ActionError, Executor
-from .capture import BadCapture, Capture
+from .capture import BadCapture, Capture, Shot
 from .display import DisplayConnection, DisplayUnavailable
 from .files import DEFAULT_MAX_BYTES, FileError, FileReader
 from .launch import Launcher, LaunchError
@@ -207,39 +208,74 @@ def create_app(config: AgentConfig) -> FastAPI:
             raise ActionError(409, "busy", "the X connection stayed busy") from None
         return {"width": info.width, "height": info.height, "depth": info.depth}
 
-    @app.post("/v1/actions", dependencies=auth)
-    async def actions(request: Request) -> dict[str, int | bool]:
-        """Run ``{"actions": [...]}`` in order under the input lock; 200 ``{"executed": n}``, plus
-        ``"settled"`` (the last ``wait``'s result, see :class:`guest.actions.Outcome`) when it held one."""
-        body = await json_body(request)
-        if not isinstance(body, dict) or not isinstance(body.get("actions"), list):
-            raise ActionError(400, "invalid_action", "body must be an object with an 'actions' list")
-        outcome = await run_in_threadpool(executor.execute, body["actions"])
-        if outcome.settled is None:
-            return {"executed": outcome.executed}
-        return {"executed": outcome.executed, "settled": outcome.settled}
+    def shoot(q: Any, fmt: str) -> Callable[[], Shot]:
+        """The capture a screenshot query ``q`` asks for (``fmt``: its format), its parameters checked
+        now (BadCapture), the grab and encode done when the returned callable runs."""
+        fmt = fmt.lower()
+        fmt = "jpeg" if fmt == "jpg" else fmt
+        quality = _parse_int("quality", q.get("quality"))
+        max_width = _parse_int("max_width", q.get("max_width"))
+        max_height = _parse_int("max_height", q.get("max_height"))
+        crop = _parse_crop(q.get("crop"))
+        capture.check(fmt=fmt, quality=quality, max_width=max_width, max_height=max_height, crop=crop)
+        return lambda: capture.screenshot(fmt=fmt, quality=quality, max_width=max_width, max_height=max_height,
+                                          crop=crop)
 
-    @app.get("/v1/screenshot", dependencies=auth)
-    async def screenshot(request: Request) -> Response:
-        """Image bytes with ``X-Screen-Size``, ``X-Frame`` (screen px) and ``X-Image-Size``; grabbed and
-        encoded on the event loop (module doc)."""
-        q = request.query_params
-        fmt = (q.get("format") or "png").lower()
-        if fmt == "jpg":
-            fmt = "jpeg"
-        shot = capture.screenshot(
-            fmt=fmt,
-            quality=_parse_int("quality", q.get("quality")),
-            max_width=_parse_int("max_width", q.get("max_width")),
-            max_height=_parse_int("max_height", q.get("max_height")),
-            crop=_parse_crop(q.get("crop")),
-        )
+    def image(shot: Shot, **extra: str) -> Response:
         return Response(shot.data, media_type=shot.mime, headers={
             "X-Screen-Size": f"{shot.screen[0]}x{shot.screen[1]}",
             "X-Frame": ",".join(str(v) for v in shot.frame),
             "X-Image-Size": f"{shot.size[0]}x{shot.size[1]}",
             "Cache-Control": "no-store",
+            **extra,
         })
+
+    # The two endpoints of every model step are plain Starlette routes: FastAPI's dependency and
+    # response machinery cost 0.2-0.3 ms a request on a quiet 2-core host, more than their own work for
+    # a click. They check the token first themselves; errors go to the same exception handlers.
+    async def actions(request: Request) -> Response:
+        """Run ``{"actions": [...]}`` in order under the input lock; 200 ``{"executed": n}``, plus
+        ``"settled"`` (the last ``wait``'s result, see :class:`guest.actions.Outcome`) when it held one.
+
+        With ``?screenshot=png|jpeg`` (and the screenshot's other parameters) the screen is captured
+        after the actions, still under the input lock, and the answer is the image as
+        ``GET /v1/screenshot`` gives it, with ``X-Executed: n`` and, when a ``wait`` was held,
+        ``X-Settled: true|false``. Its parameters are checked before any action runs.
+
+        A short request of pointer actions and key chords (:func:`guest.actions.quick`) runs on the event
+        loop when the input lock is free (a trip through the thread pool would cost more than the
+        X round trips it makes); anything else, or anything that must wait for the lock, in the pool.
+        """
+        await authorize(request)
+        q = request.query_params
+        fmt = q.get("screenshot")
+        then = shoot(q, fmt) if fmt else None
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("actions"), list):
+            raise ActionError(400, "invalid_action", "body must be an object with an 'actions' list")
+        outcome = executor.try_execute(body["actions"], then)
+        if outcome is None:
+            outcome = await run_in_threadpool(executor.execute, body["actions"], then)
+        if then is not None:
+            extra = {"X-Executed": str(outcome.executed)}
+            if outcome.settled is not None:
+                extra["X-Settled"] = "true" if outcome.settled else "false"
+            return image(outcome.then, **extra)
+        if outcome.settled is None:
+            return JSONResponse({"executed": outcome.executed})
+        return JSONResponse({"executed": outcome.executed, "settled": outcome.settled})
+
+    async def screenshot(request: Request) -> Response:
+        """Image bytes with ``X-Screen-Size``, ``X-Frame`` (screen px) and ``X-Image-Size``; grabbed and
+        encoded on the event loop (module doc)."""
+        if request.method != "GET":  # Starlette lets HEAD into a GET route; the contract has no HEAD
+            raise StarletteHTTPException(405, "Method Not Allowed")
+        await authorize(request)
+        q = request.query_params
+        return image(shoot(q, q.get("format") or "png")())
+
+    app.add_route("/v1/actions", actions, methods=["POST"])
+    app.add_route("/v1/screenshot", screenshot, methods=["GET"])
 
     @app.post("/v1/release", dependencies=auth)
     def release() -> dict[str, bool]:

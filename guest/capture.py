@@ -153,6 +153,24 @@ class Capture:
                 self._drop()
                 raise went_away(self.display_name, exc) from exc
 
+    def check(self, *, fmt: str = "png", quality: int | None = None, max_width: int | None = None,
+              max_height: int | None = None, crop: tuple[int, int, int, int] | None = None) -> None:
+        """Raise BadCapture for parameters :meth:`screenshot` would refuse, grabbing nothing: a format
+        other than png/jpeg, a quality outside 1-100, a bound under 1, a ``crop`` (screen px) not inside
+        the screen (this one asks the X server for the screen size: DisplayUnavailable when it is gone)."""
+        if fmt not in ("png", "jpeg"):
+            raise BadCapture(f"format must be png or jpeg, not {fmt!r}")
+        if quality is not None and not 1 <= quality <= 100:
+            raise BadCapture("quality must be between 1 and 100")
+        for name, bound in (("max_width", max_width), ("max_height", max_height)):
+            if bound is not None and bound < 1:
+                raise BadCapture(f"{name} must be at least 1")
+        if crop is not None:
+            x, y, w, h = crop
+            screen = self.screen_size()
+            if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > screen[0] or y + h > screen[1]:
+                raise BadCapture(f"crop {x},{y},{w},{h} is not inside the {screen[0]}x{screen[1]} screen")
+
     def screenshot(
         self,
         *,
@@ -163,13 +181,7 @@ class Capture:
         crop: tuple[int, int, int, int] | None = None,
     ) -> Shot:
         """Grab, crop, downscale and encode (see module doc). Raises BadCapture, DisplayUnavailable."""
-        if fmt not in ("png", "jpeg"):
-            raise BadCapture(f"format must be png or jpeg, not {fmt!r}")
-        if quality is not None and not 1 <= quality <= 100:
-            raise BadCapture("quality must be between 1 and 100")
-        for name, bound in (("max_width", max_width), ("max_height", max_height)):
-            if bound is not None and bound < 1:
-                raise BadCapture(f"{name} must be at least 1")
+        self.check(fmt=fmt, quality=quality, max_width=max_width, max_height=max_height)
         raw, frame, screen = self.grab(crop)
         w, h = frame[2], frame[3]
         size = scaled_size(w, h, max_width, max_height)

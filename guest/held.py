@@ -51,12 +51,14 @@ class Held:
     def release_all(self, dpy: Display) -> None:
         """Release everything held (reverse order), then whatever the server still reports down.
 
-        Ends with a round trip, so on return the server has processed every release.
+        Ends with a round trip, so on return the server has processed every release. The server
+        handles one client's requests in order, so each query's reply already reflects every release
+        queued before it: two round trips (``QueryKeymap``, ``QueryPointer``), a third only when
+        buttons were still down after the second.
         """
         while self._stack:
             kind, code = self._stack.pop()
             xtest.fake_input(dpy, X.KeyRelease if kind == "key" else X.ButtonRelease, code)
-        dpy.sync()
         keymap = dpy.query_keymap()
         for byte_index, bits in enumerate(keymap):
             if bits:
@@ -64,10 +66,13 @@ class Held:
                     if bits & (1 << bit):
                         xtest.fake_input(dpy, X.KeyRelease, byte_index * 8 + bit)
         mask = dpy.screen().root.query_pointer().mask
+        released = False
         for button, bit in _BUTTON_MASKS.items():
             if mask & bit:
                 xtest.fake_input(dpy, X.ButtonRelease, button)
-        dpy.sync()
+                released = True
+        if released:
+            dpy.sync()
 
 
 def pressed_state(dpy: Display) -> tuple[list[int], int]:

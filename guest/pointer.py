@@ -49,13 +49,15 @@ def move(dpy: Display, x: int, y: int) -> None:
     xtest.fake_input(dpy, X.MotionNotify, x=x, y=y)
 
 
-def click(dpy: Display, held: Held, x: int, y: int, button: int, count: int = 1) -> None:
-    """Move to (x, y), then ``count`` press/release pairs of ``button``; ends with a round trip."""
+def click(dpy: Display, held: Held, x: int, y: int, button: int, count: int = 1, *, sync: bool = True) -> None:
+    """Move to (x, y), then ``count`` press/release pairs of ``button``; ends with a round trip unless
+    ``sync`` is False (the caller makes one next, e.g. :meth:`guest.held.Held.release_all`)."""
     move(dpy, x, y)
     for _ in range(count):
         held.button_down(dpy, button)
         held.button_up(dpy, button)
-    dpy.sync()
+    if sync:
+        dpy.sync()
 
 
 def interpolate(path: list[tuple[int, int]], step: int = DRAG_STEP_PX) -> list[tuple[int, int]]:

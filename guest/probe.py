@@ -3,7 +3,9 @@
 ``python -m guest probe --log FILE [--display :99]`` opens an override-redirect window covering the
 whole screen, gives it the input focus and appends one JSON object per line to FILE, flushed per
 event, so a test can read the log while the probe runs (locally, or through ``GET /v1/files``
-when the probe was started with ``POST /v1/launch``). Lines:
+when the probe was started with ``POST /v1/launch``). Every line has ``t``: the probe's
+``time.monotonic()`` (seconds) when it wrote the line, so a test can compare the times of lines with
+each other (not with clocks outside the probe's machine). Lines:
 
 - ``{"type": "ready", "width", "height", "window", "state"}`` once the window is mapped and has been
   given the input focus (``state``: the modifier and button mask the server reports then, so a test
@@ -17,6 +19,10 @@ when the probe was started with ``POST /v1/launch``). Lines:
 - ``ButtonPress`` / ``ButtonRelease``: ``button``, ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MotionNotify``: ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MappingNotify``: ``first_keycode``, ``count`` (the probe refreshes its keymap on each);
+- ``{"type": "frame", "n"}`` for each frame ``--animate S`` draws (``n`` counts from 1), written once
+  the X server has drawn it (after a round trip), so gaps between frame lines are gaps in the drawing
+  the server saw: a test can tell an animation that stalled (the probe not scheduled, under load) from
+  one that kept changing the screen;
 - ``{"type": "animation_done"}`` when ``--animate S`` ends;
 - ``{"type": "error", "message"}`` as the last line when the probe ends on an error (for example
   when the X connection breaks), so a test that sees no events can say why.
@@ -82,6 +88,7 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
     log = open(log_path, "a", encoding="utf-8", buffering=1)
 
     def emit(record: dict) -> None:
+        record["t"] = round(time.monotonic(), 6)
         log.write(json.dumps(record, separators=(",", ":")) + "\n")
         log.flush()
 
@@ -133,7 +140,8 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                     if not dpy.pending_events():
                         frame += 1
                         fill(0xFF0000 if frame % 2 else 0x0000FF, 0, 0, width, height)
-                        dpy.flush()
+                        dpy.sync()  # drawn by the server before the line says so
+                        emit({"type": "frame", "n": frame})
                         continue
             ev = dpy.next_event()
             etype = ev.type

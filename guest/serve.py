@@ -23,9 +23,11 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .actions import Executor
 
 log = logging.getLogger("guest.agent")
@@ -158,6 +160,57 @@ def start_line(url: str, display: str, executor: Executor, apps: dict[str, list[
     return f"agent listening on {url}, {screen}, apps: {names}, files under: {files}"
 
 
+class CoalescingTransport:
+    """An asyncio transport that sends an answer's head together with the first write after it.
+
+    uvicorn writes an answer's status line and headers, then its body, in separate calls; with
+    ``TCP_NODELAY`` (asyncio sets it) each became its own TCP segment, so the client (and the
+    gateway's relay on the way) woke twice per answer. A write that starts an answer (``HTTP/1.``) is
+    held and sent joined to the next write, at once; if none comes in the same turn of the event
+    loop (a streamed answer), a callback sends it alone. :meth:`close` sends what is held first.
+    Everything else is the wrapped transport's.
+    """
+
+    def __init__(self, transport: "asyncio.Transport", loop: "asyncio.AbstractEventLoop") -> None:
+        self._transport, self._loop = transport, loop
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head + data if data else head)
+        elif data[:7] == b"HTTP/1.":
+            self._head = bytes(data)
+            self._loop.call_soon(self.flush)
+        elif data:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head now."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def http_protocol() -> type:
+    """uvicorn's h11 protocol with its transport wrapped in :class:`CoalescingTransport`."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class CoalescingH11Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(CoalescingTransport(transport, self.loop))
+
+    return CoalescingH11Protocol
+
+
 def serve(ns: argparse.Namespace) -> int:
     """Run the agent for parsed ``serve`` options ``ns``; returns the exit status (2: bad option)."""
     try:
@@ -189,6 +242,7 @@ def serve(ns: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     log.info("%s", start_line(bind.url(port), config.display, app.state.executor, apps, roots))
     asgi = AccessLog(app) if ns.access_log else app
-    server = uvicorn.Server(uvicorn.Config(asgi, log_config=None, log_level=None, access_log=False))
+    server = uvicorn.Server(uvicorn.Config(asgi, http=http_protocol(), log_config=None, log_level=None,
+                                           access_log=False))
     server.run(sockets=[sock])
     return 0

@@ -113,6 +113,9 @@ chroot_umounts() {
 
 foreign=()
 if [ "$arch" != "$(dpkg --print-architecture)" ]; then
+  # The kernel's binfmt_misc runs the foreign binaries through qemu-user-static; mount it where it is not.
+  [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+  [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || update-binfmts --enable qemu-aarch64 2>/dev/null || true
   [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || {
     echo "build-vm-image: building $arch here needs qemu-user-static with binfmt_misc (apt-get install qemu-user-static binfmt-support)" >&2
     exit 1; }

@@ -165,6 +165,15 @@ def build_probes(plan: ProbePlan) -> list[Probe]:
                 {"kind": "tcp", "host": ip, "port": topo.relay_port}, blocked(connected))
     add("gateway-udp-53", "gateway", host_port(gateway_ip, 53), "blocked",
         {"kind": "udp", "host": gateway_ip, "port": 53}, blocked(connected))
+    if topo.control_port is not None:  # the gateway's control API: never from the guest, directly or proxied
+        port = topo.control_port
+        for label, ip in topo.gateway_addresses:
+            add(f"gateway-control-{label}", "gateway", host_port(ip, port), "blocked",
+                {"kind": "tcp", "host": ip, "port": port}, blocked(connected))
+        control_hosts = ["127.0.0.1", *(() if topo.gateway_on_host else (ip for _label, ip in topo.gateway_addresses))]
+        for ip in control_hosts:
+            proxied(f"proxy-control-{ip}:{port}", "gateway", f"http://{ip}:{port}/v1/origin-requests")
+            tunnel(f"connect-control-{ip}:{port}", "gateway", f"{ip}:{port}", tls=False)
 
     # the host: its services, the sandbox's published ports and the host canary
     host_ports = sorted({*HOST_PORTS, *topo.host_ports, plan.canary_port})
@@ -211,7 +220,37 @@ def origin_probes(plan: ProbePlan, proxy: dict[str, Any]) -> list[Probe]:
     for origin_text in plan.policy.allow:
         if plan.targets is None or Origin.parse(origin_text) != fixture:
             out.append(policy_origin_probe(origin_text, proxy["proxy_host"], proxy["proxy_port"]))
+    if plan.targets is not None and asks_for(plan.policy, fixture):
+        held_url = f"{FIXTURE_ORIGIN}{HELD_PATH}"
+        out.append(Probe("ask-origin-held", "origins", held_url, "blocked",
+                         {"name": "ask-origin-held", "kind": "http", **proxy, "url": held_url,
+                          "timeout": HELD_PROBE_S}, _held))
     return out
+
+
+HELD_PATH = "/ask-origin-held"
+"""Path of the ``ask-origin-held`` probe's request (the allowed target records it if it ever arrives)."""
+
+HELD_PROBE_S = 4.0
+"""Seconds the ``ask-origin-held`` probe waits for an answer that must not come while nobody approves."""
+
+
+def asks_for(policy: NetworkPolicy, origin: Origin) -> bool:
+    """True when ``policy`` (mode ask) would hold a connection to ``origin`` for a person's answer: the
+    origin is in its ``ask`` tier and neither in ``allow`` nor ``quiet``."""
+    return (policy.mode == "ask" and origin not in policy.origins and policy.quiet_match(origin) is None
+            and policy.ask_match(origin) is not None)
+
+
+def _held(observed: str, detail: Any, hits: Hits) -> tuple[bool, bool]:
+    """The ``ask-origin-held`` probe: with nobody to answer, the gateway holds the request -- the guest's
+    deadline passes (``timeout``) or the gateway's does (403 ``timeout``). An escape when anything came
+    back from behind the gateway or the allowed target saw the request."""
+    escaped = through_proxy(observed, detail) or any(
+        h.get("target") == "allowed" and HELD_PATH in str(h.get("head", "")) for h in hits)
+    last = hops(detail)[-1:]
+    gateway_timeout = observed == "status:403" and bool(last) and last[0].get("body", "").strip().endswith("timeout")
+    return not escaped and (observed == "timeout" or gateway_timeout), escaped
 
 
 HOST_HEADER_PATH = "/host-header/"

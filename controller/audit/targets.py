@@ -239,9 +239,11 @@ def _addresses(container: "Container", network: str) -> tuple[str, Optional[str]
 
 def effective_policy(policy: NetworkPolicy, targets: Optional[AuditTargets]) -> NetworkPolicy:
     """``policy`` plus address rules for the allowed target (its IPv4 and, when it has one, IPv6 address)
-    when there are targets and the policy names their origin: the gateway refuses a name if ANY of its
-    addresses is refused. ``policy`` itself otherwise."""
-    if targets is None or Origin.parse(FIXTURE_ORIGIN) not in policy.origins:
+    when there are targets and the policy names their origin, to allow or (mode ask) to ask for: the
+    gateway refuses a name if ANY of its addresses is refused. ``policy`` itself otherwise."""
+    fixture = Origin.parse(FIXTURE_ORIGIN)
+    if targets is None or (fixture not in policy.origins and (policy.ask_match(fixture) is None
+                                                               or policy.quiet_match(fixture) is not None)):
         return policy
     data = policy.model_dump(mode="json")
     own = [a for a in (targets.allowed_ip, targets.allowed_ip6) if a]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ class AuditTopology:
     * ``host_ips``: the host's IPv4 addresses on the guest's side (Docker: every bridge gateway address
       of the gateway's networks and ``docker0``; VM: QEMU's host and DNS aliases and the host's own).
     * ``host_ports``: TCP ports the sandbox publishes on the host (the relay's, the agent's, the
-      gateway's), scanned with the usual service ports.
+      gateway's, its control API's), scanned with the usual service ports.
     * ``dns_servers``: resolvers the guest might try besides the host addresses.
     * ``loopback_ports``: ports asked for through the proxy on every loopback spelling.
     * ``gateway_on_host``: the gateway is a host process, so its loopback is the host's (the host
@@ -52,6 +53,8 @@ class AuditTopology:
     * ``scan_batch``: sockets a port scan in the guest opens at once (under the guest's fd limit).
     * ``exec_in_guest``: see :class:`GuestExec`; ``gateway_log(tail)``: the last ``tail`` lines of the
       gateway's output (text); ``decision_log()``: the gateway's decisions so far, one dict each.
+    * ``control_port``: the gateway control API's port on the gateway's own addresses (Docker: in the
+      gateway container, egress side only; VM: on the host's loopback), None where the gateway has none.
     """
 
     backend: Literal["docker", "vm"]
@@ -70,6 +73,7 @@ class AuditTopology:
     exec_in_guest: GuestExec
     gateway_log: Callable[[int], str]
     decision_log: Callable[[], list[dict[str, Any]]]
+    control_port: Optional[int] = None
 
     @property
     def proxy_host(self) -> str:
@@ -101,7 +105,11 @@ def audit_topology(sandbox: Topological) -> AuditTopology:
     controller.sandbox.SandboxError when the sandbox is gone."""
     t = sandbox.topology()
     on_host = t.gateway_host_port is not None
-    published = (t.agent_host_port,) + ((t.gateway_host_port,) if on_host else ())
+    control_url = getattr(t, "gateway_control_url", None)
+    control_port = getattr(t, "gateway_control_port", None)
+    control_host_port = urlsplit(control_url).port if control_url else None
+    published = (t.agent_host_port,) + ((t.gateway_host_port,) if on_host else ()) + (
+        (control_host_port,) if control_host_port else ())
     addresses = (("guest", t.gateway_guest_ip),) if on_host else (
         ("internal", t.gateway_guest_ip), *((("egress", t.gateway_egress_ip),) if t.gateway_egress_ip else ()))
     return AuditTopology(
@@ -115,12 +123,13 @@ def audit_topology(sandbox: Topological) -> AuditTopology:
         host_ips=tuple(dict.fromkeys([*t.host_ips, *(host_addresses() if on_host else [])])),
         host_ports=published,
         dns_servers=tuple(dict.fromkeys([*t.dns_servers, t.gateway_guest_ip])),
-        loopback_ports=published if on_host else (t.agent_port,),
+        loopback_ports=published if on_host else (t.agent_port, *((control_port,) if control_port else ())),
         gateway_on_host=on_host,
         scan_batch=256 if on_host else 1024,  # a VM guest's default open-file limit is lower
         exec_in_guest=sandbox.exec_in_guest,
         gateway_log=lambda tail: sandbox.logs("gateway", tail),
         decision_log=sandbox.decision_log,
+        control_port=control_port,
     )
 
 

@@ -8,7 +8,9 @@
 ``GET /runs/{id}/state``                        ``describe()`` plus ``last_action`` (JSON)
 ``GET /runs/{id}/events``                       events (SSE, controller.console.streams)
 ``GET /runs/{id}/approvals``                    ``{"version", "pending": [request...]}``
-``POST /runs/{id}/approvals/{request_id}``      ``{"answer": "approve"|"deny"}`` -> 202 request; registry refusals
+``POST /runs/{id}/approvals/{request_id}``      ``{"answer": "approve"|"deny"|"cancel"}`` -> 202 request; registry
+                                                refusals (``cancel``: origin requests only; their answers go
+                                                to the gateway first, which may refuse: 409 ``expired``, 502)
 ``POST /runs/{id}/takeover|resume|cancel``      -> 202 ``{"state": describe()}``; 409 ``run_finished``
 ``POST /runs/{id}/input``                       one action in screen px -> 202 ``{"action": shown}``
 ``GET /runs/{id}/screen.jpg``                   one JPEG of the live screen
@@ -222,9 +224,11 @@ def create_app(state: ConsoleState) -> FastAPI:
         live = state.live_run(run_id)
         body = await read_json(request)
         if not isinstance(body, dict) or "answer" not in body:
-            raise ApiError(400, "invalid_body", "the body must be {\"answer\": \"approve\" | \"deny\"}")
+            raise ApiError(400, "invalid_body",
+                           "the body must be {\"answer\": \"approve\" | \"deny\" | \"cancel\"}")
         try:
-            decided = live.registry.answer(request_id, body["answer"], by="console")
+            # an origin request's answer is forwarded to the gateway (a bounded call): not on the loop
+            decided = await asyncio.to_thread(live.registry.answer, request_id, body["answer"], by="console")
         except AnswerRefused as refused:
             return JSONResponse(refused.as_json(), status_code=refused.status)
         return JSONResponse(decided.as_json(), status_code=202)

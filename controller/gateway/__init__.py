@@ -1,7 +1,9 @@
 """Egress gateway: the guest's only way out.
 
-``policy`` (pure) decides; ``addon`` enforces it inside mitmproxy; ``python -m controller.gateway serve``
-runs the proxy. See ARCHITECTURE.md, isolation model.
+``policy`` (pure, with the ``tiers`` of mode ask) decides; ``addon`` enforces it inside mitmproxy and holds
+connections that wait for a person on the origin requests of ``holds``; ``control`` is the API the
+controller answers them through; ``python -m controller.gateway serve`` runs the proxy and that API. See
+ARCHITECTURE.md, contract 2 and the isolation model ("Gateway control API").
 """
 
 import importlib.util

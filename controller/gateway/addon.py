@@ -24,9 +24,17 @@ inside a CONNECT tunnel, the tunnel's host and port all name the decided origin 
 canonicalisation (:class:`~controller.gateway.policy.Origin`). The absolute URI of a proxied request is
 the decided origin itself; the SNI check above covers TLS.
 
+Mode ``ask`` (:meth:`~controller.gateway.policy.NetworkPolicy.evaluate`): a CONNECT or a plain-HTTP
+request to an origin of the ``ask`` tier is held (``flow.intercept()``) on the origin's one pending
+request in :class:`~controller.gateway.holds.OriginRequests` until a person answers through the control
+API (:mod:`controller.gateway.control`) or the deadline passes. Approve resumes every held connection
+to the address checked before holding (pinned like any allow); deny, cancel and timeout answer each
+403. A client that closes a held connection is logged ``client_gone``.
+
 Each decision is appended, one JSON object a line, to the decision log (see
 :class:`~controller.gateway.policy.Decision`, the model the controller reads the log back with): one
-line per request or tunnel, a host mismatch logged as a deny in place of the allow. Denied HTTP requests
+line per request or tunnel, a host mismatch logged as a deny in place of the allow; a held connection
+gets its line when it ends, with ``request_id`` and ``held_ms``. Denied HTTP requests (and CONNECTs)
 get ``403`` with a one-line ``text/plain`` body ``denied by sandbox egress policy: <reason>``.
 """
 
@@ -41,13 +49,19 @@ from typing import Callable, Optional
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import server_hooks
 
+from controller.gateway.holds import OriginRequests, Via
 from controller.gateway.policy import (
-    Decision, NetworkPolicy, Origin, PolicyError, Resolver, destination_mismatch, system_resolver,
+    Decision, NetworkPolicy, Origin, OwnEndpoint, PolicyError, Resolver, Verdict, destination_mismatch,
+    system_resolver,
 )
 from controller.text import clean
 
 DENIED_STATUS = 403
 DENIED_PREFIX = "denied by sandbox egress policy: "
+
+HELD_REASONS = {"approved": "approved", "denied": "user_denied", "cancelled": "cancelled", "timeout": "timeout",
+                "client_gone": "client_gone"}
+"""Decision reason of a held connection, by how it ended (:class:`~controller.gateway.holds.Outcome`)."""
 
 
 def _client_text(client: connection.Client) -> Optional[str]:
@@ -91,17 +105,23 @@ class DecisionLog:
 
 class EgressPolicy:
     """The addon. ``policy``: the policy to enforce; ``log_path``: JSONL decision log (None: no file);
-    ``resolver``: name resolution used for decisions (defaults to getaddrinfo in this process)."""
+    ``resolver``: name resolution used for decisions (defaults to getaddrinfo in this process);
+    ``own_endpoint``: which (address, port) pairs are the gateway itself (refused whatever the policy
+    says). ``requests``: the origin requests held connections wait on (mode ask; the control API serves
+    them)."""
 
     def __init__(
         self,
         policy: NetworkPolicy,
         log_path: Optional[Path] = None,
         resolver: Resolver = system_resolver,
+        own_endpoint: Optional[OwnEndpoint] = None,
     ) -> None:
         self.policy = policy
         self.log = DecisionLog(log_path)
         self.resolver = resolver
+        self.own_endpoint = own_endpoint
+        self.requests = OriginRequests(policy.hold_timeout, policy.pending_limit)
         # (client id, host as the proxy will connect to it, port) -> allow decision with its checked address
         self._allowed: dict[tuple[str, str, int], Decision] = {}
         # server connection id -> CONNECT origin (for the SNI check)
@@ -113,31 +133,68 @@ class EgressPolicy:
 
     async def _decide(
         self,
+        flow: http.HTTPFlow,
         scheme: str,
         host: str,
         port: int,
-        client: connection.Client,
         via: str,
+        hold_via: Via,
         mismatch: Callable[[Origin], Optional[str]],
     ) -> Decision:
-        """The policy's decision on (scheme, host, port); an allow becomes a deny with the reason
-        ``mismatch(origin)`` gives when that is not None. Logged once; an allow is kept for
-        ``server_connect``."""
-        decision = await asyncio.to_thread(
-            self.policy.decide, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver
+        """The decision on (scheme, host, port) for ``flow``'s client: the policy's verdict; an allow
+        (or an ask) becomes a deny with the reason ``mismatch(origin)`` gives when that is not None; an
+        ask holds ``flow`` until its request is answered (:meth:`_hold`, ``hold_via`` names how it came).
+        Logged once; an allow is kept for ``server_connect``."""
+        client = flow.client_conn
+        verdict: Verdict = await asyncio.to_thread(
+            self.policy.evaluate, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver,
+            memory=self.requests.memory, own_endpoint=self.own_endpoint,
         )
-        if decision.allowed:
+        decision = verdict.decision
+        if verdict.action != "deny":
             try:
-                reason = mismatch(Origin.from_parts(scheme, host, port))
-            except PolicyError as exc:  # pragma: no cover - decide() already parsed it
+                reason = mismatch(verdict.origin or Origin.from_parts(scheme, host, port))
+            except PolicyError as exc:  # pragma: no cover - evaluate() already parsed it
                 reason = f"invalid-origin: {exc}"
             if reason is not None:
                 decision = Decision(origin=decision.origin, decision="deny", reason=reason, client=decision.client,
                                     via=via)
+            elif verdict.action == "ask":
+                decision = await self._hold(flow, verdict, hold_via)
         self.log.write(decision)
         if decision.allowed:
             self._allowed[(client.id, host, port)] = decision
         return decision
+
+    async def _hold(self, flow: http.HTTPFlow, verdict: Verdict, hold_via: Via) -> Decision:
+        """Hold ``flow`` (an ``ask`` verdict) on its origin's pending request until it ends; the decision
+        it ends with. An answer that came while the verdict was being made counts at once
+        (``approved_earlier`` / ``denied_earlier``); a new origin while ``max_pending`` others wait is a
+        deny ``prompt_limit``. An approval allows the address the verdict checked."""
+        assert verdict.origin is not None and verdict.address is not None
+        base = verdict.decision
+        fields = dict(origin=base.origin, client=base.client, via=base.via)
+        remembered = self.requests.memory(verdict.origin)
+        if remembered is not None:
+            if remembered[0] == "approved":
+                return Decision(decision="allow", reason="approved_earlier", address=verdict.address,
+                                request_id=remembered[1], **fields)
+            return Decision(decision="deny", reason="denied_earlier", request_id=remembered[1], **fields)
+        ticket = self.requests.join(verdict.origin, hold_via, flow.client_conn.id)
+        if ticket is None:
+            return Decision(decision="deny", reason="prompt_limit", **fields)
+        flow.intercept()
+        try:
+            outcome = await ticket.wait()
+        finally:
+            if flow.intercepted:
+                flow.resume()
+        reason = HELD_REASONS.get(outcome.state, "timeout")
+        if reason == "approved":
+            return Decision(decision="allow", reason=reason, address=verdict.address, request_id=outcome.request_id,
+                            held_ms=outcome.held_ms, **fields)
+        return Decision(decision="deny", reason=reason, request_id=outcome.request_id, held_ms=outcome.held_ms,
+                        **fields)
 
     def _record(self, origin: str, reason: str, client: connection.Client, via: str) -> None:
         self.log.write(Decision(origin=origin, decision="deny", reason=reason, client=_client_text(client), via=via))
@@ -169,7 +226,7 @@ class EgressPolicy:
         def mismatch(origin: Origin) -> Optional[str]:
             return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=False)
 
-        decision = await self._decide("https", request.host, request.port, flow.client_conn, "connect", mismatch)
+        decision = await self._decide(flow, "https", request.host, request.port, "connect", "CONNECT", mismatch)
         if not decision.allowed:
             self._deny_response(flow, decision.reason)
             return
@@ -219,8 +276,7 @@ class EgressPolicy:
                 return f"host-mismatch: request for {origin} inside the tunnel to {clean(str(tunnel), 80)}"
             return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=required)
 
-        decision = await self._decide(request.scheme, request.host, request.port, flow.client_conn, "request",
-                                      mismatch)
+        decision = await self._decide(flow, request.scheme, request.host, request.port, "request", "http", mismatch)
         if not decision.allowed:
             self._deny_response(flow, decision.reason)
 
@@ -241,7 +297,8 @@ class EgressPolicy:
         server.address = (decision.address, port)
 
     def client_disconnected(self, client: connection.Client) -> None:
-        """Forget this client's decisions."""
+        """Forget this client's decisions; a connection of it still held ends ``client_gone``."""
+        self.requests.client_gone(client.id)
         for key in [k for k in self._allowed if k[0] == client.id]:
             del self._allowed[key]
 
@@ -251,8 +308,9 @@ class EgressPolicy:
         self._refused_tunnels.discard(data.server.id)
 
     def done(self) -> None:
-        """mitmproxy shutdown: close the log."""
+        """mitmproxy shutdown: refuse what is still held, close the log."""
+        self.requests.close()
         self.log.close()
 
 
-__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "DecisionLog", "EgressPolicy"]
+__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "HELD_REASONS", "DecisionLog", "EgressPolicy"]

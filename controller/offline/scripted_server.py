@@ -28,9 +28,14 @@ given up), for the run record.
 
 Each line is checked when the script is loaded (:mod:`controller.offline.script`).
 
-The turn to answer is derived from the request itself (the number of ``computer_call_output``
-items in its input that answer script turns, not waits), so the server is stateless across runs
-(except for the time each turn's first wait was answered, kept by that wait's item id). Like the
+The turn to answer is derived from the request's conversation (the number of ``computer_call_output``
+items in it that answer script turns, not waits), so the server is stateless across runs (except for
+the time each turn's first wait was answered, kept by that wait's item id, and the conversations
+below). A request may continue an earlier one with ``previous_response_id`` (as Agent Framework's
+Responses client does): the server keeps each answered request's new input and output under the
+response id it gave, and reads such a request as that chain's items followed by its own, exactly as
+the real API does; nothing else about the field matters (an id it never gave is 400
+``previous_response_not_found``; a request with ``"store": false`` is not kept). Like the
 real API, it refuses a request whose ``computer_call_output`` does not acknowledge exactly the
 pending safety checks of its call (ids, codes and messages, in order), or whose screenshot is not a
 well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the mime; and it refuses
@@ -126,6 +131,9 @@ class ScriptedModel:
         self._wait_started: dict[str, float] = {}  # first wait's item id -> clock() when it was answered
         self._retried: dict[int, float] = {}  # turn -> clock() of its last expect_retry
         self._retries: dict[int, int] = {}  # turn -> expect_retry calls sent
+        self._stored: dict[str, tuple[str | None, list[Any], list[Any]]] = {}
+        """Response id -> (the request's ``previous_response_id``, its own input items, the response's
+        output items): one link of a conversation continued with ``previous_response_id``."""
         self._lock = threading.Lock()
 
     @property
@@ -138,9 +146,48 @@ class ScriptedModel:
         return f"cu_{index:04d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}"
 
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Return (HTTP status, JSON body) for one ``POST /v1/responses`` request body."""
+        """Return (HTTP status, JSON body) for one ``POST /v1/responses`` request body.
+
+        ``requests`` keeps ``body`` as received; a body with ``previous_response_id`` is answered as the
+        whole conversation it continues (see the module docstring)."""
         with self._lock:
             self.requests.append(body)
+        previous = body.get("previous_response_id")
+        own = body.get("input")
+        if previous is not None:
+            if not isinstance(previous, str):
+                return self._refuse("invalid_input", "previous_response_id must be a string")
+            if isinstance(own, str):
+                own = [{"role": "user", "content": own}]
+            if not isinstance(own, list):
+                return self._refuse("invalid_input", "input must be a string or a list of items")
+            earlier = self._conversation(previous)
+            if earlier is None:
+                return self._refuse("previous_response_not_found",
+                                    f"previous response {previous[:80]!r} was not given by this server")
+            body = {**body, "input": earlier + own}
+        status, payload = self._answer(body)
+        if status == 200 and body.get("store") is not False:
+            new_items = own if isinstance(own, list) else [{"role": "user", "content": own}]
+            with self._lock:
+                self._stored[payload["id"]] = (previous, list(new_items), list(payload.get("output", [])))
+        return status, payload
+
+    def _conversation(self, response_id: str) -> list[Any] | None:
+        """The items of the conversation that ended with response ``response_id`` (every request's
+        own input, then its response's output, oldest first); None for an id this server never kept."""
+        links: list[tuple[list[Any], list[Any]]] = []
+        current: str | None = response_id
+        with self._lock:
+            while current is not None:
+                link = self._stored.get(current)
+                if link is None:
+                    return None
+                current, own, output = link
+                links.append((own, output))
+        return [item for own, output in reversed(links) for item in (*own, *output)]
+
+    def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         problem = self._validate_request(body)
         if problem is not None:
             status, payload = 400, {"error": {"code": problem[0], "message": problem[1], "param": None,

@@ -6,7 +6,7 @@ one plain dict (the template's only input; nothing in it is a raw record string)
 * ``header``: task, run id, status, reason, mode, model, image, start time, wall time (seconds), the
   summary's counts (:func:`controller.run.record.summarize`);
 * ``before``: what came before the first model response (``approvals``: opt-ins given on the command
-  line; ``network``; ``other``);
+  line, and origin requests decided before it; ``network``; ``other``);
 * ``steps``: one per ``model_response``. A step is that response and the ``computer_call`` entries
   after it, shown on the screenshot the model was looking at when it chose those actions (the last
   ``screenshot`` entry before the step's first ``computer_call``; for a step without one, before the
@@ -21,6 +21,10 @@ one plain dict (the template's only input; nothing in it is a raw record string)
 * ``checks``: kind, target, rule, expected, observed (JSON text), passed, detail;
 * ``verdict``: status, reason, final message, whether the gateway's decision log was read in full;
 * ``timings``: ``(phase, seconds)`` pairs.
+
+Approvals of origin requests (``what`` origin_access: the gateway held a guest connection until a
+person, ``--approve-origin`` or its deadline decided) carry ``origin``, ``request_id`` and
+``latency_ms``; ``network`` items carry the ``request_id`` they waited on and ``held_ms``.
 
 Placement: approvals and failed driver calls go to the step whose call they name (``call_id``), an
 expectation to the step whose call it names or else to the next step (a script turn's expectations
@@ -89,12 +93,18 @@ def _approval(d: dict[str, Any]) -> dict[str, Any]:
     return {"what": text(d.get("what"), SHORT), "decision": text(d.get("decision"), SHORT),
             "approved": d.get("decision") == "approved", "by": text(d.get("by"), SHORT),
             "codes": [text(c, SHORT) for c in (d.get("codes") or [])[:50]],
-            "action": text(d.get("action")), "message": text(d.get("message"))}
+            "action": text(d.get("action")), "message": text(d.get("message")),
+            "origin": text(d.get("origin")), "request_id": text(d.get("request_id"), SHORT),
+            "latency_ms": d.get("latency_ms") if isinstance(d.get("latency_ms"), (int, float))
+            and not isinstance(d.get("latency_ms"), bool) else None}
 
 
 def _network(d: dict[str, Any]) -> dict[str, Any]:
+    held = d.get("held_ms")
     return {"seq": text(d.get("seq"), SHORT), "origin": text(d.get("origin")), "decision": text(d.get("decision"), SHORT),
-            "allowed": d.get("decision") == "allow", "reason": text(d.get("reason")), "via": text(d.get("via"), SHORT)}
+            "allowed": d.get("decision") == "allow", "reason": text(d.get("reason")), "via": text(d.get("via"), SHORT),
+            "request_id": text(d.get("request_id"), SHORT),
+            "held_ms": held if isinstance(held, (int, float)) and not isinstance(held, bool) else None}
 
 
 def _expectation(d: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +205,7 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
         step = by_call.get(d.get("call_id"))
         if step is None and kind == "expectation" and position < len(steps):
             step = steps[position]
-        if step is None and kind == "approval" and d.get("what") == "opt-in":
+        if step is None and kind == "approval" and (d.get("what") == "opt-in" or not position):
             before["approvals"].append(_approval(d))
             continue
         if step is None:

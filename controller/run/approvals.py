@@ -15,7 +15,12 @@ Rules (from the SDK's computer-use contract):
 - before_action is off by default; ``--confirm-actions type,keypress`` asks before those action
   types, step mode asks before every action.
 - typed text is shown only in a question to a person; unattended output (opt-in approvals, denials
-  for lack of a terminal) and the record show its length instead.
+  for lack of a terminal) and the record show its length instead;
+- origin requests (the gateway holds a guest connection to an origin until it is answered; mirrored
+  into the registry by :mod:`controller.run.origins`) arrive on another thread at any time:
+  :class:`OriginPrompter` asks approve / deny / cancel on the terminal, one prompt at a time with the
+  loop's own (the terminal's prompt lock), and gives up the prompt as soon as another view answered
+  or the gateway decided; without a terminal nothing asks and the gateway's timeout denies.
 
 Every decision is reported through ``on_decision`` (the run record's ``approval`` entries: who
 answered -- terminal, console, timeout, opt-in, no-approver, cancel --, the request id and how long it
@@ -26,8 +31,10 @@ never as console markup or ``:emoji:`` codes, with control and format characters
 
 from __future__ import annotations
 
+import queue
 import select
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -47,31 +54,77 @@ POLL_S = 0.1
 """How often the terminal prompt looks whether another view answered (seconds)."""
 
 
+class _PromptAwareFile:
+    """The terminal console's output stream while a prompt may be waiting for a line: text another
+    thread prints then (a record line, a decision) goes on lines of its own below the prompt, and the
+    prompt is shown again after it, so neither is written into the other. Everything else is the
+    stream's own (``isatty``, ``fileno``, ``encoding``...)."""
+
+    def __init__(self, inner: Any, asker: "TerminalAsker") -> None:
+        self._inner, self._asker = inner, asker
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            shown, owner = self._asker._shown, self._asker._owner
+            if shown is None or owner == threading.get_ident() or not text:
+                return self._inner.write(text)
+            self._inner.write("\n" + text + ("" if text.endswith("\n") else "\n") + shown)
+            self._inner.flush()
+            return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class TerminalAsker:
     """Asks on the controlling terminal (``console`` prints the question literally: no markup, no
     emoji codes). ``asker(question)`` waits for a line; :meth:`ask_until` also stops, returning None,
     as soon as ``done()`` is true (another view answered, the deadline passed, the run was cancelled),
-    so the terminal never keeps a line that was meant for a question already decided."""
+    so the terminal never keeps a line that was meant for a question already decided.
+
+    Questions come from two threads (the loop's safety checks and confirmations, the gateway's origin
+    requests): :attr:`lock` serialises them, so one question and its answer line are printed and read
+    whole before the next one starts (:meth:`ask_until` holds it). What other threads print through
+    ``console`` while a question waits goes below it, and the question is shown again
+    (``console.file`` is wrapped for that)."""
 
     def __init__(self, console: Console, stream: Any = None) -> None:
         self.console = console
         self.stream = stream or sys.stdin
+        self.lock = threading.RLock()
+        self._shown: str | None = None  # the question waiting for a line, as printed
+        self._owner: int | None = None  # the thread asking it
+        if not isinstance(console.file, _PromptAwareFile):
+            console.file = _PromptAwareFile(console.file, self)
 
     def __call__(self, question: str) -> str | None:
         return self.ask_until(question, lambda: False)
 
-    def ask_until(self, question: str, done: Callable[[], bool]) -> str | None:
-        """The line typed (without its newline), or None on end of input or when ``done()``."""
-        self.console.print(f"{question} [y/N] ", end="", markup=False, emoji=False, highlight=False)
-        self.console.file.flush()
-        while True:
-            if done():
-                self.console.print("", markup=False)
-                return None
-            ready, _, _ = select.select([self.stream], [], [], POLL_S)
-            if ready:
-                line = self.stream.readline()
-                return None if line == "" else line.rstrip("\r\n")
+    def ask_until(self, question: str, done: Callable[[], bool], *, hint: str = "[y/N]",
+                  lines: Iterable[str] = ()) -> str | None:
+        """The line typed (without its newline), or None on end of input or when ``done()``.
+        ``lines``: printed (literally) before the question, under the same lock; ``hint``: what
+        follows the question."""
+        with self.lock:
+            for text in lines:
+                self.console.print(text, markup=False, emoji=False, highlight=False)
+            prompt = f"{question} {hint} "
+            self.console.print(prompt, end="", markup=False, emoji=False, highlight=False)
+            self.console.file.flush()
+            self._shown, self._owner = prompt, threading.get_ident()
+            try:
+                while True:
+                    if done():
+                        self._shown = None
+                        self.console.print("", markup=False)
+                        return None
+                    ready, _, _ = select.select([self.stream], [], [], POLL_S)
+                    if ready:
+                        line = self.stream.readline()
+                        return None if line == "" else line.rstrip("\r\n")
+            finally:
+                self._shown = self._owner = None
 
 
 def terminal_asker(console: Console | None = None) -> TerminalAsker | None:
@@ -105,9 +158,11 @@ def _actions_of(call: Any) -> list[Any]:
 
 @dataclass
 class Decision:
-    """One approval decision: ``what`` (safety_check | action), ``decision`` (approved | denied |
-    withdrawn), ``by`` (terminal | console | timeout | opt-in | no-approver | cancel), ``request_id``
-    (the registry's; None for an opt-in), ``latency_ms`` (asked to decided), plus details for the record."""
+    """One approval decision: ``what`` (safety_check | action | origin_access), ``decision`` (approved |
+    denied | withdrawn; for an origin request also cancelled | timeout), ``by`` (terminal | console |
+    timeout | opt-in | no-approver | cancel | command line | gateway | gateway_log), ``request_id``
+    (the registry's; None for an opt-in), ``latency_ms`` (asked to decided), ``origin`` (an origin
+    request's), plus details for the record."""
 
     what: str
     decision: str
@@ -120,6 +175,7 @@ class Decision:
     request_id: str | None = None
     latency_ms: float | None = None
     screenshot: str | None = None
+    origin: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
@@ -291,3 +347,92 @@ class ActionGate(_Asking):
                             message=request.reason, request_id=request.id, latency_ms=request.latency_ms,
                             screenshot=request.screenshot))
         return True if request.approved else False
+
+
+ORIGIN_ANSWERS = {"a": "approve", "approve": "approve", "y": "approve", "yes": "approve",
+                  "c": "cancel", "cancel": "cancel"}
+"""What a person may type at an origin prompt, and the answer each is; anything else is ``deny``."""
+
+
+class OriginPrompter:
+    """Asks about origin requests on the terminal as they come (``asker``: the run's
+    :class:`TerminalAsker`), one at a time on a thread of its own, under the terminal's prompt lock.
+
+    For each pending ``origin_access`` request it prints the origin and the gateway's reason (both
+    escaped) and asks ``[a]pprove / [d]eny / [c]ancel``: ``a``/``approve`` (also ``y``/``yes``)
+    approves, ``c``/``cancel`` cancels (the held connections are refused; the next attempt asks
+    again), anything else -- an empty line too -- denies (remembered by the gateway for the sandbox's
+    life). The prompt is given up as soon as the request is decided elsewhere (the console, the
+    gateway's timeout, the run's end), with one line saying how. ``skip(request)``: requests not to
+    ask about (answered unattended by ``--approve-origin``). ``registry.answer`` forwards the answer
+    to the gateway; a refusal (the gateway decided first) is printed."""
+
+    def __init__(self, asker: TerminalAsker, registry: ApprovalRegistry, *, console: Console | None = None,
+                 skip: Callable[[Request], bool] | None = None) -> None:
+        self.asker = asker
+        self.registry = registry
+        self.console = console or asker.console
+        self.skip = skip
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._seen: set[str] = set()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsubscribe = registry.subscribe(self._on_change)
+
+    def _on_change(self, request: Request) -> None:
+        if request.kind != "origin_access" or not request.pending or request.id in self._seen:
+            return
+        self._seen.add(request.id)
+        self._queue.put(request)
+
+    def start(self) -> "OriginPrompter":
+        """Start asking (a daemon thread); returns self."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="origin-prompts", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop asking: a prompt on the terminal is given up; waits up to ``timeout_s`` for the thread."""
+        self._stopped.set()
+        self._unsubscribe()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            request = self._queue.get()
+            if request is None:
+                return
+            if request.pending and not (self.skip is not None and self.skip(request)):
+                self.ask(request)
+
+    def ask(self, request: Request) -> str | None:
+        """Ask about one origin request on the terminal; returns the answer given (approve | deny |
+        cancel), or None when none was (decided elsewhere, the end of input, the prompter stopped)."""
+        if not request.pending:
+            return None
+        done = lambda: not request.pending or self._stopped.is_set()  # noqa: E731
+        lines = [f"Origin request: the guest asks to connect to {clean(request.origin or '?', 300)}",
+                 f"  reason: {clean(request.origin_reason or '(none given)', 500)}"]
+        left = request.seconds_left()
+        if left is not None:
+            lines.append(f"  the gateway refuses it if nobody answers within {left:.0f}s")
+        if self.registry.views:
+            lines.append("  (the console can answer too: the first answer counts)")
+        line = self.asker.ask_until("Approve, deny or cancel?", done, hint="[a/c/D]", lines=lines)
+        if line is None or not request.pending:
+            if not request.pending:
+                how = {"console": "answered in the console", "timeout": "the gateway's deadline passed",
+                       "cancel": "withdrawn"}.get(request.by or "", clean(request.by or "decided", 40))
+                _say(self.console, f"  origin {clean(request.origin or '?', 300)}: {how}: {request.state}")
+            return None
+        answer = ORIGIN_ANSWERS.get(line.strip().lower(), "deny")
+        try:
+            self.registry.answer(request.id, answer, by="terminal")
+        except AnswerRefused as refused:
+            _say(self.console, f"  not taken: {clean(refused.message, 300)} ({refused.code}): {request.state}")
+            return None
+        _say(self.console, f"  origin {clean(request.origin or '?', 300)}: {request.state}")
+        return answer

@@ -136,6 +136,10 @@ class SandboxDriver(_ComputerDriverBase):
         self.before_step: Callable[[bool], None] | None = None
         """Called before each action (``False``) and before each screenshot the SDK asks for
         (``True``): the web console's take-over gate (:meth:`controller.run.live.LiveRun.checkpoint`)."""
+        self.before_capture: Callable[[], bool] | None = None
+        """Called before each capture, after the settle ``wait``: the run's wait for pending origin
+        requests (:func:`controller.run.origins.wait_for_origins`). True when it waited: the screen is
+        then let settle once more, so the image shows the page after the decision."""
 
     # -- helpers -------------------------------------------------------------------------------
     def _space(self) -> ModelSpace:
@@ -242,16 +246,21 @@ class SandboxDriver(_ComputerDriverBase):
 
     def _capture(self) -> SentScreenshot:
         p = self.policy
-        if p.settle and self._input_since_capture:
-            self.agent.actions([{"type": "wait"}])
-        self._input_since_capture = False
-        raw = self.agent.screenshot(
-            format=p.format,
-            quality=p.quality,
-            max_width=p.max_width,
-            max_height=p.max_height,
-            crop=p.crop,
-        )
+        shot_args = dict(format=p.format, quality=p.quality, max_width=p.max_width, max_height=p.max_height,
+                         crop=p.crop)
+        # The settle wait and the screenshot in one request when the agent client offers it
+        # (AgentClient.actions_screenshot: one round trip, the image taken right after the wait).
+        combined = getattr(self.agent, "actions_screenshot", None) if self.before_capture is None else None
+        if combined is not None and p.settle and self._input_since_capture:
+            self._input_since_capture = False
+            raw = combined([{"type": "wait"}], **shot_args).screenshot
+        else:
+            if p.settle and self._input_since_capture:
+                self.agent.actions([{"type": "wait"}])
+            self._input_since_capture = False
+            if self.before_capture is not None and self.before_capture() and p.settle:
+                self.agent.actions([{"type": "wait"}])
+            raw = self.agent.screenshot(**shot_args)
         data: bytes = raw.data
         mime = sniff_mime(data)
         declared = getattr(raw, "mime", None)

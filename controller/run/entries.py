@@ -26,11 +26,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 2
+FORMAT = 3
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
-words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries; a format-1 record
-reads unchanged."""
+words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
+origin access: ``approval`` lines for origin requests (``what`` origin_access, ``origin``, decisions
+``cancelled`` and ``timeout``), ``request_id`` and ``held_ms`` on ``network`` and ``waited_for_origin_ms`` on
+``screenshot``. Records of formats 1 and 2 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -143,7 +145,9 @@ class Action(_Entry):
 class Screenshot(_Entry):
     """An image sent to the model, stored beside the record as ``file``: its ``sha256`` (hex),
     ``mime``, ``image_size`` (model px), ``frame`` (x, y, w, h of the screen it shows, screen px),
-    ``screen_size`` (screen px), ``reencoded`` (cut down to fit the size limit)."""
+    ``screen_size`` (screen px), ``reencoded`` (cut down to fit the size limit), ``waited_for_origin_ms``
+    (milliseconds the screenshot waited for pending origin requests to be decided, so that it shows
+    the page after the decision; None when none was pending)."""
 
     type: Literal["screenshot"] = "screenshot"
     file: str
@@ -154,20 +158,28 @@ class Screenshot(_Entry):
     screen_size: Optional[tuple[int, int]] = None
     reencoded: bool = False
     call_id: Optional[str] = None
+    waited_for_origin_ms: Optional[float] = Field(None, ge=0)
 
 
 class Approval(_Entry):
-    """A decision on a safety check or an action (``what``: safety_check | action), or an opt-in
-    given on the command line (``what``: opt-in, ``codes`` approved unattended). ``decision``:
-    approved | denied | withdrawn (the run was cancelled while it was pending: nothing of it ran);
-    ``by``: who decided -- terminal | console (a person), timeout (``--approval-timeout`` passed: a
-    deny), opt-in, no-approver (nobody could be asked: a deny), cancel, command line; ``request_id``:
-    the approval registry's id; ``latency_ms``: from asking to the decision; ``screenshot``: the file
-    of the screenshot the model had when it asked. ``action`` shows typed text as its length only."""
+    """A decision on a safety check, an action or an origin request (``what``: safety_check | action |
+    origin_access), or an opt-in given on the command line (``what``: opt-in, with ``codes`` approved
+    unattended by ``--approve-safety-check`` or the ``origin`` approved by ``--approve-origin``).
+    ``decision``: approved | denied | withdrawn (the run was cancelled or ended while it was pending:
+    nothing of it ran), and for an origin request also cancelled (its held connections were refused,
+    nothing remembered) | timeout (the gateway's deadline passed: refused); ``by``: who decided --
+    terminal | console (a person), timeout (``--approval-timeout`` or the gateway's deadline passed),
+    opt-in, no-approver (nobody could be asked: a deny), cancel, command line (an opt-in, or
+    ``--approve-origin``), gateway (decided at the gateway by another client), gateway_log (written at
+    teardown for a request found only in the gateway's decision log); ``origin``: the origin an origin
+    request is about (``scheme://host[:port]``, escaped); ``request_id``: the approval registry's id
+    (an origin request's is the gateway's ``oreq_...``, the same as on its ``network`` lines);
+    ``latency_ms``: from asking to the decision; ``screenshot``: the file of the screenshot the model
+    had when it asked. ``action`` shows typed text as its length only."""
 
     type: Literal["approval"] = "approval"
-    what: Literal["safety_check", "action", "opt-in"]
-    decision: Literal["approved", "denied", "withdrawn"]
+    what: Literal["safety_check", "action", "origin_access", "opt-in"]
+    decision: Literal["approved", "denied", "cancelled", "timeout", "withdrawn"]
     by: str
     call_id: Optional[str] = None
     codes: list[Optional[str]] = Field(default_factory=list)
@@ -177,6 +189,7 @@ class Approval(_Entry):
     request_id: Optional[str] = None
     latency_ms: Optional[float] = Field(None, ge=0)
     screenshot: Optional[str] = None
+    origin: Optional[str] = None
 
 
 class HumanAction(_Entry):
@@ -204,7 +217,11 @@ class Network(_Entry):
     ``seq``: its line number in the gateway's decision log (1-based; one line per decision, so the
     record holds each line once); ``origin``, ``decision``, ``reason``, ``via``: as the gateway wrote
     them (:class:`controller.gateway.policy.Decision`, control characters escaped, cut); ``at``: the
-    gateway's own time of the decision."""
+    gateway's own time of the decision. A connection to an origin of the task's ask tier also has
+    ``request_id`` (the origin request it waited on: the ``approval`` line with that id says who
+    decided) and ``held_ms`` (how long the gateway held it, milliseconds); its ``reason`` is then
+    approved, approved_earlier, user_denied, denied_earlier, cancelled, timeout, client_gone (the
+    client left while held), or without a request quiet, policy, address_refused, prompt_limit."""
 
     type: Literal["network"] = "network"
     seq: Optional[int] = None
@@ -213,6 +230,8 @@ class Network(_Entry):
     reason: Optional[str] = None
     via: Optional[str] = None
     at: Optional[str] = None
+    request_id: Optional[str] = None
+    held_ms: Optional[float] = Field(None, ge=0)
 
 
 class NetworkLog(_Entry):

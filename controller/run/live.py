@@ -7,8 +7,11 @@
 
   - ``record``: ``{"entry": <record entry as written>}`` -- every line of the run record, strings
     escaped (:func:`clean_json`), typed text never present (the record has none);
-  - ``approvals``: ``{"snapshot": {"version", "pending": [...]}}`` -- after every change in the
-    approval registry (:meth:`controller.run.registry.ApprovalRegistry.snapshot`);
+  - ``approvals``: ``{"snapshot": {"version", "pending": [...]}, "changed": {"id", "kind", "state",
+    "by", "origin"}}`` -- after every change in the approval registry
+    (:meth:`controller.run.registry.ApprovalRegistry.snapshot`); ``changed`` names the request that
+    changed and its kind (safety_check | action | origin_access: a question of the gateway's, with
+    its ``origin``);
   - ``action``: ``{"by": "model" | "human", "action": {...}, "screen": [w, h]}`` -- each action as
     sent to the agent, in **screen px**, typed text replaced by ``text_length``;
   - ``control``: ``{"state": ..., "by": ...}`` -- the run's state (:data:`STATES`).
@@ -153,8 +156,10 @@ class LiveRun:
         with self._cond:
             return self._last_action
 
-    def _on_request(self, _request: Request) -> None:
-        self._emit("approvals", snapshot=self.registry.snapshot())
+    def _on_request(self, request: Request) -> None:
+        self._emit("approvals", snapshot=self.registry.snapshot(),
+                   changed={"id": request.id, "kind": request.kind, "state": request.state, "by": request.by,
+                            "origin": request.origin})
 
     def _set_state(self, state: str, by: str | None = None) -> None:
         # the state and its event change together: a view that sees ``finished`` also sees its event

@@ -210,9 +210,13 @@ class RunPrinter:
     def _on_approval(self, e: Approval) -> None:
         decision, by = clean(e.decision, 20), clean(e.by, 20)
         style = "green" if decision == "approved" else "red"
-        if e.what == "opt-in":
+        if e.what == "opt-in" and e.origin:
+            self.line(f"opt-in: origin requests for {clean(e.origin, 300)} are approved unattended (--approve-origin)")
+        elif e.what == "opt-in":
             codes = ", ".join(clean(c, 40) for c in e.codes)
             self.line(f"opt-in: safety checks with code {codes} are approved unattended (--approve-safety-check)")
+        elif e.what == "origin_access":
+            self.line(f"  origin request {clean(e.origin or '?', 300)}: {decision} ({by})", style=style)
         elif e.what == "safety_check":
             codes = ", ".join(clean(c or "(no code)", 40) for c in e.codes) or "(none)"
             self.line(f"  approval: safety check {codes} on {_short_id(e.call_id)} {decision} ({by})",

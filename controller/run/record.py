@@ -109,8 +109,9 @@ class RunRecord:
 
     def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
                         screen_size: tuple[int, int] | None = None, reencoded: bool = False,
-                        call_id: str | None = None) -> Screenshot:
-        """Store the image as ``shot-NNNN.png|jpg`` and add a ``screenshot`` entry (sha256, sizes, frame)."""
+                        call_id: str | None = None, waited_for_origin_ms: float | None = None) -> Screenshot:
+        """Store the image as ``shot-NNNN.png|jpg`` and add a ``screenshot`` entry (sha256, sizes, frame,
+        ``waited_for_origin_ms``: see :class:`controller.run.entries.Screenshot`)."""
         with self._lock:
             self._shots += 1
             number = self._shots
@@ -121,7 +122,7 @@ class RunRecord:
         return self.write(Screenshot(
             file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime, image_size=tuple(image_size),
             frame=tuple(frame_list), screen_size=tuple(screen_size) if screen_size else None, reencoded=reencoded,
-            call_id=call_id,
+            call_id=call_id, waited_for_origin_ms=waited_for_origin_ms,
         ))
 
     def finish(self, status: str, reason: str = "", **fields: Any) -> RunFinished:

@@ -8,13 +8,16 @@ since (so the action path never waits on the gateway), which writes each decisio
 when it is read; at teardown :meth:`DecisionTail.finish` reads the whole log once more, writes what is still
 missing, and adds the ``network_log`` entry saying whether every line of the log is in the record.
 A decision is identified by its line number in the gateway's log (the log is append-only, one
-decision a line), so none is written twice and none is skipped.
+decision a line), so none is written twice and none is skipped. A decision on a connection held for an
+origin request carries the request's id (:attr:`DecisionTail.requests` collects them, for the
+teardown's reconciliation with the ``approval`` lines, :func:`controller.run.origins.reconcile_approvals`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -52,20 +55,30 @@ def _text(value: Any) -> str | None:
     return clean(json.dumps(value, default=str), 200)
 
 
+REQUEST_ID = re.compile(r"oreq_[A-Za-z0-9_-]{1,128}")
+"""An origin request id as the gateway's log names it (anything else is not kept)."""
+
+
 def network_entry(item: Any, seq: int) -> Network | str:
     """The ``network`` entry for line ``seq`` (1-based) of the gateway's log, parsed as ``item``; or
     why that line is not a decision (a short text). Text fields are escaped and cut
-    (:data:`FIELD_CHARS`). Fields a newer gateway adds are ignored."""
+    (:data:`FIELD_CHARS`). ``request_id`` (an origin request id, :data:`REQUEST_ID`) and ``held_ms``
+    (a number >= 0) are kept when the line has them and they are well formed; other fields a newer
+    gateway adds are ignored."""
     if not isinstance(item, dict):
         return f"line {seq}: not a JSON object"
     try:
         d = Decision.model_validate({k: v for k, v in item.items() if k in Decision.model_fields})
     except ValidationError as exc:
         return clean(f"line {seq}: {problem(exc)}", 200)
+    rid, held = item.get("request_id"), item.get("held_ms")
     return Network(seq=seq, origin=clean(d.origin, FIELD_CHARS["origin"]), decision=d.decision,
                    reason=clean(d.reason, FIELD_CHARS["reason"]),
                    via=clean(d.via, FIELD_CHARS["via"]) if d.via is not None else None,
-                   at=clean(d.ts, FIELD_CHARS["at"]))
+                   at=clean(d.ts, FIELD_CHARS["at"]),
+                   request_id=rid if isinstance(rid, str) and REQUEST_ID.fullmatch(rid) else None,
+                   held_ms=float(held) if isinstance(held, (int, float)) and not isinstance(held, bool)
+                   and 0 <= held < 1e12 else None)
 
 
 def model_text(body: Any) -> str | None:
@@ -99,6 +112,9 @@ class DecisionTail:
         self.consumed = 0
         """Lines of the gateway's log handled so far (recorded, or counted in ``invalid``)."""
         self.invalid: list[str] = []
+        self.requests: dict[str, dict[str, Any]] = {}
+        """Origin request ids the log named (``network`` entries' ``request_id``) -> the last such
+        line's ``origin`` and ``reason``: what :func:`controller.run.origins.reconcile_approvals` checks."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -116,6 +132,8 @@ class DecisionTail:
                 self.invalid.append(entry)
             else:
                 self.record.write(entry)
+                if entry.request_id is not None:
+                    self.requests[entry.request_id] = {"origin": entry.origin, "reason": entry.reason}
         self.consumed += min(len(lines), room)
         return min(len(lines), room)
 
@@ -208,6 +226,9 @@ class RecordingHooks:
         self.action_count = 0
         self.last_screenshot: str | None = None
         """File name of the last screenshot sent to the model (what an approval was asked on)."""
+        self.waited_for_origin_ms: float | None = None
+        """Milliseconds the next screenshot waited for origin requests (set before it is taken, then
+        written on its ``screenshot`` line)."""
 
     def _poll(self) -> None:
         if self.network is not None:
@@ -259,13 +280,14 @@ class RecordingHooks:
 
     def on_screenshot(self, shot: SentScreenshot) -> None:
         """An image sent to the model: stored beside the record."""
+        waited, self.waited_for_origin_ms = self.waited_for_origin_ms, None
         entry = self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
                                             screen_size=shot.screen_size, reencoded=shot.reencoded,
-                                            call_id=self.current_call)
+                                            call_id=self.current_call, waited_for_origin_ms=waited)
         self.last_screenshot = entry.file
 
     def on_decision(self, decision: ApprovalDecision) -> None:
-        """An approval decision (safety check or action)."""
+        """An approval decision (safety check, action or origin request)."""
         self.record.write(Approval(**decision.as_record()))
 
 

@@ -2,7 +2,10 @@
 
 A request is one question a person must answer before the run goes on: a computer_call's pending
 safety checks (``kind="safety_check"``) or one action under ``--confirm-actions`` / ``--step``
-(``kind="action"``). The terminal prompt and the web console are two views of the same registry:
+(``kind="action"``) -- or a question the gateway asks: a connection of the guest's to an origin in
+the task's ``ask`` tier, held at the gateway until it is answered (``kind="origin_access"``,
+mirrored here by :class:`controller.run.origins.GatewayWatcher`, :meth:`ApprovalRegistry.mirror`).
+The terminal prompt and the web console are two views of the same registry:
 
 * **first answer wins** -- under one lock, the first valid answer (terminal, console, the deadline, a
   cancellation) decides the request; every view is told at once (:meth:`ApprovalRegistry.subscribe`);
@@ -14,6 +17,15 @@ safety checks (``kind="safety_check"``) or one action under ``--confirm-actions`
 * **deadline** (``--approval-timeout``): a request still pending at its deadline is denied, ``by="timeout"``;
 * **cancellation** withdraws every pending request (:meth:`ApprovalRegistry.withdraw_all`): nothing of
   it runs, and a withdrawn request never turns into an approval.
+
+Origin requests (``origin_access``) differ in three ways. Their id is the gateway's (``oreq_...``),
+the same end to end. ``cancel`` is a third valid answer (it refuses the held connections without
+remembering a deny; for any other kind ``cancel`` is 400 ``invalid_answer``). And the gateway owns
+them: an answer is forwarded to the gateway first, synchronously, and the entry is decided only once
+the gateway took it (its refusals pass through: a request the gateway had already timed out becomes
+``expired`` and the answer gets 409 ``expired``); their deadline is the gateway's ``deadline_at`` and
+the registry never decides them at it -- the gateway's timeout does, and the watcher reports it
+(:meth:`ApprovalRegistry.resolve`).
 
 Only an ``approve`` answer from a person (terminal or console) ever approves: the SDK callback returns
 exactly ``True`` for :attr:`Request.approved` and ``False`` for everything else (S1/S2 of the
@@ -29,6 +41,7 @@ theirs. Subscribers are called outside the lock and must not block.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import secrets
 import threading
 import time
@@ -37,10 +50,18 @@ from typing import Any, Callable, Iterable, Literal
 
 from controller.text import clean
 
-Kind = Literal["safety_check", "action"]
-State = Literal["pending", "approved", "denied", "withdrawn"]
-ANSWERS = {"approve": "approved", "deny": "denied"}
-"""Answers a view may give, and the state each one decides."""
+Kind = Literal["safety_check", "action", "origin_access"]
+State = Literal["pending", "approved", "denied", "cancelled", "expired", "withdrawn"]
+ANSWERS = {"approve": "approved", "deny": "denied", "cancel": "cancelled"}
+"""Answers a view may give, and the state each one decides (``cancel``: origin requests only)."""
+
+ORIGIN = "origin_access"
+"""The kind of a question the gateway asks (see the module docstring)."""
+
+Forward = Callable[[str, str], None]
+"""How an answer reaches the owner of an origin request: ``forward(answer, by)`` returns once the
+gateway took it (and may have decided the entry from the gateway's own state meanwhile, through
+:meth:`ApprovalRegistry.resolve`); raises :class:`AnswerRefused` when it did not."""
 
 POLL_S = 0.1
 """How often a waiting SDK callback looks at its ``cancelled`` flag (seconds)."""
@@ -50,9 +71,24 @@ def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+_ORIGIN_ID = re.compile(r"oreq_[A-Za-z0-9_-]{1,128}")
+_DECIDED = ("approved", "denied", "cancelled", "expired", "withdrawn")
+
+
+def _parse_time(text: Any) -> _dt.datetime:
+    """An ISO-8601 time with its offset, as UTC; ValueError otherwise (a naive time included)."""
+    if not isinstance(text, str) or len(text) > 64:
+        raise ValueError("a time must be an ISO-8601 string")
+    when = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.utcoffset() is None:
+        raise ValueError("a time without a time zone")
+    return when.astimezone(_dt.timezone.utc)
+
+
 class AnswerRefused(Exception):
-    """An answer the registry did not take: ``status`` (HTTP: 400, 404, 409), ``code``
-    (``invalid_answer``, ``unknown_request``, ``already_decided``, ``withdrawn``) and ``message``."""
+    """An answer the registry did not take: ``status`` (HTTP: 400, 404, 409; 502 when the gateway
+    could not be asked about an origin request), ``code`` (``invalid_answer``, ``unknown_request``,
+    ``already_decided``, ``withdrawn``, ``expired``, ``gateway_unavailable``) and ``message``."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -67,15 +103,22 @@ class AnswerRefused(Exception):
 class Request:
     """One question to a person.
 
-    ``id``: ``req_`` and 128 random bits (urlsafe); ``kind``: safety_check | action; ``question``: one
+    ``id``: ``req_`` and 128 random bits (urlsafe), or the gateway's ``oreq_...`` for an origin
+    request; ``kind``: safety_check | action | origin_access; ``question``: one
     line (escaped); ``call_id``; ``checks``: ``[{id, code, message}]`` (escaped); ``actions``: one
     line per action of the call (escaped; typed text in full: a request is a question to a person, as the
     terminal prompt is, and it never enters the record); ``screenshot``: the
     record's file name of the screenshot the model had when it asked (None before the first);
     ``created_at`` / ``decided_at``: UTC ISO-8601; ``deadline_s``: seconds from creation to the
-    automatic deny (None: no deadline); ``state``: pending | approved | denied | withdrawn; ``by``:
-    who decided (terminal | console | timeout | no-approver | cancel); ``reason``: why, for a
-    withdrawal or an automatic deny.
+    automatic deny (None: no deadline); ``state``: pending | approved | denied | cancelled | expired |
+    withdrawn; ``by``: who decided (terminal | console | command line | timeout | no-approver |
+    cancel | gateway); ``reason``: why, for a withdrawal or an automatic deny.
+
+    Origin requests (``kind="origin_access"``) also have ``origin`` (``scheme://host[:port]``, as the
+    gateway wrote it, escaped), ``origin_reason`` (the gateway's reason text, escaped), ``via``
+    (``CONNECT`` | ``http``), ``held`` (connections held for it when mirrored) and ``deadline_at``
+    (the gateway's deadline, UTC ISO-8601): ``deadline_s`` is then the seconds from the gateway's
+    ``created_at`` to it, and ``latency_ms`` counts from ``created_at`` too.
     """
 
     id: str
@@ -92,8 +135,15 @@ class Request:
     reason: str | None = None
     decided_at: str | None = None
     latency_ms: float | None = None
+    origin: str | None = None
+    origin_reason: str | None = None
+    via: str | None = None
+    held: int | None = None
+    deadline_at: str | None = None
     _created: float = field(default_factory=time.monotonic, repr=False)
     _decided: threading.Event = field(default_factory=threading.Event, repr=False)
+    _forward: Forward | None = field(default=None, repr=False)
+    _answering: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def pending(self) -> bool:
@@ -121,7 +171,8 @@ class Request:
             "created_at": self.created_at, "deadline_s": self.deadline_s,
             "seconds_left": None if not self.pending else self.seconds_left(),
             "state": self.state, "by": self.by, "reason": self.reason, "decided_at": self.decided_at,
-            "latency_ms": self.latency_ms,
+            "latency_ms": self.latency_ms, "origin": self.origin, "origin_reason": self.origin_reason,
+            "via": self.via, "held": self.held, "deadline_at": self.deadline_at,
         }
 
 
@@ -192,6 +243,55 @@ class ApprovalRegistry:
         self._publish(request)
         return request
 
+    def mirror(self, request_id: str, *, origin: str, reason: str, via: str | None = None,
+               held: int | None = None, created_at: str | None = None, deadline_at: str | None = None,
+               forward: Forward | None = None) -> tuple[Request, bool]:
+        """Mirror the gateway's origin request ``request_id`` (``oreq_`` and up to 128 URL-safe
+        characters) as a pending ``origin_access`` request with that same id; returns it and whether
+        it is new (an id seen before returns the request as it is: a replayed or repeated event adds
+        nothing). ``origin`` / ``reason``: the gateway's text (escaped here); ``created_at`` /
+        ``deadline_at``: the gateway's times (UTC ISO-8601; latency counts from ``created_at``, the
+        deadline is ``deadline_at``); ``forward``: how answers reach the gateway (:data:`Forward`).
+        Raises ValueError for an id of another form or unparseable times."""
+        if not isinstance(request_id, str) or not _ORIGIN_ID.fullmatch(request_id):
+            raise ValueError("an origin request id must be oreq_ and up to 128 URL-safe characters")
+        now_wall, now_mono = _dt.datetime.now(_dt.timezone.utc), time.monotonic()
+        created = _parse_time(created_at) if created_at is not None else now_wall
+        age = max(0.0, (now_wall - created).total_seconds()) if created is not None else 0.0
+        deadline = _parse_time(deadline_at) if deadline_at is not None else None
+        request = Request(
+            id=request_id, kind=ORIGIN, question=clean(f"Let the guest connect to {origin}?", 1000),
+            origin=clean(origin, 300), origin_reason=clean(reason or "", 500), via=clean(via, 20) if via else None,
+            held=held if isinstance(held, int) and not isinstance(held, bool) else None,
+            created_at=created.isoformat(timespec="milliseconds") if created else _now_iso(),
+            deadline_at=deadline.isoformat(timespec="milliseconds") if deadline else None,
+            deadline_s=None if deadline is None else max(0.0, round((deadline - created).total_seconds(), 3)),
+            _created=now_mono - age, _forward=forward,
+        )
+        with self._lock:
+            known = self._requests.get(request_id)
+            if known is not None:
+                return known, False
+            self._requests[request.id] = request
+            self.version += 1
+            closed = self.closed
+        if closed is not None:
+            self.withdraw(request, closed)
+        self._publish(request)
+        return request, True
+
+    def resolve(self, request_id: str, state: State, *, by: str, reason: str | None = None) -> bool:
+        """Decide a pending request from what its owner (the gateway) says: ``state`` approved |
+        denied | cancelled | expired | withdrawn, ``by`` who decided there. False when the id is
+        unknown or the request was already decided (the first decision stands)."""
+        if state == "pending" or state not in _DECIDED:
+            raise ValueError(f"not a decided state: {state!r}")
+        with self._lock:
+            request = self._requests.get(request_id)
+        if request is None:
+            return False
+        return self._decide(request, state, clean(by, 40), None if reason is None else clean(reason, 300))
+
     def get(self, request_id: str) -> Request:
         """The request with this id; :class:`AnswerRefused` 404 ``unknown_request`` when there is none."""
         with self._lock:
@@ -231,20 +331,34 @@ class ApprovalRegistry:
         return True
 
     def answer(self, request_id: str, answer: Any, *, by: str) -> Request:
-        """A person's answer (``approve`` | ``deny``) from the view ``by``. Returns the request (its
-        state says what it is now). Raises :class:`AnswerRefused`: 400 for another answer, 404 for an
-        unknown id, 409 when it was decided otherwise or withdrawn. The same answer to a request
-        already decided that way is accepted and changes nothing."""
+        """A person's answer (``approve`` | ``deny``; for an origin request also ``cancel``) from the
+        view ``by``. Returns the request (its state says what it is now). Raises
+        :class:`AnswerRefused`: 400 for another answer, 404 for an unknown id, 409 when it was decided
+        otherwise (``already_decided``), withdrawn or expired; for an origin request also what the
+        gateway refused (passed through) and 502 ``gateway_unavailable``. The same answer to a request
+        already decided that way is accepted and changes nothing. An origin request is decided here
+        only after the gateway took the answer (:data:`Forward`); answers to one request are
+        forwarded one at a time."""
         if not isinstance(answer, str) or answer not in ANSWERS:
-            raise AnswerRefused(400, "invalid_answer", "the answer must be \"approve\" or \"deny\"")
+            raise AnswerRefused(400, "invalid_answer", "the answer must be \"approve\" or \"deny\""
+                                " (or \"cancel\" for an origin request)")
         request = self.get(request_id)
+        if answer == "cancel" and request.kind != ORIGIN:
+            raise AnswerRefused(400, "invalid_answer", "\"cancel\" answers only an origin request: "
+                                "answer \"approve\" or \"deny\"")
         state = ANSWERS[answer]
-        if self._decide(request, state, by):
-            return request
+        with request._answering:  # the gateway hears one answer at a time; the first one it takes counts
+            if request.pending and request._forward is not None:
+                request._forward(answer, by)  # raises AnswerRefused when the gateway did not take it
+            if self._decide(request, state, by):
+                return request
         if request.state == state:
             return request  # an identical resend: accepted, nothing changes
         if request.state == "withdrawn":
             raise AnswerRefused(409, "withdrawn", f"the request was withdrawn ({request.reason or 'cancelled'})")
+        if request.state == "expired":
+            raise AnswerRefused(409, "expired", "the request expired: the gateway's deadline passed "
+                                "(its held connections were refused)")
         raise AnswerRefused(409, "already_decided",
                             f"the request was already {request.state} (by {request.by})")
 
@@ -285,12 +399,16 @@ class ApprovalRegistry:
 
     def wait(self, request: Request, cancelled: Callable[[], bool] | None = None) -> Request:
         """Block until ``request`` is decided: by an answer, its deadline (denied, ``by="timeout"``) or
-        ``cancelled()`` turning true (withdrawn). Polls ``cancelled`` every :data:`POLL_S` seconds."""
+        ``cancelled()`` turning true (withdrawn). Polls ``cancelled`` every :data:`POLL_S` seconds.
+        An origin request is never decided here at its deadline (the gateway's timeout decides it):
+        waiting for one, bound the wait with ``cancelled``."""
         while request.pending:
             if cancelled is not None and cancelled():
                 self.withdraw(request, "run cancelled")
                 break
             left = request.seconds_left()
+            if request.kind == ORIGIN:
+                left = None
             if left is not None and left <= 0:
                 self.deny(request, by="timeout",
                           reason=f"no answer within {request.deadline_s:g}s (--approval-timeout)")

@@ -6,6 +6,11 @@ owns the loop) against the live API or the offline scripted server -> release in
 the guest's files -> the rest of the network decisions -> tear down -> ``run_finished``. The gateway's
 decisions are copied into the record while the loop goes, after each model response and each driver
 call (:mod:`controller.run.recording`), so the record holds them in time order with the actions.
+With a task in ``[network] mode = "ask"`` the gateway's origin requests are mirrored into the run's
+approval registry from the sandbox's start to teardown (:class:`controller.run.origins.OriginAccess`):
+answered on the terminal, in the console or by ``--approve-origin``, each an ``approval`` line; every
+screenshot waits for pending ones (the driver's ``before_capture``); at teardown what is pending is
+cancelled at the gateway and every request in its decision log is reconciled with the approval lines.
 
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
 the sandbox is torn down, no verification), ``error`` (the loop or the sandbox failed), ``failed``
@@ -42,6 +47,7 @@ from rich.markup import escape
 
 from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, terminal_asker
 from controller.run.live import LiveRun
+from controller.run.origins import OriginAccess, wait_for_origins
 from controller.run.registry import ApprovalRegistry
 from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
 from controller.run.entries import Approval, Check, HumanAction, Takeover
@@ -76,7 +82,8 @@ class RunOptions:
     ``approval_timeout_s``: seconds a question waits for an answer before it is denied (None: no
     deadline). ``on_live``: called once with the run's :class:`controller.run.live.LiveRun` when a
     view (the web console) follows the run; questions then wait for the console too, also without a
-    terminal.
+    terminal. ``approve_origins``: origins (``controller.gateway.policy.Origin``) whose origin requests
+    are approved at once, unattended (``--approve-origin``; logged as opt-in lines).
     """
 
     runs_dir: Path = Path("runs")
@@ -86,6 +93,7 @@ class RunOptions:
     script: Path | None = None
     legacy: bool | None = None
     approve_codes: list[str] = field(default_factory=list)
+    approve_origins: list[Any] = field(default_factory=list)
     confirm_actions: list[str] = field(default_factory=list)
     step: bool = False
     asker: Any = _UNSET
@@ -96,6 +104,12 @@ class RunOptions:
     signals_before: list[int] = field(default_factory=list)
     """Signals that came before the run (the CLI notes them while it prepares): when this list holds
     one once run_task's own handlers are in place, the run ends ``cancelled`` before anything starts."""
+    loop: Callable[..., str | None] | None = None
+    """The model loop in place of the SDK's ``ComputerToolset.run`` (``run-task --runner agent-framework``:
+    :func:`controller.af.loop.run_loop`), called with the keywords ``driver``, ``params`` (the first
+    request), ``max_steps``, ``approver``, ``before_action`` (None when inactive), ``cancelled``, ``hooks``,
+    ``meter``, ``base_url`` (the scripted server's; None live) and ``console``; returns the model's final
+    message, raises ``ComputerUseError`` when it stops short (after a denial: the run fails)."""
 
 
 @dataclass
@@ -290,6 +304,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     client = None
     driver: SandboxDriver | None = None
     scripted: ScriptedModel | None = None
+    origins: OriginAccess | None = None
     mode = "live" if live else "offline"
     console.print(f"[bold]run-task[/] {escape(clean(f'{task.name} ({mode}) -> {record.dir}', 500))}", emoji=False)
 
@@ -325,13 +340,16 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 raise _Cancelled()
             write_started(sandbox)
             network = DecisionTail(record, decision_reader(sandbox)).start()
+            origins = OriginAccess.start(sandbox, registry, record, asker, console, approve=options.approve_origins,
+                                         has_view=view is not None, asks=task.network.mode == "ask")
             time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
             if scripted is not None:
                 scripted.time_scale = time_scale
             agent = sandbox.agent
             if view is not None:
                 view.attach(agent, (task.screen.width, task.screen.height), task_name=task.name,
-                            cancel=lambda by: cancel.set_by_view(by, registry),
+                            cancel=lambda by: (origins is not None and origins.cancelled_by(by),
+                                               cancel.set_by_view(by, registry)),
                             record_human=lambda data: record.write(HumanAction(**data)),
                             record_control=lambda control: record.write(Takeover(control=control)))
             home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
@@ -356,6 +374,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             if view is not None:
                 driver.on_forward = view.on_forward
                 driver.before_step = lambda screenshot: view.checkpoint(cancel, screenshot=screenshot)
+            if origins is not None:
+                driver.before_capture = _origin_wait(registry, hooks, cancel)
             meter = BodyMeter(hooks.on_request)
             client = offline_client(server.base_url, meter) if server else live_client(meter)
             denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
@@ -379,13 +399,19 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             try:
                 first = driver.capture()
                 params = build_params(task, model, first, legacy)
-                response = ComputerToolset(driver).run(
-                    client, params, max_steps=max_steps + (scripted.wait_allowance if scripted else 0),
-                    approve_safety_checks=approver,
-                    before_action=gate if gate.active else None, cancelled=cancel,
-                    on_diagnostic=hooks.on_diagnostic,
-                )
-                final_message = response.output_text
+                steps = max_steps + (scripted.wait_allowance if scripted else 0)
+                if options.loop is not None:
+                    final_message = options.loop(
+                        driver=driver, params=params, max_steps=steps, approver=approver,
+                        before_action=gate if gate.active else None, cancelled=cancel, hooks=hooks, meter=meter,
+                        base_url=server.base_url if server else None, console=console)
+                else:
+                    response = ComputerToolset(driver).run(
+                        client, params, max_steps=steps, approve_safety_checks=approver,
+                        before_action=gate if gate.active else None, cancelled=cancel,
+                        on_diagnostic=hooks.on_diagnostic,
+                    )
+                    final_message = response.output_text
                 status, reason = "passed", "loop completed"
             except ComputerUseError as exc:
                 if cancel():
@@ -434,7 +460,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 write_started(sandbox)
                 try:
                     _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
-                            run_t0, cancel, network)
+                            run_t0, cancel, network, origins)
                 finally:
                     registry.close("run ended")
                     if view is not None:
@@ -443,7 +469,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     write_started(sandbox)
     try:
         status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
-                                         console, run_t0, cancel, network)
+                                         console, run_t0, cancel, network, origins)
     finally:
         registry.close("run ended")
         if view is not None:
@@ -451,6 +477,17 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
                       final_message=final_message, timings=timings,
                       scripted_requests=scripted.requests if scripted else None)
+
+
+def _origin_wait(registry: ApprovalRegistry, hooks: RecordingHooks, cancel: Callable[[], bool]) -> Callable[[], bool]:
+    """The driver's ``before_capture``: wait for pending origin requests (bounded, polling ``cancel``);
+    the milliseconds waited go on the screenshot's record line. True when it waited."""
+
+    def wait() -> bool:
+        hooks.waited_for_origin_ms = wait_for_origins(registry, cancel)
+        return hooks.waited_for_origin_ms is not None
+
+    return wait
 
 
 def _denial_reason(decision: Any) -> str:
@@ -498,16 +535,22 @@ def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: st
 def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, client: Any, status: str,
             reason: str, timings: dict[str, float], final_message: str | None, console: Console,
             run_t0: float, cancel: _Cancel | None = None,
-            network: DecisionTail | None = None) -> tuple[str, str]:
-    """The network decisions not yet recorded (``network``: the run's tail of the gateway's log),
-    teardown, ``run_finished``, summary. Returns the final status and reason:
+            network: DecisionTail | None = None, origins: OriginAccess | None = None) -> tuple[str, str]:
+    """Origin requests still pending withdrawn (``origins``), the network decisions not yet recorded
+    (``network``: the run's tail of the gateway's log) and the origin requests it names reconciled with
+    the ``approval`` lines, teardown, ``run_finished``, summary. Returns the final status and reason:
     ``cancelled`` when a signal came (``cancel``) before ``run_finished``, whatever the run had reached."""
+    if origins is not None:
+        cancelled = status == "cancelled" or (cancel is not None and cancel.is_set)
+        origins.stop("run cancelled" if cancelled else "run ended")
     if sandbox is not None:
         # The decisions not yet recorded, then one ``network_log`` entry saying whether the whole log
         # is in the record: one whose decisions could not be collected says so instead of looking like
         # a run without traffic.
         network = network or DecisionTail(record, decision_reader(sandbox))
         netlog = network.finish()
+        if origins is not None:
+            origins.reconcile(record, network)
         if not netlog.complete:
             console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]", emoji=False)
         flush = getattr(record.on_entry, "flush", None)

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from controller.sandbox.errors import BackendUnavailable, SandboxError
 from controller.sandbox.readiness import (
-    DECISIONS_READ_MAX_BYTES, parse_decision_lines, parse_decision_log, wait_agent_ready, with_timeout,
+    DECISIONS_READ_MAX_BYTES, parse_decision_lines, parse_decision_log, wait_agent_ready, wait_control_ready,
+    with_timeout,
 )
 from controller.sandbox.signals import (
     INTERRUPT_SIGNALS,
@@ -46,7 +47,7 @@ from controller.text import clean
 
 __all__ = [  # re-exported from the helper modules, with this module's own names
     "BackendUnavailable", "SandboxError", "SandboxInterrupted", "INTERRUPT_SIGNALS", "interruption",
-    "raise_on_signals", "signals_deferred", "parse_decision_log", "parse_decision_lines", "DECISIONS_READ_MAX_BYTES", "wait_agent_ready", "with_timeout",
+    "raise_on_signals", "signals_deferred", "parse_decision_log", "parse_decision_lines", "DECISIONS_READ_MAX_BYTES", "wait_agent_ready", "wait_control_ready", "with_timeout",
     "NetworkTopology", "LABEL_SANDBOX", "LABEL_ROLE", "LABEL_OWNER", "LABEL_OWNER_ID", "LABEL_DETACHED",
     "DEFAULT_POLICY", "ExecResult", "SandboxSpec", "Sandbox", "reap", "pid_alive", "log",
 ]
@@ -58,8 +59,9 @@ LABEL_SANDBOX = "desktop-sandbox.sandbox"
 """Label carried by every container and network of a sandbox; value: the sandbox id."""
 LABEL_ROLE = "desktop-sandbox.role"
 """Label value: ``desktop``, ``gateway`` (containers), ``internal``, ``egress`` (networks)."""
-SANDBOX_ID = re.compile(r"d[sv]-(?:audit-)?[0-9a-f]{8}")
-"""Every sandbox id a backend makes: ``ds-<8 hex>`` (Docker), ``dv-<8 hex>`` (VM), ``ds-audit-<8 hex>``
+SANDBOX_ID = re.compile(r"d[svk]-(?:audit-)?[0-9a-f]{8}")
+"""Every sandbox id a backend makes: ``ds-<8 hex>`` (Docker), ``dv-<8 hex>`` (VM), ``dk-<8 hex>``
+(Kubernetes), ``ds-audit-<8 hex>``
 (the audit's targets). ``down`` refuses anything else before it looks for it (an id is used in glob
 patterns and file names)."""
 
@@ -116,7 +118,8 @@ class Sandbox(abc.ABC):
 
     A caller goes through these members only: the class methods ``make_options``, ``ensure_image``,
     ``start``, ``list_all``, ``remove``, ``remove_all``, ``reap_orphans``; on an instance ``id``,
-    ``agent_url``, ``agent_token``, ``agent``, ``image_id``, ``time_scale``, ``timings``,
+    ``agent_url``, ``agent_token``, ``agent``, ``gateway_control_url``, ``gateway_control_token``,
+    ``image_id``, ``time_scale``, ``timings``,
     ``ready_seconds``, ``guest_home``, ``exec_in_guest``, ``decision_log``, ``logs``, ``topology``,
     ``close`` (and ``with``).
     """
@@ -143,10 +146,13 @@ class Sandbox(abc.ABC):
     the guest to react -- a task's ``[[ready]]`` files, the offline script's screen expectations -- are
     multiplied by it; deadlines that bound a hostile guest (the agent client's) are not."""
 
-    # set by the backend's start sequence; read through agent_url, agent_token, image_id
+    # set by the backend's start sequence; read through agent_url, agent_token, image_id,
+    # gateway_control_url, gateway_control_token
     _agent_url: str = ""
     _token: str = ""
     _image_id: str = ""
+    _control_url: str = ""
+    _control_token: str = ""
 
     # -- class side: options, image, start, cleanup ---------------------------------------------------
 
@@ -224,6 +230,18 @@ class Sandbox(abc.ABC):
             client = AgentClient(self.agent_url, self.agent_token)
             self._agent_client = client
         return client
+
+    @property
+    def gateway_control_url(self) -> str | None:
+        """Base URL of the gateway's control API as the controller reaches it (``http://127.0.0.1:PORT``,
+        ARCHITECTURE.md, "Gateway control API"); None when the gateway has none."""
+        return self._control_url or None
+
+    @property
+    def gateway_control_token(self) -> str | None:
+        """The per-sandbox bearer token of the gateway's control API (not the agent's); None when the
+        gateway has no control API. Never log or record it."""
+        return self._control_token or None
 
     @property
     def image_id(self) -> str:

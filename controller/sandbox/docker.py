@@ -6,8 +6,11 @@ Per sandbox (id ``ds-<8 hex>``), all labelled ``desktop-sandbox.sandbox=<id>``:
   bridge (``inhibit_ipv4``), so not even the Docker host is reachable from it. The desktop's only network.
 * network ``<id>-egress``: a plain bridge; only the gateway joins it.
 * container ``<id>-gateway`` (role ``gateway``, user ``gateway``): the egress policy proxy on port
-  ``GATEWAY_PROXY_PORT`` (the guest's HTTP(S)_PROXY) and the agent relay, whose port is published on the
-  host's 127.0.0.1 only and which listens only on the egress side (``controller.gateway.relay``).
+  ``GATEWAY_PROXY_PORT`` (the guest's HTTP(S)_PROXY), the agent relay and the gateway's control API
+  (``GATEWAY_CONTROL_PORT``, ``controller.gateway.control``): both listen only on the egress side
+  (``controller.gateway.relay``) and are published on the host's 127.0.0.1 only. The control API's
+  token (``secrets.token_urlsafe``, per sandbox, not the agent's) is written into a 0400 file of the
+  gateway user before the policy file, which starts the proxy.
 * container ``<id>-desktop`` (role ``desktop``): supervisord as uid 0 with only SETUID, SETGID and KILL
   kept, starting Xvfb, openbox and the demo app as the desktop user ``sandbox`` (uid 1000) and the agent
   as ``agent`` (uid 1002) (``docker_hardening``). ``cap_drop=ALL`` otherwise, ``no-new-privileges``,
@@ -57,6 +60,7 @@ from controller.sandbox import (
     parse_decision_log,
     signals_deferred,
     wait_agent_ready,
+    wait_control_ready,
     with_timeout,
 )
 from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the backend's cleanup API
@@ -75,6 +79,7 @@ from controller.sandbox.docker_hardening import (
     check_memory_budget,
     desktop_tmpfs,
 )
+from controller.agent_client import direct_client
 from controller.gateway.relay import interface_addresses
 from controller.sandbox.owner import owner_id
 from controller.text import clean_lines
@@ -84,12 +89,16 @@ AGENT_PORT = 8000
 """The agent's port inside the desktop container, and the relay's port inside the gateway."""
 GATEWAY_PROXY_PORT = 3128
 """The egress proxy's port on the gateway's guest-facing address (also in images/firefox/policies.json)."""
+GATEWAY_CONTROL_PORT = 8001
+"""The gateway control API's port inside the gateway container (egress side only; published on the host's
+127.0.0.1)."""
 GATEWAY_HOSTNAME = "gateway"
 """Name of the gateway as the guest sees it: an /etc/hosts entry, so the guest needs no DNS."""
 DESKTOP_ALIAS = "desktop"
 """The desktop's name on the internal network, as the relay resolves it."""
 AGENT_TOKEN_FILE = "/run/desktop-sandbox/agent-token"
 GATEWAY_POLICY_FILE = "/run/desktop-sandbox/policy.json"
+GATEWAY_CONTROL_TOKEN_FILE = "/run/desktop-sandbox/control-token"
 DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
 DOCKER_DNS = "127.0.0.11"
 """Docker's embedded resolver, as containers on user-defined networks see it."""
@@ -198,16 +207,20 @@ class DockerSandbox(Sandbox):
         except docker.errors.ImageNotFound:
             pass
         say(f"image {options.image} missing: building it first (make desktop)")
-        base = "debian:bookworm-slim"
-        image_build.ensure_base(client, base, log=lambda m: say(f"base {m}"))
-        image_build.prepare_wheelhouse(client, log=lambda m: say(f"wheels {m}"))
+        arch = image_build.arch_of_tag(options.image)  # desktop-sandbox:latest-arm64: an arm64 build
+        base = image_build.arch_tag("debian:bookworm-slim", arch)
+        image_build.ensure_base(client, base, log=lambda m: say(f"base {m}"), arch=arch)
+        if image_build.is_foreign(arch):
+            image_build.prepare_foreign_wheelhouse(arch, log=lambda m: say(f"wheels {m}"))
+        else:
+            image_build.prepare_wheelhouse(client, log=lambda m: say(f"wheels {m}"))
 
         def show(ev: image_build.BuildEvent) -> None:
             if ev.is_step:
                 say(f"[{ev.step}/{ev.total}] {ev.text.split(' : ', 1)[-1][:110]}")
 
         try:
-            image_build.build(options.image, base, client=client, on_event=show)
+            image_build.build(options.image, base, client=client, on_event=show, arch=arch)
         except image_build.BuildError as exc:
             raise SandboxError(f"image build failed: {clean_lines(exc)}") from None
         return options
@@ -248,6 +261,7 @@ class DockerSandbox(Sandbox):
         bindings = self.gateway.attrs["NetworkSettings"]["Ports"].get(f"{AGENT_PORT}/tcp") or []
         host_port = next((int(b["HostPort"]) for b in bindings if b.get("HostIp") == "127.0.0.1"), 0)
         host_ips = [ip for ip in map(_network_gateway, attached) if ip]
+        control = bool(self.gateway_control_url)
         return NetworkTopology(
             backend=self.backend_name,
             proxy_host=networks[internal.name]["IPAddress"],
@@ -260,6 +274,9 @@ class DockerSandbox(Sandbox):
             host_ips=tuple(dict.fromkeys(host_ips)),
             networks={"internal": internal.name, "egress": egress.name},
             dns_servers=(DOCKER_DNS,),
+            gateway_control_url=self.gateway_control_url,
+            gateway_control_token=self.gateway_control_token,
+            gateway_control_port=GATEWAY_CONTROL_PORT if control else None,
         )
 
     def attach_gateway(self, network: str) -> tuple[str, str | None]:
@@ -347,6 +364,10 @@ class DockerSandbox(Sandbox):
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {options.image} not found; build it with `make desktop`") from None
         self._image_id = image.id
+        # An image of another architecture (arm64 on x86-64) runs under qemu-user: slower guest.
+        from controller.sandbox import image as image_build
+
+        self.time_scale = image_build.time_scale_of(image.attrs.get("Architecture"))
         try:
             check_memory_budget(options.mem_limit, options.shm_size)
         except ValueError as exc:
@@ -388,7 +409,7 @@ class DockerSandbox(Sandbox):
             hostname=GATEWAY_HOSTNAME,
             labels=self._labels("gateway", options),
             network=egress.name,
-            ports={f"{AGENT_PORT}/tcp": ("127.0.0.1", None)},
+            ports={f"{AGENT_PORT}/tcp": ("127.0.0.1", None), f"{GATEWAY_CONTROL_PORT}/tcp": ("127.0.0.1", None)},
             environment={
                 "HOME": "/home/gateway",
                 "RELAY_PORT": str(AGENT_PORT),
@@ -397,6 +418,8 @@ class DockerSandbox(Sandbox):
                 "GATEWAY_POLICY_FILE": GATEWAY_POLICY_FILE,
                 "GATEWAY_PROXY_PORT": str(GATEWAY_PROXY_PORT),
                 "GATEWAY_DECISION_LOG": DECISION_LOG,
+                "GATEWAY_CONTROL_PORT": str(GATEWAY_CONTROL_PORT),
+                "GATEWAY_CONTROL_TOKEN_FILE": GATEWAY_CONTROL_TOKEN_FILE,
             },
             **_hardening(f"{GATEWAY_UID}:{GATEWAY_UID}", gw_tmpfs, options.gateway_mem_limit,
                          options.gateway_pids_limit),
@@ -408,11 +431,19 @@ class DockerSandbox(Sandbox):
         self._checkpoint()
         self.gateway.reload()
         gw_ip = self.gateway.attrs["NetworkSettings"]["Networks"][internal.name]["IPAddress"]
-        bindings = self.gateway.attrs["NetworkSettings"]["Ports"].get(f"{AGENT_PORT}/tcp") or []
+        ports = self.gateway.attrs["NetworkSettings"]["Ports"]
+        bindings = ports.get(f"{AGENT_PORT}/tcp") or []
         host_port = next((b["HostPort"] for b in bindings if b.get("HostIp") == "127.0.0.1"), None)
-        if not gw_ip or not host_port:
-            raise SandboxError(f"gateway has no internal address or published port: {gw_ip!r}, {bindings!r}")
+        control_bindings = ports.get(f"{GATEWAY_CONTROL_PORT}/tcp") or []
+        control_port = next((b["HostPort"] for b in control_bindings if b.get("HostIp") == "127.0.0.1"), None)
+        if not gw_ip or not host_port or not control_port:
+            raise SandboxError(f"gateway has no internal address or published ports: {gw_ip!r}, {ports!r}")
         self._agent_url = f"http://127.0.0.1:{host_port}"
+        control_token = secrets.token_urlsafe(32)
+        self._write_file(self.gateway, GATEWAY_CONTROL_TOKEN_FILE, control_token.encode(), 0o400,
+                         user=f"{GATEWAY_UID}:{GATEWAY_UID}")
+        self._control_url, self._control_token = f"http://127.0.0.1:{control_port}", control_token
+        self._checkpoint()
         self._write_file(self.gateway, GATEWAY_POLICY_FILE, policy_json.encode(), 0o444,
                          user=f"{GATEWAY_UID}:{GATEWAY_UID}")
         self._checkpoint()
@@ -453,10 +484,16 @@ class DockerSandbox(Sandbox):
                          user=f"{AGENT_UID}:{AGENT_UID}")
         self.timings["containers_started"] = time.monotonic() - t0
         self._checkpoint()
-        self._wait_ready(spec.ready_timeout, t0)
+        self._wait_ready(spec.ready_timeout * self.time_scale, t0)
+        # The controller's own client goes to the relay on the gateway's egress address when the host
+        # routes there (saves docker-proxy's hop); else the published port (agent_url) as before.
+        egress_ip = self.gateway.attrs["NetworkSettings"]["Networks"].get(egress.name, {}).get("IPAddress")
+        if egress_ip:
+            self._agent_client = direct_client(f"http://{egress_ip}:{AGENT_PORT}", self._token)
 
     def _wait_ready(self, timeout: float, t0: float) -> None:
-        """Poll ``/livez`` then ``/v1/display`` through the relay until both answer 200.
+        """Poll ``/livez`` then ``/v1/display`` through the relay until both answer 200, then the gateway's
+        control API (it started long before; this only makes sure).
 
         Raises SandboxError (with the containers' last output) on timeout or when a container exits.
         """
@@ -464,6 +501,9 @@ class DockerSandbox(Sandbox):
                          describe=lambda: "desktop output:\n" + self.logs("desktop", 40)
                          + "\ngateway output:\n" + self.logs("gateway", 20),
                          timings=self.timings, t0=t0)
+        wait_control_ready(self.id, self._control_url, self._control_token,
+                           timeout=max(timeout - (time.monotonic() - t0), 5.0), check_alive=self._check_alive,
+                           describe=lambda: "gateway output:\n" + self.logs("gateway", 20))
 
     def _check_alive(self) -> None:
         """Raise SandboxError (with its last output) when the gateway or the desktop container exited; the

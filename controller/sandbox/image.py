@@ -3,14 +3,23 @@
 When the base image (``debian:bookworm-slim`` by default) is absent and cannot be pulled (no registry),
 ``scripts/import-base.sh`` builds it from Debian's packages with debootstrap and tags it under the same
 name, so the Dockerfile builds unchanged: the air-gapped path.
+
+Other architectures (``arch="arm64"`` on an x86-64 host) build from the same Dockerfile and provisioning
+under emulation (Debian's qemu-user-static through the kernel's binfmt_misc): the base is imported with
+``debootstrap --arch`` under its own tag (``debian:bookworm-slim-arm64``), the image is tagged with the
+architecture as a suffix (``desktop-sandbox:latest-arm64``), and the Python wheels are fetched on the host
+for the target platform (``build/wheelhouse-arm64/``) so pip does not resolve and download under emulation.
 """
 
 from __future__ import annotations
 
+import io
 import platform
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -29,6 +38,24 @@ WHEELHOUSE = REPO_ROOT / "wheelhouse"
 IMAGE_PYTHON = (3, 11)
 """Python of the image's base (Debian bookworm's python3); host wheels fit only when it matches."""
 _DOCKER_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+ARCHES = ("amd64", "arm64")
+"""Architectures the image builds for (Debian and Docker names)."""
+_WHEEL_PLATFORMS = {
+    "amd64": ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64"],
+    "arm64": ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64", "manylinux_2_34_aarch64"],
+}
+"""pip ``--platform`` tags a bookworm guest (glibc 2.36) installs, per architecture."""
+EMULATION_TIME_SCALE = 5.0
+"""``Sandbox.time_scale`` of a container whose image is of a foreign architecture (an arm64 image on an
+x86-64 host: every guest process runs under qemu-user-static). Readiness deadlines and the offline
+script's screen expectations are multiplied by it, the way ``controller.sandbox.vm.TCG_TIME_SCALE`` does
+for a VM under TCG; measured figures are in README.md ("arm64 under emulation")."""
+EMULATION_MEM_LIMIT = "4g"
+"""The desktop container's memory limit under emulation (``--arch`` of a foreign architecture): every
+guest process carries qemu-user's translated code besides its own memory, and Firefox's parent process
+alone reached 800 MB here, so the native 2g limit killed it (memory cgroup OOM) mid-task."""
+_CONTEXT = ("Dockerfile.desktop", "pyproject.toml", "images", "guest", "wire", "controller")
+"""What .dockerignore lets into the build context, besides wheelhouse/ (kept in step with it)."""
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
@@ -63,26 +90,88 @@ class BuildEvent:
     cached: bool = False
 
 
+def normalize_arch(arch: str | None) -> str:
+    """``arch`` as a Debian/Docker architecture name (``amd64``, ``arm64``; ``x86_64``/``aarch64`` are
+    accepted); ``None`` or empty: the host's. Raises ValueError for an architecture the image does not
+    build for."""
+    if not arch:
+        return host_arch()
+    name = _DOCKER_ARCH.get(arch.lower().removeprefix("linux/"))
+    if name not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r} (one of {', '.join(ARCHES)})")
+    return name
+
+
+def host_arch() -> str:
+    """The host's CPU architecture as a Debian/Docker name (``amd64`` on x86-64, ``arm64`` on aarch64)."""
+    machine = platform.machine().lower()
+    return _DOCKER_ARCH.get(machine, machine)
+
+
+def is_foreign(arch: str | None) -> bool:
+    """Whether ``arch`` differs from the host's, i.e. its binaries run under emulation here."""
+    return normalize_arch(arch) != host_arch()
+
+
+def arch_tag(tag: str, arch: str | None) -> str:
+    """``tag`` for ``arch``: unchanged for the host's architecture, else suffixed with it
+    (``desktop-sandbox:latest`` -> ``desktop-sandbox:latest-arm64``; a tag already ending in
+    ``-arm64`` is kept)."""
+    arch = normalize_arch(arch)
+    if arch == host_arch() or tag.endswith(f"-{arch}"):
+        return tag
+    return f"{tag}-{arch}" if ":" in tag.rsplit("/", 1)[-1] else f"{tag}:latest-{arch}"
+
+
+def time_scale_of(image_arch: str | None) -> float:
+    """``Sandbox.time_scale`` of a container of an image built for ``image_arch`` (its ``Architecture``):
+    1.0 for the host's (or unknown), :data:`EMULATION_TIME_SCALE` for a foreign one."""
+    try:
+        return EMULATION_TIME_SCALE if image_arch and is_foreign(image_arch) else 1.0
+    except ValueError:
+        return 1.0
+
+
+def arch_of_tag(tag: str) -> str:
+    """The architecture a tag names by its ``-ARCH`` suffix (``desktop-sandbox:latest-arm64`` -> ``arm64``),
+    else the host's."""
+    for arch in ARCHES:
+        if tag.endswith(f"-{arch}"):
+            return arch
+    return host_arch()
+
+
+def platform_of(arch: str | None) -> str:
+    """The Docker platform string of ``arch`` (``linux/arm64``)."""
+    return f"linux/{normalize_arch(arch)}"
+
+
 def ensure_base(client: docker.DockerClient, base: str = DEFAULT_BASE,
-                log: Callable[[str], None] = print) -> str:
-    """Make sure ``base`` exists locally: present, else pulled, else imported with debootstrap.
+                log: Callable[[str], None] = print, *, arch: str | None = None) -> str:
+    """Make sure ``base`` exists locally for ``arch`` (default the host's): present, else pulled, else
+    imported with debootstrap (``--arch``; a foreign architecture under qemu-user-static).
 
     Returns how it was obtained: ``present`` | ``pulled`` | ``imported``. Raises BuildError when the
-    import script fails (it needs root and debootstrap).
+    import script fails (it needs root and debootstrap) or a present image is of another architecture.
     """
+    arch = normalize_arch(arch)
     try:
-        client.images.get(base)
+        found = client.images.get(base)
+        if (found.attrs.get("Architecture") or arch) != arch:
+            raise BuildError(f"{base} is {found.attrs.get('Architecture')}, not {arch}; "
+                             f"use --base {arch_tag(base, arch)}")
         return "present"
     except docker.errors.ImageNotFound:
         pass
     name, _, tag = base.partition(":")
     try:
-        log(f"pulling {base} ...")
-        client.images.pull(name, tag=tag or "latest")
+        log(f"pulling {base} ({arch}) ...")
+        client.images.pull(name, tag=tag or "latest", platform=platform_of(arch))
         return "pulled"
     except docker.errors.APIError as exc:
         log(f"cannot pull {base} ({exc.explanation or exc}); importing it with debootstrap")
-    proc = subprocess.run([str(IMPORT_BASE_SCRIPT), base], check=False)
+    proc = subprocess.run([str(IMPORT_BASE_SCRIPT), base, "bookworm", "http://deb.debian.org/debian", arch],
+                          check=False)
     if proc.returncode != 0:
         raise BuildError(f"{IMPORT_BASE_SCRIPT.name} failed with status {proc.returncode}")
     return "imported"
@@ -133,6 +222,76 @@ def prepare_wheelhouse(client: docker.DockerClient, log: Callable[[str], None] =
     return count
 
 
+def foreign_wheelhouse(arch: str) -> Path:
+    """Where the wheels for a foreign ``arch`` are kept (``build/wheelhouse-arm64/``): the build context
+    carries them as its wheelhouse/, so the shared wheelhouse/ of the host's builds is never touched."""
+    return REPO_ROOT / "build" / f"wheelhouse-{arch}"
+
+
+def prepare_foreign_wheelhouse(arch: str, log: Callable[[str], None] = print) -> int:
+    """Fill ``foreign_wheelhouse(arch)`` with wheels of ``image_requirements()`` for ``arch`` and the
+    image's Python, downloaded by the host's pip (``--platform manylinux..._aarch64``), so the emulated
+    build installs them offline instead of running pip's resolver under emulation.
+
+    Dependencies published only as source (pure Python, e.g. pyperclip) are built once on the host into
+    the same folder first: their wheels are ``py3-none-any`` and fit every architecture. Returns the
+    number of wheels; 0 (folder emptied, the build uses PyPI) when pip cannot satisfy every requirement
+    with binary wheels.
+    """
+    arch = normalize_arch(arch)
+    folder = foreign_wheelhouse(arch)
+    folder.mkdir(parents=True, exist_ok=True)
+    requirements = image_requirements()
+    stamp = folder / ".requirements"
+    key = "\n".join([f"{IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]} {arch}", *requirements]) + "\n"
+    wheels = list(folder.glob("*.whl"))
+    if wheels and stamp.is_file() and stamp.read_text() == key:
+        log(f"wheelhouse ({arch}): {len(wheels)} wheels, up to date")
+        return len(wheels)
+    stamp.unlink(missing_ok=True)
+    for old in wheels:
+        old.unlink()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    log(f"wheelhouse ({arch}): pure-Python wheels with the host's pip, then {arch} wheels from the index")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*pip, "wheel", "--quiet", "--wheel-dir", tmp, *requirements], check=False)
+        for wheel in Path(tmp).glob("*-none-any.whl"):
+            wheel.rename(folder / wheel.name)
+    platforms = [arg for tag in _WHEEL_PLATFORMS[arch] for arg in ("--platform", tag)]
+    proc = subprocess.run(
+        [*pip, "download", "--quiet", "--only-binary=:all:", "--implementation", "cp",
+         "--python-version", f"{IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]}", *platforms,
+         "--find-links", str(folder), "--dest", str(folder), *requirements],
+        check=False,
+    )
+    if proc.returncode != 0:
+        for old in folder.glob("*.whl"):
+            old.unlink()
+        log(f"wheelhouse ({arch}): pip download failed; the build installs from PyPI under emulation")
+        return 0
+    count = len(list(folder.glob("*.whl")))
+    stamp.write_text(key)
+    log(f"wheelhouse ({arch}): {count} wheels")
+    return count
+
+
+def _context_tar(wheelhouse: Path) -> io.BytesIO:
+    """The build context as .dockerignore admits it, with ``wheelhouse`` as its wheelhouse/."""
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if "__pycache__" in parts or ".pytest_cache" in parts or info.name.endswith(".pyc"):
+            return None
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in _CONTEXT:
+            tar.add(str(REPO_ROOT / name), arcname=name, filter=keep)
+        tar.add(str(wheelhouse), arcname="wheelhouse", filter=keep)
+    buf.seek(0)
+    return buf
+
+
 def build(
     tag: str = DEFAULT_TAG,
     base: str = DEFAULT_BASE,
@@ -140,27 +299,32 @@ def build(
     no_cache: bool = False,
     client: docker.DockerClient | None = None,
     on_event: Callable[[BuildEvent], None] | None = None,
+    arch: str | None = None,
 ) -> BuildResult:
     """Build ``Dockerfile.desktop`` from the repository root and tag it ``tag``.
 
-    ``on_event`` receives every output line as it streams. Raises BuildError on a failed step.
+    ``arch`` (default the host's) selects the platform (``linux/arm64``); a foreign one builds under
+    emulation with ``foreign_wheelhouse(arch)`` as the context's wheelhouse/. ``on_event`` receives every
+    output line as it streams. Raises BuildError on a failed step.
     """
     client = client or docker.from_env()
     on_event = on_event or (lambda ev: None)
+    arch = normalize_arch(arch)
     step = total = cached = 0
     image_id = ""
     tail: list[str] = []
     t0 = time.monotonic()
-    stream = client.api.build(
-        path=str(REPO_ROOT),
-        dockerfile=DOCKERFILE,
-        tag=tag,
-        buildargs={"BASE_IMAGE": base},
-        nocache=no_cache,
-        rm=True,
-        forcerm=True,
-        decode=True,
-    )
+    common = dict(dockerfile=DOCKERFILE, tag=tag, buildargs={"BASE_IMAGE": base}, nocache=no_cache,
+                  rm=True, forcerm=True, decode=True)
+    if is_foreign(arch):
+        folder = foreign_wheelhouse(arch)
+        folder.mkdir(parents=True, exist_ok=True)
+        # Emulated steps take minutes of CPU: a low CPU weight (the build's `nice`) keeps the host's other
+        # work responsive; it costs nothing when the CPUs are otherwise idle.
+        stream = client.api.build(fileobj=_context_tar(folder), custom_context=True,
+                                  platform=platform_of(arch), container_limits={"cpushares": 256}, **common)
+    else:
+        stream = client.api.build(path=str(REPO_ROOT), **common)
     for chunk in stream:
         if "error" in chunk:
             raise BuildError(chunk["error"].strip() + "\n" + "\n".join(tail[-30:]))

@@ -1,4 +1,5 @@
-"""Helpers every backend uses: waiting for the agent, reading the decision log, bounding guest commands."""
+"""Helpers every backend uses: waiting for the agent and the gateway's control API, reading the decision log,
+bounding guest commands."""
 
 from __future__ import annotations
 
@@ -58,6 +59,45 @@ def wait_agent_ready(
                     f"sandbox {sandbox_id} not ready after {timeout:.0f}s ({last_error}); {clean_lines(describe())}"
                 )
             time.sleep(delay)  # poll interval of a condition wait (agent ready), bounded by the deadline
+            delay = min(delay * 1.5, 0.5)
+
+
+def wait_control_ready(
+    sandbox_id: str,
+    control_url: str,
+    token: str,
+    *,
+    timeout: float,
+    check_alive: Callable[[], None],
+    describe: Callable[[], str],
+) -> None:
+    """Poll the gateway control API's ``GET /v1/origin-requests?state=pending`` until it answers 200
+    (ARCHITECTURE.md, "Gateway control API").
+
+    ``control_url``/``token``: as ``Sandbox.gateway_control_url``/``gateway_control_token``; ``timeout``:
+    seconds; ``check_alive()`` runs after every unanswered poll (raises SandboxError when the gateway
+    exited); ``describe()``: the gateway's last output, appended to the timeout error escaped
+    (:func:`controller.text.clean_lines`). Raises SandboxError on timeout.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    last_error = ""
+    with httpx.Client(base_url=control_url, timeout=5.0, trust_env=False) as http:
+        while True:
+            try:
+                resp = http.get("/v1/origin-requests?state=pending", headers={"Authorization": f"Bearer {token}"})
+                if resp.status_code == 200:
+                    return
+                last_error = f"HTTP {resp.status_code} {clean(resp.text, 200)}"
+            except httpx.HTTPError as exc:
+                last_error = f"{type(exc).__name__}: {clean(exc, 300)}"
+            check_alive()
+            if time.monotonic() > deadline:
+                raise SandboxError(f"gateway control API of sandbox {sandbox_id} not ready after {timeout:.0f}s "
+                                   f"({last_error}); {clean_lines(describe())}")
+            time.sleep(delay)  # poll interval of a condition wait (control API ready), bounded by the deadline
             delay = min(delay * 1.5, 0.5)
 
 

@@ -1,4 +1,5 @@
-"""Backends by name: ``BACKENDS["docker"]`` is ``DockerSandbox``, ``BACKENDS["vm"]`` is ``VMSandbox``.
+"""Backends by name: ``BACKENDS["docker"]`` is ``DockerSandbox``, ``BACKENDS["vm"]`` is ``VMSandbox``,
+``BACKENDS["kubernetes"]`` is ``KubernetesSandbox`` (its client is the optional extra ``[kubernetes]``).
 
 A backend's module is imported the first time its class is looked up, so importing the registry (or
 listing its names for ``--backend``) imports neither the Docker SDK nor the QEMU code. Adding a backend
@@ -16,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _ENTRIES: dict[str, tuple[str, str]] = {
     "docker": ("controller.sandbox.docker", "DockerSandbox"),
     "vm": ("controller.sandbox.vm", "VMSandbox"),
+    "kubernetes": ("controller.sandbox.kubernetes", "KubernetesSandbox"),
 }
 """name -> (module, class). The first entry is the default backend of ``up``, ``run-task`` and ``audit``."""
 
@@ -44,7 +46,7 @@ class _Backends(Mapping[str, "type[Sandbox]"]):
 
 
 BACKENDS: Mapping[str, "type[Sandbox]"] = _Backends()
-"""name -> ``Sandbox`` subclass (``docker``, ``vm``); lazy, see the module docstring."""
+"""name -> ``Sandbox`` subclass (``docker``, ``vm``, ``kubernetes``); lazy, see the module docstring."""
 
 
 def backend_names() -> list[str]:

@@ -28,6 +28,12 @@ class NetworkTopology:
     ``dns_servers``: resolvers the guest's network offers or could offer besides the host addresses
     (Docker: its embedded resolver 127.0.0.11; VM: QEMU's DNS and host aliases), which a guest must
     not reach.
+    ``gateway_control_url``: base URL of the gateway's control API as the controller reaches it
+    (``http://127.0.0.1:PORT``; ARCHITECTURE.md, "Gateway control API"), None when the gateway has none.
+    ``gateway_control_token``: its bearer token (per sandbox, not the agent's; never log or record it;
+    left out of ``repr``), None when there is no control API.
+    ``gateway_control_port``: the control API's port on the gateway's own addresses (Docker: inside the
+    gateway container, egress side only; VM: on the host's loopback), None when there is none.
     """
 
     backend: str
@@ -41,3 +47,6 @@ class NetworkTopology:
     host_ips: tuple[str, ...] = ()
     networks: Mapping[str, str] = field(default_factory=dict)
     dns_servers: tuple[str, ...] = ()
+    gateway_control_url: Optional[str] = None
+    gateway_control_token: Optional[str] = field(default=None, repr=False)
+    gateway_control_port: Optional[int] = None

@@ -6,7 +6,10 @@ with QEMU's direct kernel boot. Per sandbox (id ``dv-<8 hex>``), in a private te
 ``desktop-sandbox-vm-<id>-*`` (mode 0700):
 
 * the gateway: ``python -m controller.gateway serve --policy policy.json --log decisions.jsonl
-  --listen 127.0.0.1:<port>`` on the host's loopback, in its own process group.
+  --listen 127.0.0.1:<port> --control-listen 127.0.0.1:<control port> --control-token-file
+  control-token`` on the host's loopback, in its own process group; its control API
+  (``controller.gateway.control``) has a random token of its own (not the agent's) in a 0600 file of
+  the private directory.
 * QEMU with user-mode networking ``restrict=on`` (the guest cannot open any connection to the host or
   beyond), ``ipv6=off``, and exactly two forwards:
 
@@ -84,6 +87,7 @@ from controller.sandbox.vm_image import (  # noqa: F401 - re-exported: the backe
     choose_accel,
     ensure_image,
     host_arch,
+    image_arch,
     image_dir,
     qemu_binary,
 )
@@ -178,6 +182,8 @@ class VMSandbox(Sandbox):
         """The host port (127.0.0.1) forwarded to the agent in the guest."""
         self.gateway_host_port = 0
         """The gateway's port on the host's loopback."""
+        self.gateway_control_port = 0
+        """The gateway control API's port on the host's loopback."""
         self._qga: GuestAgentChannel | None = None
         self._closed = False
         self._keep_dir = False
@@ -244,6 +250,8 @@ class VMSandbox(Sandbox):
             gateway_guest_ip=GATEWAY_GUEST_ADDR, gateway_egress_ip=None, agent_port=AGENT_PORT,
             agent_host_port=self.agent_host_port, gateway_host_port=self.gateway_host_port,
             host_ips=(SLIRP_HOST, SLIRP_DNS), networks={}, dns_servers=(SLIRP_DNS, SLIRP_HOST),
+            gateway_control_url=self.gateway_control_url, gateway_control_token=self.gateway_control_token,
+            gateway_control_port=self.gateway_control_port or None,
         )
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
@@ -325,7 +333,7 @@ class VMSandbox(Sandbox):
     def _start(self, spec: SandboxSpec, options: VMOptions) -> None:
         t0 = time.monotonic()
         self._write_owner()
-        arch = options.arch or host_arch()
+        arch = options.arch or image_arch(options.image) or host_arch()
         qemu = qemu_binary(arch)
         if qemu is None:
             raise SandboxError(f"QEMU for {arch} is not installed (Debian: apt-get install "
@@ -398,16 +406,25 @@ class VMSandbox(Sandbox):
         tmp.replace(self.workdir / "owner.json")
 
     def _start_gateway(self, policy: Path) -> int:
-        """Start the gateway on a free loopback port; return the port once it accepts connections."""
+        """Start the gateway on a free loopback port, its control API on another (token: a 0600 file in
+        the private directory); return the proxy's port once it accepts connections (the control API
+        is up before it)."""
         python = gateway_python()
         if python is None:
-            raise SandboxError("the gateway needs mitmproxy: pip install '.[gateway]' into its own virtual "
-                               "environment and set DESKTOP_SANDBOX_GATEWAY_PYTHON, or create build/gateway-venv")
+            raise SandboxError("the gateway needs mitmproxy, fastapi and uvicorn: pip install '.[gateway]' fastapi "
+                               "uvicorn into its own virtual environment and set DESKTOP_SANDBOX_GATEWAY_PYTHON, or "
+                               "create build/gateway-venv (make deps)")
+        control_token = secrets.token_urlsafe(32)
+        token_file = self.workdir / "control-token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(control_token)
         for attempt in range(3):
-            port = _free_port()
+            port, control_port = _free_port(), _free_port()
             argv = [python, "-m", "controller.gateway", "serve", "--policy", str(policy),
                     "--log", str(self.workdir / "decisions.jsonl"), "--listen", f"127.0.0.1:{port}",
-                    "--confdir", str(self.workdir / "mitmproxy")]
+                    "--confdir", str(self.workdir / "mitmproxy"),
+                    "--control-listen", f"127.0.0.1:{control_port}", "--control-token-file", str(token_file)]
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
             self.gateway = subprocess.Popen(
@@ -423,6 +440,9 @@ class VMSandbox(Sandbox):
                 self._checkpoint()
                 try:
                     with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                        self.gateway_control_port = control_port
+                        self._control_url = f"http://127.0.0.1:{control_port}"
+                        self._control_token = control_token
                         return port
                 except OSError:
                     time.sleep(0.05)
@@ -447,7 +467,9 @@ class VMSandbox(Sandbox):
             machine = ["-machine", f"q35,accel={self.accel}"]
         else:
             machine = ["-machine", f"virt,accel={self.accel}" + (",highmem=off" if self.accel == "hvf" else "")]
-        cpu = "host" if self.accel in ("kvm", "hvf") else "max"
+        # Under TCG an emulated arm64 CPU with QEMU's own pointer-authentication algorithm (pauth-impdef)
+        # boots and runs several times faster than with the architected one; the guest sees no difference.
+        cpu = "host" if self.accel in ("kvm", "hvf") else "max,pauth-impdef=on" if arch == "arm64" else "max"
         return [
             qemu, "-name", f"desktop-sandbox-{self.id}",
             "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",

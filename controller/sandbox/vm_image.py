@@ -3,6 +3,7 @@ and the guest image (``scripts/build-vm-image.sh``: where it is, building it whe
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -88,6 +89,19 @@ def _kvm_boots(qemu: str, kernel: Path, timeout: float = 6.0) -> bool:
             _stop_group(proc, grace=0.5)
     _KVM_PROBE[key] = ok
     return ok
+
+
+def image_arch(image: str | Path | None) -> str | None:
+    """The architecture a built VM image directory is for (its manifest's ``arch``), or None when
+    ``image`` is None or holds no readable manifest. Lets ``--image DIR`` of an arm64 disk start an arm64
+    guest without also naming ``--arch``."""
+    if image is None:
+        return None
+    try:
+        arch = json.loads((Path(image) / "manifest.json").read_text()).get("arch")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return arch if arch in ("amd64", "arm64") else None
 
 
 def qemu_binary(arch: str) -> str | None:

@@ -24,6 +24,9 @@ from .harness import AgentDesktop, AgentTarget
 
 #: Longest ``wait`` of the agent under test (seconds); short so the cap test stays quick.
 WAIT_CAP_S = 3.0
+#: How long the screen must stay unchanged for a ``wait`` to settle (seconds): the agent's default
+#: ``--wait-quiet``, which every agent this suite runs against keeps.
+WAIT_QUIET_S = 0.1
 
 
 def make_agent_target(desktop: AgentDesktop) -> AgentTarget:

@@ -184,3 +184,36 @@ def test_the_real_report_of_a_recorded_run_links_its_shots_here(session, runs_di
     assert f'src="{session.server.auth.base}/runs/run-r/shots/shot-0001.png"' in page.text and "data:image" not in page.text
     shot = session.get("/runs/run-r/shots/shot-0001.png")
     assert shot.status_code == 200 and shot.content.startswith(b"\x89PNG")
+
+
+def test_origin_request_answers_through_the_route_reach_the_gateway(session, live, tmp_path):
+    """``cancel`` is an answer for an origin request only (400 otherwise); an answer the real gateway
+    refuses because its deadline passed is 409 ``expired``, and the entry is marked so; the run's
+    events name the kind of each request that changed."""
+    from controller.run.origins import GatewayControl, GatewayWatcher
+    from tests.controller.origin_gateway import start_ask_gateway, until
+
+    (tmp_path / "gw").mkdir()
+    gateway = start_ask_gateway(tmp_path / "gw", ("ask",), hold_timeout_s=1.5)
+    control = GatewayControl(gateway.control_url, gateway.token)
+    watcher = GatewayWatcher(control, live.registry)  # not watching: the route's answer meets the timeout
+    try:
+        check = live.registry.open("safety_check", "Go on?")
+        refused = session.post(f"/runs/{live.run_id}/approvals/{check.id}", {"answer": "cancel"})
+        assert refused.status_code == 400 and _code(refused) == "invalid_answer" and check.pending
+        held = gateway.fetch_later(gateway.url("ask"))
+        until(lambda: watcher.poll() and [r for r in live.registry.pending() if r.kind == "origin_access"],
+              what="the origin request mirrored")
+        (request,) = [r for r in live.registry.pending() if r.kind == "origin_access"]
+        assert held.result(15) == 403  # the gateway's deadline passed
+        late = session.post(f"/runs/{live.run_id}/approvals/{request.id}", {"answer": "approve"})
+        assert late.status_code == 409 and _code(late) == "expired"
+        assert (request.state, request.by) == ("expired", "timeout")
+        changed = [e["changed"] for e in live.events_after(0, 0) if e["kind"] == "approvals"]
+        assert [(c["kind"], c["state"]) for c in changed if c["id"] == request.id] == [
+            ("origin_access", "pending"), ("origin_access", "expired")]
+        assert changed[0]["kind"] == "safety_check"
+    finally:
+        watcher.stop()
+        control.close()
+        gateway.stop()

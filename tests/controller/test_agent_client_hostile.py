@@ -94,6 +94,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
 
 @dataclass
@@ -154,6 +155,7 @@ class HostileAgent:
         self.behaviour = behaviour
         self.requests: list[Request] = []
         self.sent = 0
+        self.closed = 0  # connections this side has closed
         self.stopped = threading.Event()
         self.valve = threading.Event()
         self._conns: list[socket.socket] = []
@@ -189,7 +191,8 @@ class HostileAgent:
                 return None
             rest += data
         buf[:] = rest[length:]
-        return Request(method, target.split("?")[0], headers, rest[:length])
+        path, _, query = target.partition("?")
+        return Request(method, path, headers, rest[:length], query)
 
     def _serve(self, conn: socket.socket) -> None:
         buf = bytearray()
@@ -207,6 +210,7 @@ class HostileAgent:
             pass
         finally:
             conn.close()
+            self.closed += 1
 
     def stop(self) -> None:
         """Stop sending, drop every connection (unblocks a client stuck on one) and the listener."""
@@ -533,6 +537,115 @@ def test_well_formed_answers_pass_over_one_connection(hostile):
     assert c.read_file("/home/sandbox/a") == b"file bytes"
     assert c.launch("probe") == 42
     assert len(h.agent.requests) == 7 and len(h.agent._conns) == 1  # keep-alive: one connection
+
+
+# -- the combined request (actions, then the screenshot) ---------------------------------------------------
+
+def test_actions_then_screenshot_in_one_request(hostile):
+    data = png()
+
+    def behaviour(peer: Peer, req: Request) -> None:
+        assert (req.method, req.path) == ("POST", "/v1/actions")
+        peer.answer(200, data, {**SHOT_HEADERS, "X-Executed": "1", "X-Settled": "true"})
+
+    h = hostile(behaviour)
+    step = h.client.actions_screenshot([{"type": "wait"}], max_width=1280, max_height=800)
+    assert (step.executed, step.settled) == (1, True)
+    assert (step.screenshot.data, step.screenshot.image_size, step.screenshot.frame) == (data, (64, 40), (0, 0, 64, 40))
+    (req,) = h.agent.requests
+    assert "screenshot=png" in req.query and "max_width=1280" in req.query
+    assert json.loads(req.body) == {"actions": [{"type": "wait"}]}
+    assert req.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-Executed": "1.5"}, {"X-Executed": "-1"}, {"X-Executed": "1", "X-Settled": "yes"},
+    {"X-Executed": "9" * 40}, {"X-Settled": "true"},
+], ids=["fraction", "negative", "settled-yes", "huge", "no-executed"])
+def test_actions_then_screenshot_with_malformed_step_headers_is_bad_response(hostile, headers):
+    h = hostile(lambda peer, req: peer.answer(200, png(), {**SHOT_HEADERS, **headers}))
+    err = h.refused(lambda: h.client.actions_screenshot([{"type": "wait"}]), "bad_response")
+    assert "X-Executed" in err.message or "X-Settled" in err.message
+
+
+def test_actions_then_screenshot_is_capped_like_a_screenshot(hostile):
+    def behaviour(peer: Peer, req: Request) -> None:
+        peer.head(200, {"Transfer-Encoding": "chunked", "X-Executed": "1", **SHOT_HEADERS})
+        peer.flood(chunked=True)
+
+    h = hostile(behaviour)
+    err = h.refused(lambda: h.client.actions_screenshot([{"type": "wait"}], max_width=320, max_height=200),
+                    "too_large")
+    assert str(screenshot_cap(320, 200)) in err.message
+
+
+def test_an_agent_without_the_combined_request_gets_the_screenshot_fetched_after(hostile):
+    """An older agent ignores ``?screenshot=`` and answers the actions alone: the client then asks for
+    the screenshot itself."""
+    data = png()
+
+    def behaviour(peer: Peer, req: Request) -> None:
+        if req.path == "/v1/actions":
+            peer.json(200, {"executed": 1, "settled": False})
+        else:
+            assert req.path == "/v1/screenshot" and "format=jpeg" in req.query
+            peer.answer(200, data, SHOT_HEADERS)
+
+    h = hostile(behaviour)
+    step = h.client.actions_screenshot([{"type": "wait"}], format="jpeg")
+    assert (step.executed, step.settled, step.screenshot.data) == (1, False, data)
+    assert [r.path for r in h.agent.requests] == ["/v1/actions", "/v1/screenshot"]
+
+
+# -- HTTP framing ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("head,code", [
+    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 2000 OK\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 12, 13\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad_response"),
+    (b"HTTP/1.1 101 Switching\r\n\r\n", "bad_response"),
+    # A head larger than httpcore's 100 KiB limit on an incomplete event (h11's max_incomplete_event_size).
+    (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * (120 * 1024) + b"\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 20000 + b"\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}", "bad_response"),  # then the connection closes
+    (b"", "bad_response"),
+], ids=["not-http", "status", "header-line", "two-lengths", "negative-length", "transfer-gzip", "chunk-size",
+        "switching", "long-header", "many-headers", "short-body", "closed"])
+def test_malformed_framing_is_refused_with_a_code(hostile, head, code):
+    def behaviour(peer: Peer, req: Request) -> None:
+        peer.send(head)  # then the fake agent closes the connection
+
+    h = hostile(behaviour)
+    h.refused(h.client.display, code)
+
+
+def test_interim_answers_and_chunked_bodies_are_read_through(hostile):
+    def behaviour(peer: Peer, req: Request) -> None:
+        body = json.dumps({"width": 1280, "height": 800, "depth": 24}).encode()
+        peer.send(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"%x;ext=1\r\n%s\r\n" % (10, body[:10]) + b"%x\r\n%s\r\n0\r\nTrailer: x\r\n\r\n" % (
+                      len(body) - 10, body[10:]))
+        peer.keep_alive = True
+
+    h = hostile(behaviour)
+    assert h.client.display() == {"width": 1280, "height": 800, "depth": 24}
+    assert h.client.display()["depth"] == 24
+    assert len(h.agent._conns) == 1  # a chunked answer read to its end leaves the connection usable
+
+
+def test_a_connection_the_agent_closed_while_idle_is_not_reused(hostile):
+    h = hostile(lambda peer, req: peer.head(200, {"Content-Length": "2"}) or peer.send(b"{}"))  # then closes
+    assert h.client.livez() is True
+    poll_until = time.monotonic() + 5
+    while h.agent.closed < 1:  # the fake agent has closed its side
+        assert time.monotonic() < poll_until, "the fake agent never closed the connection"
+        time.sleep(0.01)
+    assert h.client.livez() is True
+    assert len(h.agent._conns) == 2
 
 
 def test_constants_follow_the_agent_and_the_task_schema():

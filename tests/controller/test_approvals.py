@@ -272,3 +272,109 @@ def test_a_console_answer_ends_the_terminal_prompt_and_leaves_its_input_alone(an
         os.close(go_w)
     assert f"answered in the console: {'approved' if answer == 'approve' else 'denied'}" in text, text
     assert f"RESULT {expected}" in text and "LEFT 'y\\n'" in text, text
+
+
+ORIGIN_CHILD = r"""
+import datetime as dt, sys
+from controller.run.approvals import OriginPrompter, terminal_asker
+from controller.run.registry import ApprovalRegistry
+now = dt.datetime.now(dt.timezone.utc)
+registry = ApprovalRegistry()
+prompter = OriginPrompter(terminal_asker(), registry).start()
+request, _ = registry.mirror("oreq_pty", origin="https://ex\x1b[2Jample.test:8443", reason="held \u202e here",
+                             via="CONNECT", held=1, created_at=now.isoformat(),
+                             deadline_at=(now + dt.timedelta(seconds=60)).isoformat())
+registry.wait(request)
+prompter.stop()
+print("RESULT", request.state, request.by, flush=True)
+"""
+
+
+@pytest.mark.parametrize("typed, state", [("a", "approved"), ("approve", "approved"), ("d", "denied"),
+                                          ("", "denied"), ("yess", "denied"), ("c", "cancelled"),
+                                          ("cancel", "cancelled")])
+def test_the_terminal_asks_about_an_origin_request_approve_deny_or_cancel(typed, state):
+    answered: list[bool] = []
+
+    def react(out: bytes, master: int) -> None:
+        if not answered and b"[a/c/D]" in out:
+            os.write(master, typed.encode() + b"\r")
+            answered.append(True)
+
+    text = _converse(ORIGIN_CHILD, [], react, rb"RESULT \w+ [\w ]+\r?\n")
+    assert f"RESULT {state} terminal" in text, text
+    # the origin and the gateway's reason, escaped: no escape sequence reaches the terminal
+    assert "https://ex\\x1b[2Jample.test:8443" in text and "held \\u202e here" in text, text
+    assert "\x1b[2J" not in text and "\u202e" not in text
+
+
+SERIAL_CHILD = r"""
+import datetime as dt, os, sys, threading
+from openai.types.responses import ResponseComputerToolCall
+from controller.run.approvals import OriginPrompter, SafetyCheckApprover, terminal_asker
+from controller.run.registry import ApprovalRegistry
+call = ResponseComputerToolCall.model_validate({
+    "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
+    "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
+    "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
+})
+registry = ApprovalRegistry()
+asker = terminal_asker()
+prompter = OriginPrompter(asker, registry).start()
+now = dt.datetime.now(dt.timezone.utc)
+mirrored = []
+def gateway():  # an origin request arrives while the loop's own question is on the terminal
+    os.read(int(sys.argv[1]), 1)
+    mirrored.append(registry.mirror("oreq_serial", origin="https://late.test", reason="held",
+                                    created_at=now.isoformat(),
+                                    deadline_at=(now + dt.timedelta(seconds=60)).isoformat())[0])
+    os.write(int(sys.argv[2]), b"m")
+threading.Thread(target=gateway, daemon=True).start()
+result = SafetyCheckApprover(asker=asker, registry=registry)(call)
+os.read(int(sys.argv[3]), 1)  # the origin prompt is up now
+asker.console.print("RESULT", repr(result))  # the run's own output, printed while the origin prompt waits
+registry.wait(mirrored[0])
+prompter.stop()
+print("ORIGIN", mirrored[0].state, flush=True)
+"""
+
+
+def test_an_origin_request_arriving_during_the_loops_question_waits_its_turn_on_the_terminal():
+    """Two threads ask on one terminal: the origin prompt is not printed into the middle of the safety
+    check's question; it comes once that question has its answer, and each answer goes to its own.
+    What the run prints meanwhile goes on its own line below the origin prompt, which is shown again."""
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    up_r, up_w = os.pipe()
+    stage: list[int] = [0]
+
+    def react(out: bytes, master: int) -> None:
+        if stage[0] == 0 and b"[y/N]" in out:
+            os.write(go_w, b"x")  # the gateway's question arrives now
+            stage[0] = 1
+        elif stage[0] == 1 and select.select([done_r], [], [], 0)[0]:
+            os.read(done_r, 1)  # it is in the registry (and with the prompter) now
+            os.write(master, b"y\r")
+            stage[0] = 2
+        elif stage[0] == 2 and b"[a/c/D]" in out:
+            os.write(up_w, b"x")  # the run prints a line while the origin prompt waits
+            stage[0] = 3
+        elif stage[0] == 3 and re.search(rb"RESULT True\r?\n.*\[a/c/D\] ", out, re.S):
+            os.write(master, b"c\r")
+            stage[0] = 4
+
+    try:
+        text = _converse(SERIAL_CHILD, [str(go_r), str(done_w), str(up_r)], react, rb"ORIGIN \w+\r?\n",
+                         pass_fds=(go_r, done_w, up_r))
+    finally:
+        for fd in (go_r, go_w, done_r, done_w, up_r, up_w):
+            os.close(fd)
+    assert "RESULT True" in text and "ORIGIN cancelled" in text, text
+    lines = text.splitlines()
+    # the safety check's question and its answer, whole, before anything of the origin request
+    assert "Approve these safety checks and run the call's actions? [y/N] y" in lines, lines
+    assert text.index("[y/N] y") < text.index("late.test") < text.index("ORIGIN cancelled"), text
+    # the run's line is a line of its own, never written into a prompt, and the prompt that got the
+    # answer is whole
+    assert "RESULT True" in lines, lines
+    assert "Approve, deny or cancel? [a/c/D] c" in lines, lines

@@ -92,6 +92,9 @@ def test_run_task_refuses_bad_tasks_in_one_line_before_starting_anything(tmp_pat
     (["--max-steps", "-3"], ["max-steps"]),
     (["--confirm-actions", "type,kepress"], ["kepress", "keypress"]),
     (["--approve-safety-check", ""], ["approve-safety-check"]),
+    (["--approve-origin", "ftp://a.test"], ["--approve-origin", "unsupported scheme 'ftp'"]),
+    (["--approve-origin", "https://a.test/path"], ["--approve-origin", "https://a.test/path"]),
+    (["--approve-origin", "https://*.a.test"], ["--approve-origin", "wildcards are not accepted"]),
     (["--script", "nope.jsonl"], ["nope.jsonl", "cannot read"]),
     (["--backend", "qemu"], ["qemu"]),
     (["--runs-dir", "a-file"], ["runs-dir", "a-file"]),
@@ -235,6 +238,7 @@ def _hostile_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
     child = HOSTILE_BACKEND + (
         "\nfrom controller import cli, sandbox\nimport controller.sandbox.registry as registry\n"
         "cli._backend = lambda name: Gone if name == 'vm' else Hostile\n"
+        "cli.backend_names = lambda: ['docker', 'vm']\n"
         "def audit(network, image):\n    raise SandboxError('gateway exited:\\n' + EVIL)\n"
         "registry.audit_function = lambda backend: audit\n"
         "import sys\ncli.app(sys.argv[1:], prog_name='desktop-sandbox')\n")
@@ -271,9 +275,9 @@ def test_audit_and_down_show_backend_text_escaped_and_literally(tmp_path):
 
 
 @pytest.mark.parametrize("bad_id", ["*", "dv", "dv-*", "dv-aaaa1111-r1/../other/*", "../../../victim", "ds-1",
-                                    "dv-aaaa1111/..", "ds-AAAA1111", "ds-aaaa1111\n"])
+                                    "dv-aaaa1111/..", "ds-AAAA1111", "ds-aaaa1111\n", "dk-*", "dx-aaaa1111"])
 def test_down_refuses_what_is_not_a_sandbox_id_and_touches_nothing(tmp_path, bad_id):
-    """An id is used in glob patterns and file names: anything but ``ds-``/``dv-`` + 8 hex is refused
+    """An id is used in glob patterns and file names: anything but ``ds-``/``dv-``/``dk-`` + 8 hex is refused
     (exit 2) before any backend is asked, so no sandbox, directory or file outside them is removed."""
     tmp, runtime = tmp_path / "tmp", tmp_path / "run"
     for name in ("desktop-sandbox-vm-dv-aaaa1111-r1", "desktop-sandbox-vm-dv-bbbb2222-r2", "other"):
@@ -301,3 +305,23 @@ def test_down_of_one_vm_id_removes_only_that_sandbox(tmp_path):
     assert out.returncode == 0, out.stderr
     assert not (tmp / "desktop-sandbox-vm-dv-aaaa1111-r1").exists()
     assert (tmp / "desktop-sandbox-vm-dv-aaaa11112-r2").exists()  # a longer id with the same prefix stays
+
+
+def test_audit_on_a_backend_without_an_audit_is_refused_in_one_line(tmp_path):
+    """The Kubernetes backend has no network audit: exit 2 with a sentence, no traceback, nothing started."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "audit", "--backend", "kubernetes"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr
+    assert "has no network audit" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_down_of_a_kubernetes_id_is_accepted_when_no_cluster_is_configured(tmp_path):
+    """``dk-`` ids are sandbox ids: ``down dk-…`` asks the backend (none configured here, so nothing is
+    found: exit 2 "no such sandbox", not the id refusal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKTOP_SANDBOX_K8S")}
+    env.update(PYTHONPATH=str(ROOT), KUBECONFIG=str(tmp_path / "none"))
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "down", "dk-aaaa1111", "--backend", "kubernetes"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert "not a sandbox id" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

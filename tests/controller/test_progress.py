@@ -182,3 +182,20 @@ def test_progress_lines_show_model_guest_and_gateway_text_escaped_and_never_as_e
 def test_the_cli_console_never_turns_emoji_codes_into_emoji(capsys):
     make_console(stderr=True).print("page title :white_check_mark: :warning:")
     assert "page title :white_check_mark: :warning:" in capsys.readouterr().err
+
+
+def test_origin_requests_and_the_approve_origin_opt_in_are_one_line_each_escaped(tmp_path):
+    from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
+
+    lines = _printed(tmp_path, lambda rec: (
+        rec.write("approval", what="opt-in", decision="approved", by="command line", origin="https://a.test",
+                  message="--approve-origin https://a.test"),
+        rec.write("approval", what="origin_access", decision="timeout", by="timeout", origin="https://b" + EVIL,
+                  request_id="oreq_1"),
+        rec.write("approval", what="origin_access", decision="approved", by="console", origin="https://a.test",
+                  request_id="oreq_2", latency_ms=1500.0)))
+    assert lines[0] == "opt-in: origin requests for https://a.test are approved unattended (--approve-origin)"
+    assert lines[1].startswith("  origin request https://b") and lines[1].endswith(": timeout (timeout)")
+    assert SHOWN[:30] in lines[1]
+    assert_shown_safely(lines[1])
+    assert lines[2:] == ["  origin request https://a.test: approved (console)", "    answered in 1.5s"]

@@ -427,3 +427,36 @@ def test_a_call_that_never_ran_is_listed_not_drawn(tmp_path):
     assert "not run" not in first["text"] and "not run" in second["text"].lower()
     assert page.find("g", within=first, class_="mark")  # the click that ran is drawn
     assert not page.find("g", within=second, class_="mark")  # the denied one is not
+
+
+def test_origin_requests_are_shown_with_their_origin_decision_and_the_connection(tmp_path):
+    """The gateway held a connection until an origin request was decided: the step shows the approval
+    (origin, decision, who, how long, the request id) and the network decision it led to (held for how
+    long, the same id); an opt-in from --approve-origin is shown before the first step. Every string
+    is escaped."""
+    rec = RunRecord(tmp_path / "runs", "run-origins")
+    rec.write("run_started", task={"name": "origins"}, mode="offline", model="scripted")
+    rec.write("approval", what="opt-in", decision="approved", by="command line", origin="https://opted.test",
+              message="--approve-origin https://opted.test")
+    rec.save_screenshot(SHOTS[1], "image/png", image_size=(W, H), frame=(0, 0, 640, 400))
+    rec.write("model_response", response_id="resp_1", http_status=200)
+    rec.write("computer_call", call_id="call_1", form="actions", actions=[{"type": "click", "x": 1, "y": 2,
+                                                                           "button": "left"}])
+    rec.write("action", call_id="call_1", action="click", duration_ms=3.0)
+    rec.write("approval", what="origin_access", decision="timeout", by="timeout",
+              origin=f"https://evil.test:8443/{SCRIPT}\u202e", request_id="oreq_one", latency_ms=25000.0)
+    rec.write("network", seq=1, origin="https://evil.test:8443", decision="deny", reason="timeout",
+              request_id="oreq_one", held_ms=25001)
+    rec.write("approval", what="origin_access", decision="cancelled", by="gateway_log",
+              origin="https://other.test", request_id="oreq_two")
+    rec.finish("passed", "ok")
+    rec.close()
+    text = render_report(rec.dir)
+    page = Page(text)
+    step = page.step(1)["text"]
+    assert "timeout origin_access https://evil.test:8443/<script>alert(1)</script>\\u202e by timeout" in step
+    assert "after 25.0 s" in step and "oreq_one" in step and "held 25001 ms" in step
+    assert "cancelled origin_access https://other.test by gateway_log" in step
+    assert "\u202e" not in text and "<script>alert" not in text
+    before = page.find("section", id="before")[0]["text"]
+    assert "approved opt-in https://opted.test by command line" in " ".join(before.split())

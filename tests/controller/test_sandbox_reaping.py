@@ -153,10 +153,11 @@ def test_down_all_removes_vm_leftovers_whoever_started_them(leftovers, tmp_path)
 
 def test_the_registry_imports_no_backend_until_asked():
     code = ("import sys; from controller.sandbox.registry import BACKENDS, backend_names; "
-            "assert backend_names() == ['docker', 'vm']; "
-            "assert not [m for m in sys.modules if m == 'docker' or m.startswith('controller.sandbox.')"
-            " and m.split('.')[-1] in ('docker', 'vm', 'vm_image', 'vm_process')], sorted(sys.modules); "
-            "assert BACKENDS['vm'].backend_name == 'vm' and 'docker' not in sys.modules")
+            "assert backend_names() == ['docker', 'vm', 'kubernetes']; "
+            "assert not [m for m in sys.modules if m in ('docker', 'kubernetes') or m.startswith('controller.sandbox.')"
+            " and m.split('.')[-1] in ('docker', 'vm', 'vm_image', 'vm_process', 'kubernetes')], sorted(sys.modules); "
+            "assert BACKENDS['vm'].backend_name == 'vm' and 'docker' not in sys.modules "
+            "and 'kubernetes' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from controller.sandbox import LABEL_ROLE, LABEL_SANDBOX
-from controller.sandbox.docker import AGENT_PORT, AGENT_TOKEN_FILE, GATEWAY_PROXY_PORT
+from controller.sandbox.docker import AGENT_PORT, AGENT_TOKEN_FILE, GATEWAY_CONTROL_PORT, GATEWAY_PROXY_PORT
 from controller.sandbox.docker_hardening import AGENT_UID, CONTROL_DIR, DESKTOP_CAP_ADD, DESKTOP_TMPFS_MIB
 
 
@@ -77,14 +77,16 @@ def test_networks(sandbox):
     gateway = _inspect(sandbox, "gateway")
     assert set(desktop["NetworkSettings"]["Networks"]) == {nets["internal"]["Name"]}
     assert set(gateway["NetworkSettings"]["Networks"]) == {nets["internal"]["Name"], nets["egress"]["Name"]}
-    # No published ports on the desktop; the gateway publishes only the relay, on 127.0.0.1.
+    # No published ports on the desktop; the gateway publishes only the relay and its control API, on
+    # 127.0.0.1.
     assert not desktop["HostConfig"]["PortBindings"]
     assert not any(desktop["NetworkSettings"]["Ports"].values())
     bindings = gateway["HostConfig"]["PortBindings"]
-    assert list(bindings) == [f"{AGENT_PORT}/tcp"]
-    assert all(b["HostIp"] == "127.0.0.1" for b in bindings[f"{AGENT_PORT}/tcp"])
-    published = gateway["NetworkSettings"]["Ports"][f"{AGENT_PORT}/tcp"]
-    assert published and all(b["HostIp"] == "127.0.0.1" for b in published)
+    assert sorted(bindings) == sorted([f"{AGENT_PORT}/tcp", f"{GATEWAY_CONTROL_PORT}/tcp"])
+    for port in (AGENT_PORT, GATEWAY_CONTROL_PORT):
+        assert all(b["HostIp"] == "127.0.0.1" for b in bindings[f"{port}/tcp"])
+        published = gateway["NetworkSettings"]["Ports"][f"{port}/tcp"]
+        assert published and all(b["HostIp"] == "127.0.0.1" for b in published)
 
 
 def _guest(sandbox, *argv: str) -> str:

@@ -67,8 +67,9 @@ def _handler(record: RecordingServer):
     return Handler
 
 
-def start_server(name: str, host: str, tls_context: ssl.SSLContext | None = None) -> RecordingServer:
-    record = RecordingServer(name=name, host=host, port=0, tls=tls_context is not None)
+def start_server(name: str, host: str, tls_context: ssl.SSLContext | None = None, port: int = 0) -> RecordingServer:
+    """A :class:`RecordingServer` on ``host`` (``port`` 0: a free one), served on a daemon thread."""
+    record = RecordingServer(name=name, host=host, port=port, tls=tls_context is not None)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     class Server(http.server.ThreadingHTTPServer):
@@ -85,7 +86,7 @@ def start_server(name: str, host: str, tls_context: ssl.SSLContext | None = None
         def handle_error(self, request, client_address):  # refused handshakes are expected in tests
             pass
 
-    server = Server((host, 0), _handler(record))
+    server = Server((host, port), _handler(record))
     record.port = server.server_address[1]
     record.server = server
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -144,7 +145,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def start_gateway(tmp: Path, policy: dict) -> Gateway:
+def start_gateway(tmp: Path, policy: dict, extra: list[str] | None = None) -> Gateway:
+    """The real gateway process on a free loopback port; ``extra``: more ``serve`` arguments."""
     python = gateway_python()
     if python is None:
         unavailable("GATEWAY", "mitmproxy is not installed; set DESKTOP_SANDBOX_GATEWAY_PYTHON or create "
@@ -153,7 +155,7 @@ def start_gateway(tmp: Path, policy: dict) -> Gateway:
     log = tmp / "decisions.jsonl"
     process = subprocess.Popen(
         [python, "-m", "controller.gateway", "serve", "--policy-json", json.dumps(policy), "--log", str(log),
-         "--listen", f"127.0.0.1:{port}", "--confdir", str(tmp / "mitmproxy")],
+         "--listen", f"127.0.0.1:{port}", "--confdir", str(tmp / "mitmproxy"), *(extra or [])],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

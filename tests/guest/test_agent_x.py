@@ -335,3 +335,69 @@ def test_wait_reports_whether_the_screen_settled(setup):
     finally:
         probe.stop()
     assert run([{"type": "wait"}]) == {"executed": 1, "settled": True}
+
+
+def test_actions_with_a_screenshot_answer_the_image_taken_after_them(setup):
+    """``POST /v1/actions?screenshot=``: the actions run, then the screen is captured in the same
+    request; the answer is the image, ``X-Executed`` and (with a ``wait``) ``X-Settled``."""
+    from guest.probe import PATTERN
+
+    agent, client, desktop = setup
+    probe = desktop.start_probe(pattern=True)
+    try:
+        mark = probe.mark()
+        step = client.actions_screenshot([{"type": "click", "x": 40, "y": 30, "button": "left"}], max_width=640)
+        assert (step.executed, step.settled) == (1, None)
+        shot = step.screenshot
+        assert (shot.mime, shot.image_size, shot.frame, shot.screen_size) == (
+            "image/png", (640, 400), (0, 0, 1280, 800), (1280, 800))
+        # The ButtonPress is in the log already: the click ran (and was released) before the capture.
+        assert [(e["type"], e["x"], e["y"]) for e in probe.since(mark) if e["type"].startswith("Button")] == [
+            ("ButtonPress", 40, 30), ("ButtonRelease", 40, 30)]
+        x, y, w, h, colour = PATTERN[4]
+        step = client.actions_screenshot([{"type": "wait"}], crop=(x, y, w, h))
+        assert (step.executed, step.settled) == (1, True)
+        image = Image.open(io.BytesIO(step.screenshot.data)).convert("RGB")
+        assert image.size == (w, h) and image.getpixel((w // 2, h // 2)) == (
+            colour >> 16, (colour >> 8) & 0xFF, colour & 0xFF)
+        step = client.actions_screenshot([{"type": "move", "x": 3, "y": 3}], format="jpeg", quality=50,
+                                         max_width=320)
+        assert (step.executed, step.screenshot.mime, step.screenshot.image_size) == (1, "image/jpeg", (320, 200))
+    finally:
+        probe.stop()
+
+
+@pytest.mark.parametrize("query", ["screenshot=gif", "screenshot=png&quality=0", "screenshot=png&max_width=0",
+                                   "screenshot=png&crop=1270,790,20,20", "screenshot=png&crop=a,b,c,d"])
+def test_bad_screenshot_parameters_refuse_the_actions_before_any_event(setup, query):
+    agent, client, desktop = setup
+    probe = desktop.start_probe()
+    try:
+        mark = probe.mark()
+        resp = httpx.post(f"{agent.base_url}/v1/actions?{query}",
+                          json={"actions": [{"type": "click", "x": 9, "y": 9, "button": "left"}]},
+                          headers={"Authorization": f"Bearer {agent.token}"}, timeout=30)
+        assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_request", resp.text
+        client.actions([{"type": "move", "x": 77, "y": 77}])
+        probe.wait_for(lambda ev: any(e["type"] == "MotionNotify" and e["x"] == 77 for e in ev), mark)
+        assert [e for e in probe.since(mark) if e["type"].startswith("Button")] == []
+    finally:
+        probe.stop()
+
+
+def test_a_failing_action_answers_its_error_and_no_image(setup):
+    agent, client, desktop = setup
+    with pytest.raises(AgentError) as err:
+        client.actions_screenshot([{"type": "move", "x": 1, "y": 1}, {"type": "click", "x": 5000, "y": 1,
+                                                                         "button": "left"}])
+    assert (err.value.status, err.value.code, err.value.index) == (400, "out_of_bounds", 1)
+
+
+def test_quick_requests_are_told_apart():
+    from guest.actions import QUICK_MAX_ACTIONS, quick
+
+    assert quick([{"type": "click", "x": 1, "y": 1}, {"type": "keypress", "keys": ["a"]}, {"type": "move"}])
+    assert quick([{"type": "scroll"}, {"type": "double_click"}, {"type": "screenshot"}])
+    for slow in ([{"type": "wait"}], [{"type": "type", "text": "x"}], [{"type": "drag", "path": []}],
+                 [{"type": "move"}] * (QUICK_MAX_ACTIONS + 1), [], {"type": "move"}, ["move"], [{"type": 1}]):
+        assert not quick(slow), slow

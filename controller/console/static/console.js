@@ -1,5 +1,7 @@
 "use strict";
-/* A live run's page: the event stream (EventSource on /runs/{id}/events), the approval cards, the
+/* A live run's page: the event stream (EventSource on /runs/{id}/events), the approval cards (safety
+   checks and actions: Approve / Deny; origin requests of the gateway: the origin, its reason, a
+   countdown to the gateway's deadline, Approve / Deny / Cancel; focus on Deny), the
    step/action log, model messages, usage and network decisions, and the Take over / Resume / Cancel
    run buttons. Every text from the run is set with textContent (never innerHTML). POSTs carry the
    page's CSRF token (<meta name="csrf-token">). An answer is sent once, on a click; after a failed
@@ -61,12 +63,23 @@
     $("no-approvals").hidden = cards.size > 0;
   }
 
+  const KINDS = { safety_check: "safety check", action: "action", origin_access: "origin access" };
+
   function addCard(r) {
-    const el = node("div", null, "card");
+    const origin = r.kind === "origin_access";
+    const el = node("div", null, origin ? "card origin" : "card");
     el.dataset.requestId = r.id;
+    el.dataset.kind = r.kind;
     el.setAttribute("role", "group");
-    el.appendChild(node("div", r.kind === "safety_check" ? "safety check" : "action", "kind"));
-    el.appendChild(node("p", r.question, "question"));
+    el.appendChild(node("div", KINDS[r.kind] || "question", "kind"));
+    if (origin) {
+      /* the gateway holds the guest's connection to this origin until an answer (or its deadline) */
+      el.appendChild(node("p", "The guest asks to connect to", "question"));
+      el.appendChild(node("code", r.origin, "origin"));
+      if (r.origin_reason) el.appendChild(node("p", r.origin_reason, "reason"));
+      el.appendChild(node("div", "Approve lets its connections through for this sandbox; Deny refuses them " +
+        "(and later ones); Cancel refuses the held ones only (a later attempt asks again).", "note"));
+    } else el.appendChild(node("p", r.question, "question"));
     if (Array.isArray(r.checks) && r.checks.length) {
       const list = node("ul", null, "checks");
       for (const c of r.checks) {
@@ -95,10 +108,17 @@
     const row = node("div", null, "buttons");
     const approve = node("button", "Approve", "approve");
     const deny = node("button", "Deny", "deny");
-    approve.type = deny.type = "button";
+    const buttons = [approve, deny];
     row.append(approve, deny);
+    if (origin) {
+      const cancel = node("button", "Cancel", "cancel");
+      buttons.push(cancel);
+      row.append(cancel);
+      cancel.addEventListener("click", () => answer(r.id, "cancel", card));
+    }
+    buttons.forEach((b) => { b.type = "button"; });
     el.append(row, error);
-    const card = { el, error, buttons: [approve, deny], left: r.seconds_left, received: Date.now(), countdown };
+    const card = { el, error, buttons, left: r.seconds_left, received: Date.now(), countdown, origin };
     approve.addEventListener("click", () => answer(r.id, "approve", card));
     deny.addEventListener("click", () => answer(r.id, "deny", card));
     cards.set(r.id, card);
@@ -131,7 +151,8 @@
     for (const card of cards.values()) {
       if (typeof card.left !== "number") { card.countdown.textContent = ""; continue; }
       const left = Math.max(0, Math.ceil(card.left - (Date.now() - card.received) / 1000));
-      card.countdown.textContent = left > 0 ? `denied automatically in ${left} s` : "denying (no answer in time)";
+      if (card.origin) card.countdown.textContent = left > 0 ? `the gateway refuses it in ${left} s` : "refusing (no answer in time)";
+      else card.countdown.textContent = left > 0 ? `denied automatically in ${left} s` : "denying (no answer in time)";
     }
   }
 
@@ -242,10 +263,18 @@
         break;
       }
       case "approval":
-        line("log", ts, `approval (${e.what}): ${e.decision} by ${e.by}${e.codes && e.codes.length ? " [" + e.codes.join(", ") + "]" : ""}`, e.decision === "approved" ? "good" : "bad");
+        if (e.what === "origin_access")
+          line("network", ts, `origin request ${e.origin || "?"}: ${e.decision} by ${e.by}` +
+            (e.decision === "approved" ? " (the page may still fail to load: see the connection below)" : ""),
+            e.decision === "approved" ? "good" : "bad");
+        else if (e.what === "opt-in" && e.origin)
+          line("network", ts, `opt-in: origin requests for ${e.origin} are approved unattended (--approve-origin)`);
+        else
+          line("log", ts, `approval (${e.what}): ${e.decision} by ${e.by}${e.codes && e.codes.length ? " [" + e.codes.join(", ") + "]" : ""}`, e.decision === "approved" ? "good" : "bad");
         break;
       case "network":
-        line("network", ts, `${e.decision} ${e.origin}${e.reason ? " (" + e.reason + ")" : ""}`, e.decision === "allow" ? "good" : "bad");
+        line("network", ts, `${e.decision} ${e.origin}${e.reason ? " (" + e.reason + ")" : ""}` +
+          (typeof e.held_ms === "number" ? ` after ${Math.round(e.held_ms)} ms held` : ""), e.decision === "allow" ? "good" : "bad");
         break;
       case "network_log":
         line("network", ts, `decision log ${e.complete ? "complete" : "INCOMPLETE"}: ${e.decisions} decision(s)`, e.complete ? "" : "bad");

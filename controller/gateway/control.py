@@ -1,0 +1,314 @@
+"""The gateway's control API: the controller lists, watches and answers origin requests here.
+
+Served by uvicorn inside the gateway process, on mitmproxy's event loop (:func:`start_control_server`),
+over the :class:`~controller.gateway.holds.OriginRequests` the policy addon holds connections in.
+
+Access: every request needs ``Authorization: Bearer <token>`` (a per-sandbox token read from a file,
+not the agent's; compared in constant time), else 401 ``unauthorized``; a peer inside a refused network
+(the guest's internal subnet) gets 403 ``forbidden`` before anything else is looked at. The server
+listens only where it is told (Docker: the gateway's egress-side addresses, published on the host's
+127.0.0.1; VM: the host's 127.0.0.1).
+
+Endpoints (JSON; errors ``{"error": {"code", "message"}}``):
+
+* ``GET /v1/origin-requests?state=pending|all`` -> ``{"seq": N, "data": [OriginRequest, ...]}`` (``seq``:
+  the number of the last event, to resume the event stream from);
+* ``GET /v1/origin-requests/{id}`` -> one OriginRequest; 404 ``unknown_request``;
+* ``POST /v1/origin-requests/{id}/decision`` ``{"decision": "approve"|"deny"|"cancel", "by": label}``
+  -> 202 ``{}``; 202 again for the answer already recorded; 409 ``already_decided`` (another answer came
+  first), 409 ``expired`` (the deadline passed: the request was denied); 404 ``unknown_request``; 400
+  ``invalid_answer`` (anything malformed);
+* ``GET /v1/origin-requests/events`` -> Server-Sent Events: first ``snapshot`` ``{"seq", "pending":
+  [...]}``, then ``created`` / ``resolved`` with the OriginRequest as data and ``id: <seq>``; with
+  ``Last-Event-ID`` the missed events are replayed from a ring buffer (a fresh snapshot when they are
+  no longer all there); a comment line (``: ping``) every 15 s without events.
+
+OriginRequest: :meth:`controller.gateway.holds.OriginRequest.to_json`. Rule source: ARCHITECTURE.md,
+"Gateway control API".
+"""
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import socket
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator, Optional, Sequence
+
+from controller.gateway.addresses import IPNetwork, _unmapped
+from controller.gateway.holds import AnswerRefused, OriginRequests
+
+PING_INTERVAL_S = 15.0
+"""Seconds between comment pings on a quiet event stream."""
+
+MAX_BODY_BYTES = 4096
+"""Largest decision body accepted (bytes)."""
+
+MAX_BY_CHARS = 64
+"""Longest ``by`` label (characters)."""
+
+
+class ControlConfigError(ValueError):
+    """The control API cannot be set up as asked (bad token file, nothing to listen on)."""
+
+
+def read_token(path: str | Path) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped). Raises ControlConfigError when the
+    file cannot be read, is empty, or holds anything but one line of visible ASCII."""
+    try:
+        token = Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ControlConfigError(f"cannot read the control token file {path}: {exc}") from None
+    if not token or not all(33 <= ord(c) < 127 for c in token):
+        raise ControlConfigError(f"control token file {path} must hold one token of visible ASCII characters")
+    return token
+
+
+def _error(status: int, code: str, message: str, headers: Optional[dict[str, str]] = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _peer_refused(host: Optional[str], refused: Sequence[IPNetwork]) -> bool:
+    if host is None or not refused:
+        return False
+    try:
+        address = _unmapped(ipaddress.ip_address(host.split("%", 1)[0]))
+    except ValueError:
+        return True
+    return any(address.version == net.version and address in net for net in refused)
+
+
+def _sse(name: str, data: dict[str, Any], seq: Optional[int]) -> bytes:
+    head = f"id: {seq}\n" if seq is not None else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] = (),
+             ping_interval: float = PING_INTERVAL_S) -> Any:
+    """The control API as an ASGI app (FastAPI) over ``requests``.
+
+    ``token``: the bearer token (non-empty); ``refused``: networks whose peers are refused (403);
+    ``ping_interval``: seconds between pings on a quiet event stream.
+    """
+    from fastapi import FastAPI, Request
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if not token:
+        raise ControlConfigError("the control token must not be empty")
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> Any:
+        if exc.status_code == 404:
+            return _error(404, "not_found", "no such endpoint")
+        return _error(exc.status_code, "http_error", str(exc.detail))
+
+    @app.get("/v1/origin-requests")
+    async def listing(request: Request) -> Any:
+        state = request.query_params.get("state", "pending")
+        if state not in ("pending", "all"):
+            return _error(400, "invalid_request", "state must be pending or all")
+        return JSONResponse({"seq": requests.seq, "data": requests.listing(state)})  # type: ignore[arg-type]
+
+    @app.get("/v1/origin-requests/events")
+    async def events(request: Request) -> Any:
+        last: Optional[int] = None
+        header = request.headers.get("last-event-id")
+        if header is not None and header.strip().isdigit() and len(header.strip()) < 19:
+            last = int(header.strip())
+        return StreamingResponse(_stream(requests, last, ping_interval), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    @app.get("/v1/origin-requests/{request_id}")
+    async def one(request_id: str) -> Any:
+        found = requests.get(request_id)
+        if found is None:
+            return _error(404, "unknown_request", "no origin request with this id")
+        return JSONResponse(found.to_json())
+
+    @app.post("/v1/origin-requests/{request_id}/decision")
+    async def decide(request_id: str, request: Request) -> Any:
+        if requests.get(request_id) is None:
+            return _error(404, "unknown_request", "no origin request with this id")
+        body = await _read_body(request)
+        answer = _parse_answer(body)
+        if isinstance(answer, str):
+            return _error(400, "invalid_answer", answer)
+        decision, by = answer
+        try:
+            requests.answer(request_id, decision, by)  # type: ignore[arg-type]
+        except AnswerRefused as exc:
+            status = 404 if exc.code == "unknown_request" else 409
+            return _error(status, exc.code, exc.message)
+        return JSONResponse({}, status_code=202)
+
+    return _Guard(app, ("Bearer " + token).encode("ascii"), tuple(refused))
+
+
+class _Guard:
+    """ASGI wrapper: refuses peers in ``refused`` (403) and requests without exactly one
+    ``Authorization`` header equal to ``expected`` (401, compared in constant time) before ``app``."""
+
+    def __init__(self, app: Any, expected: bytes, refused: tuple[IPNetwork, ...]) -> None:
+        self.app = app
+        self.expected = expected
+        self.refused = refused
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        if _peer_refused(client[0] if client else None, self.refused):
+            await _error(403, "forbidden", "the control API does not answer this network")(scope, receive, send)
+            return
+        given = [value for name, value in scope.get("headers", []) if name.lower() == b"authorization"]
+        if len(given) != 1 or not hmac.compare_digest(given[0], self.expected):
+            response = _error(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _read_body(request: Any) -> Optional[bytes]:
+    """The request body, or None when it is larger than :data:`MAX_BODY_BYTES`."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_answer(body: Optional[bytes]) -> tuple[str, str] | str:
+    """``(decision, by)`` from a decision body, or why it is malformed (a short text)."""
+    if body is None:
+        return f"body larger than {MAX_BODY_BYTES} bytes"
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "body is not JSON"
+    if not isinstance(data, dict):
+        return "body must be a JSON object"
+    extra = sorted(set(data) - {"decision", "by"})
+    if extra:
+        return f"unknown field {extra[0][:40]!r}"
+    decision, by = data.get("decision"), data.get("by")
+    if decision not in ("approve", "deny", "cancel"):
+        return "decision must be approve, deny or cancel"
+    if not isinstance(by, str) or not by.strip() or len(by) > MAX_BY_CHARS or not by.isprintable():
+        return f"by must be a label of 1 to {MAX_BY_CHARS} printable characters"
+    return decision, by
+
+
+async def _stream(requests: OriginRequests, last: Optional[int], ping_interval: float) -> AsyncIterator[bytes]:
+    """The event stream (see the module docstring): a replay after ``last`` when the buffer still holds
+    every event since, else a snapshot; then events as they come, pings in between."""
+    replay = requests.events_after(last) if last is not None else None
+    if replay is None:
+        yield _sse("snapshot", {"seq": requests.seq, "pending": requests.listing("pending")}, requests.seq)
+        last = requests.seq
+    else:
+        for seq, name, data in replay:
+            yield _sse(name, data, seq)
+        last = replay[-1][0] if replay else last
+    assert last is not None
+    while True:
+        changed = await requests.changed(ping_interval)
+        batch = requests.events_after(last)
+        if batch is None:  # fell behind the buffer
+            yield _sse("snapshot", {"seq": requests.seq, "pending": requests.listing("pending")}, requests.seq)
+            last = requests.seq
+        elif batch:
+            for seq, name, data in batch:
+                yield _sse(name, data, seq)
+            last = batch[-1][0]
+        elif not changed:
+            yield b": ping\n\n"
+
+
+# -- serving -----------------------------------------------------------------------------------------
+
+
+def listen_sockets(host: str, port: int, exclude: Sequence[IPNetwork] = ()) -> list[socket.socket]:
+    """Bound TCP sockets to serve on: ``host`` itself, or for ``0.0.0.0`` every IPv4 address of this
+    machine except loopback and those inside ``exclude`` (the relay's rule,
+    :func:`controller.gateway.relay.listen_addresses`). All on ``port`` (0: one free port, the same
+    for every address when more than one). Raises ControlConfigError when nothing qualifies, OSError
+    when binding fails."""
+    if host in ("0.0.0.0", ""):
+        from controller.gateway.relay import listen_addresses
+
+        hosts = listen_addresses([n for n in exclude if n.version == 4])  # type: ignore[misc]
+        if not hosts:
+            raise ControlConfigError("no address outside the excluded networks to listen on")
+    else:
+        hosts = [host]
+    sockets: list[socket.socket] = []
+    try:
+        for address in hosts:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            port = sock.getsockname()[1]
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class ControlServer:
+    """The control API's uvicorn server on the running event loop. ``sockets``: from
+    :func:`listen_sockets`; ``app``: from :func:`make_app`. :meth:`start` returns once it accepts
+    connections; :meth:`stop` closes it (open event streams are cut after one second)."""
+
+    def __init__(self, app: Any, sockets: list[socket.socket]) -> None:
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # the gateway's loop owns the signals
+                yield
+
+        config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=1, server_header=False, date_header=False)
+        self.server = _Server(config)
+        self.sockets = sockets
+        self.task: Optional[asyncio.Task[None]] = None
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of every listening socket."""
+        return [sock.getsockname()[:2] for sock in self.sockets]
+
+    async def start(self, timeout: float = 30.0) -> None:
+        """Start serving; raises ControlConfigError when the server stopped or did not start in time."""
+        self.task = asyncio.create_task(self.server.serve(sockets=self.sockets))
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.server.started:
+            if self.task.done() or asyncio.get_running_loop().time() > deadline:
+                raise ControlConfigError("the control API did not start")
+            await asyncio.sleep(0.01)  # poll of a condition wait (uvicorn started), bounded by the deadline
+
+    async def stop(self) -> None:
+        """Stop serving and wait for the server (at most a few seconds)."""
+        self.server.should_exit = True
+        if self.task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self.task, 5)
+
+
+__all__ = [
+    "ControlConfigError", "ControlServer", "MAX_BODY_BYTES", "MAX_BY_CHARS", "PING_INTERVAL_S", "listen_sockets",
+    "make_app", "read_token",
+]

@@ -1,0 +1,84 @@
+"""The arm64 guest image under emulation (qemu-user-static through binfmt_misc): it is an arm64 image,
+its agent answers, the conformance suite's quick modules pass against it, and the pickup exercise
+passes through ``desktop-sandbox run-task --arch arm64``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from controller.sandbox.image import EMULATION_MEM_LIMIT, EMULATION_TIME_SCALE
+
+from .conftest import record
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_CONFORMANCE = ["tests/conformance/test_screenshot.py", "tests/conformance/test_pointer.py",
+                     "tests/conformance/test_keys.py", "tests/conformance/test_type.py"]
+"""The conformance suite's quick modules (screenshots, pointer, keys, typing): the agent's contract
+without the long waits of test_wait_release/test_type_events."""
+CONFORMANCE_TIMEOUT_S = 1500
+RUN_TASK_TIMEOUT_S = 1200
+
+
+def test_the_image_runs_arm64_binaries_with_the_png_fast_path(docker_client, arm64_image):
+    out = docker_client.containers.run(
+        arm64_image, ["/opt/desktop-sandbox/bin/python", "-c",
+                      "import platform; from guest import png; print(platform.machine(), png.isal_zlib is not None)"],
+        entrypoint=[], remove=True, user="sandbox")
+    assert out.decode().split() == ["aarch64", "True"], out
+
+
+def test_the_agent_answers_under_emulation(docker_client, arm64_image, test_labels):
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    options = DockerOptions(image=arm64_image, extra_labels=test_labels, mem_limit=EMULATION_MEM_LIMIT)
+    with DockerSandbox.start(SandboxSpec(), options, client=docker_client) as sb:
+        record("container start to ready", sb.timings)
+        assert sb.time_scale == EMULATION_TIME_SCALE
+        assert sb.agent.livez()
+        assert sb.agent.display() == {"width": 1280, "height": 800, "depth": 24}
+        result = sb.exec_in_guest(["uname", "-m"], timeout=30)
+        assert (result.exit_code, result.stdout.strip()) == (0, b"aarch64")
+
+
+def test_the_conformance_quick_modules_pass(arm64_image, test_labels, tmp_path):
+    report = tmp_path / "junit.xml"
+    env = dict(os.environ, DESKTOP_SANDBOX_IMAGE=arm64_image, DESKTOP_SANDBOX_TEST_LABELS=json.dumps(test_labels))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *QUICK_CONFORMANCE,
+         "--conformance-desktop=tests.docker._conformance:conformance_desktop"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=CONFORMANCE_TIMEOUT_S,
+    )
+    assert report.exists(), f"no report (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-4000:]}"
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else next(suite.iter("testsuite"))
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    record("conformance quick modules", {**counts, "wall_s": float(suite.get("time", 0))})
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == counts["skipped"] == 0, counts
+
+
+def test_the_pickup_exercise_passes_with_run_task_arch_arm64(arm64_image, tmp_path):
+    from controller.run.record import read_record, summarize
+
+    runs = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "COLUMNS", "FORCE_COLOR")}
+    run = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "run-task", "tasks/pickup.toml", "--offline", "--arch", "arm64",
+         "--runs-dir", str(runs)],
+        cwd=REPO, env=dict(env, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=RUN_TASK_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    [record_dir] = [p for p in runs.iterdir() if p.is_dir()]
+    s = summarize(read_record(record_dir))
+    record("pickup run-task --arch arm64", {"wall_s": float(s["wall_s"]), "expectations_met": s["expectations_met"],
+                                            **(s.get("timings") or {})})
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0), s
+    entry = next(e for e in read_record(record_dir) if e.get("image"))
+    assert entry.get("time_scale") == EMULATION_TIME_SCALE, entry
