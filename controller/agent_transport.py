@@ -67,7 +67,11 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
-class _DeadlineBackend(httpcore.NetworkBackend):
+class DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's plain sockets, each connect and every later read and write bounded by the calling
+    thread's deadline in ``deadlines`` (for an ``httpcore.ConnectionPool``; also the gateway control
+    client's, :mod:`controller.run.origins`)."""
+
     def __init__(self, deadlines: Deadlines) -> None:
         self._inner, self._deadlines = httpcore.SyncBackend(), deadlines
 
@@ -138,7 +142,7 @@ class DeadlineTransport(httpx.BaseTransport):
     operation is bounded by the calling thread's deadline in ``deadlines``."""
 
     def __init__(self, deadlines: Deadlines) -> None:
-        self._pool = httpcore.ConnectionPool(network_backend=_DeadlineBackend(deadlines), max_connections=16,
+        self._pool = httpcore.ConnectionPool(network_backend=DeadlineBackend(deadlines), max_connections=16,
                                              max_keepalive_connections=8, keepalive_expiry=5.0)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:

@@ -402,6 +402,16 @@ def _remove(classes: list[Any], all_: bool, wanted: dict[str, str], sandbox_ids:
             unavailable.append(f"{cls.backend_name}: {exc}")
 
 
+def _writable_runs_dir(runs_dir: Path) -> None:
+    """Make ``runs_dir`` if needed; refuse (exit 2) when run records cannot be written there."""
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(runs_dir, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+
+
 @app.command("run-task")
 def run_task_cmd(
     task_file: Path = typer.Argument(Path("tasks/pickup.toml"), help="Task TOML (contract: tasks/*.toml)."),
@@ -473,12 +483,7 @@ def run_task_cmd(
             _refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
         origins = _approve_origins(approve_origin)
         loop = _runner_loop(runner)
-        try:
-            runs_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(runs_dir, os.W_OK | os.X_OK):
-                raise PermissionError("not writable")
-        except OSError as exc:
-            _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+        _writable_runs_dir(runs_dir)
         if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
             try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
                 load_script(script or task.offline_script_path())
@@ -774,12 +779,7 @@ def run_suite_cmd(
                 _refuse(f"cannot use task {path}: {exc}")
             tasks.append((task.name, path))
         cls = _backend(backend)
-        try:
-            runs_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(runs_dir, os.W_OK | os.X_OK):
-                raise PermissionError("not writable")
-        except OSError as exc:
-            _refuse(f"--runs-dir {runs_dir}: cannot write run records there: {exc.strerror or exc}")
+        _writable_runs_dir(runs_dir)
         if not noted:
             try:  # once, before the runs: N runs must not each build a missing image
                 with raise_on_signals(INTERRUPT_SIGNALS):

@@ -57,6 +57,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import httpcore
 
+from controller.agent_transport import DeadlineBackend, Deadlines
 from controller.gateway.policy import Origin, PolicyError
 from controller.run import json_semantics
 from rich.console import Console
@@ -167,65 +168,6 @@ def origin_request(item: Any) -> dict[str, Any]:
             "decided_at": decided if isinstance(decided, str) and len(decided) <= 64 else None}
 
 
-class _Deadline(threading.local):
-    """The deadline (``time.monotonic()`` seconds) of the call running in this thread, if any."""
-
-    at: float | None = None
-
-    def clamp(self, timeout: float | None, expired: type[Exception]) -> float | None:
-        """``timeout`` shortened to the time left; raises ``expired`` when none is left."""
-        if self.at is None:
-            return timeout
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise expired("the call's deadline has passed")
-        return left if timeout is None else min(timeout, left)
-
-
-class _Stream(httpcore.NetworkStream):
-    """A socket stream whose every read and write waits at most until the call's deadline."""
-
-    def __init__(self, stream: httpcore.NetworkStream, deadline: _Deadline) -> None:
-        self._stream, self._deadline = stream, deadline
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, self._deadline.clamp(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, self._deadline.clamp(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore.NetworkStream:
-        return _Stream(self._stream.start_tls(ssl_context, server_hostname,
-                                              self._deadline.clamp(timeout, httpcore.ConnectTimeout)), self._deadline)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _Backend(httpcore.NetworkBackend):
-    """Plain TCP connections, each connect and every later read and write bounded by the deadline."""
-
-    def __init__(self, deadline: _Deadline) -> None:
-        self._inner, self._deadline = httpcore.SyncBackend(), deadline
-
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Any = None) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(host, port, self._deadline.clamp(timeout, httpcore.ConnectTimeout),
-                                         local_address, socket_options)
-        return _Stream(stream, self._deadline)
-
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> httpcore.NetworkStream:
-        raise httpcore.ConnectError("the control API is reached over TCP")
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
 class GatewayControl:
     """The gateway's control API (module docstring), every call bounded.
 
@@ -240,8 +182,8 @@ class GatewayControl:
             raise ValueError("the gateway control token must be visible ASCII")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._deadline = _Deadline()
-        self._pool = httpcore.ConnectionPool(network_backend=_Backend(self._deadline), max_connections=8,
+        self._deadlines = Deadlines()
+        self._pool = httpcore.ConnectionPool(network_backend=DeadlineBackend(self._deadlines), max_connections=8,
                                              max_keepalive_connections=4, keepalive_expiry=5.0)
         self._headers = [(b"Authorization", f"Bearer {token}".encode("ascii")), (b"Accept-Encoding", b"identity")]
         self._lock = threading.Lock()
@@ -254,19 +196,17 @@ class GatewayControl:
         """One request whose every socket wait ends by ``deadline`` (``read_s``: at most this long
         per read); yields the response (body not read). Raises :class:`GatewayError` (``deadline``,
         ``unreachable``)."""
-        previous, self._deadline.at = self._deadline.at, deadline
         timeouts = {"connect": self.timeout_s, "read": read_s if read_s is not None else self.timeout_s,
                     "write": self.timeout_s, "pool": self.timeout_s}
         try:
-            with self._pool.stream(method, self.url + path, headers=self._headers + list(headers), content=body,
-                                   extensions={"timeout": timeouts}) as resp:
+            with self._deadlines.until(deadline), \
+                    self._pool.stream(method, self.url + path, headers=self._headers + list(headers), content=body,
+                                      extensions={"timeout": timeouts}) as resp:
                 yield resp
         except httpcore.TimeoutException:
             raise GatewayError(0, "deadline", f"{method} {path}: no complete answer in time") from None
         except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
             raise GatewayError(0, "unreachable", clean(f"{method} {path}: {type(exc).__name__} {exc}", 300)) from None
-        finally:
-            self._deadline.at = previous
 
     # -- plain calls -------------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:

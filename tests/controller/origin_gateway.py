@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import secrets
-import select
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from typing import Any
 
 from controller.gateway import gateway_python
 from tests.conformance.harness import poll
-from tests.gateway.conftest import REPO, RecordingServer, free_port, start_server
+from tests.gateway.conftest import REPO, RecordingServer, free_port, start_server, wait_listening
 from tests.require import unavailable
 
 
@@ -134,24 +132,14 @@ def start_ask_gateway(tmp: Path, names: tuple[str, ...] = ("ask",), *, hold_time
          "--control-listen", f"127.0.0.1:{control_port}", "--control-token-file", str(tmp / "control.token"),
          "--hosts", str(tmp / "hosts.json")],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 0.5)
-        if ready:
-            line = process.stderr.readline()
-            lines.append(line)
-            if "gateway listening on" in line:
-                threading.Thread(target=process.stderr.read, daemon=True).start()  # keep draining
-                return AskGateway(("127.0.0.1", port), f"http://127.0.0.1:{control_port}", token, log, process,
-                                  origins, policy)
-        if process.poll() is not None:
-            break
-    process.kill()
-    for server in origins.values():
-        if server.server is not None:
-            server.server.shutdown()
-    raise RuntimeError("gateway did not start:\n" + "".join(lines) + (process.stderr.read() or ""))
+    try:
+        wait_listening(process, 60)
+    except RuntimeError:
+        for server in origins.values():
+            if server.server is not None:
+                server.server.shutdown()
+        raise
+    return AskGateway(("127.0.0.1", port), f"http://127.0.0.1:{control_port}", token, log, process, origins, policy)
 
 
 def until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:

@@ -161,7 +161,15 @@ def start_gateway(tmp: Path, policy: dict, extra: list[str] | None = None) -> Ga
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
+    wait_listening(process, 30)
+    return Gateway("127.0.0.1", port, log, process)
+
+
+def wait_listening(process: subprocess.Popen, timeout: float) -> None:
+    """Wait until the gateway ``process`` says ``gateway listening on`` on its stderr (which is then
+    drained on a thread); kill it and raise RuntimeError with what it printed when it exits first or
+    ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
     lines: list[str] = []
     while time.monotonic() < deadline:
         ready, _, _ = select.select([process.stderr], [], [], 0.5)
@@ -170,7 +178,7 @@ def start_gateway(tmp: Path, policy: dict, extra: list[str] | None = None) -> Ga
             lines.append(line)
             if "gateway listening on" in line:
                 threading.Thread(target=process.stderr.read, daemon=True).start()  # keep draining
-                return Gateway("127.0.0.1", port, log, process)
+                return
         if process.poll() is not None:
             break
     process.kill()
