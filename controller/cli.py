@@ -452,7 +452,7 @@ def run_task_cmd(
       1    failed (a check failed, an approval was denied) or error (the loop or the sandbox failed)
       2    bad input: the task, its offline script or an option was refused (one line on stderr,
            before anything is started)
-      130  cancelled (Ctrl-C or SIGTERM): inputs released, sandbox removed, no verification
+      130  cancelled (Ctrl-C, SIGTERM or SIGHUP): inputs released, sandbox removed, no verification
 
     \b
     A signal (SIGINT, SIGTERM, SIGHUP) at any moment once the command runs, also twice or during
@@ -501,7 +501,7 @@ def run_task_cmd(
         options = RunOptions(
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
             approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
-            confirm_actions=confirm, step=step, signals_before=noted, loop=loop,
+            confirm_actions=confirm, step=step, signals_before=noted, runner=runner, loop=loop,
         )
         server = None
         if ui and not noted:
@@ -754,7 +754,7 @@ def run_suite_cmd(
       0    every run passed
       1    a run failed or ended in error
       2    bad input (a task, its offline script, an option), before anything started
-      130  cancelled (Ctrl-C, SIGTERM): every run going is cancelled as run-task cancels (sandbox removed,
+      130  cancelled (Ctrl-C, SIGTERM or SIGHUP): every run going is cancelled as run-task cancels (sandbox removed,
            record finished `cancelled`), runs not started are reported as not_started
     """
     from controller import suite
@@ -840,6 +840,8 @@ def render(
                        policy=task.network.model_dump(mode="json"))
     try:
         typer.echo(k8s.render_for_task(spec, options), nl=False)
+    except ValueError as exc:
+        _refuse(f"cannot render {clean(task_file, 200)}: {clean(exc, 400)}")
     except ImportError:
         _refuse("render needs PyYAML: pip install 'desktop-sandbox[kubernetes]'")
 

@@ -52,6 +52,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from controller.text import clean
 
@@ -340,6 +341,11 @@ def _seconds(value: float | None) -> str:
     return f"{(value or 0.0):.3f}"
 
 
+def _or_dash(value: Any) -> str:
+    """``value`` as text, ``-`` for a value a run never reached (None)."""
+    return "-" if value is None else str(value)
+
+
 def junit_xml(report: dict[str, Any]) -> bytes:
     """The report as JUnit XML (UTF-8 bytes with an XML declaration), as CI servers read it.
 
@@ -390,7 +396,8 @@ def junit_xml(report: dict[str, Any]) -> bytes:
                     element.text = clean(f"{run['status']}: {run['reason']}", 4000)
             out = [f"record: {run['record_dir']}" if run["record_dir"] else "record: none",
                    f"log: {run['log']}" if run["log"] else "log: none",
-                   f"steps: {run['steps']}", f"checks: {run['checks_passed']}/{run['checks_total']}"]
+                   f"steps: {_or_dash(run['steps'])}",
+                   f"checks: {_or_dash(run['checks_passed'])}/{_or_dash(run['checks_total'])}"]
             ET.SubElement(case, "system-out").text = clean(" | ".join(out), 4000)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
@@ -609,10 +616,12 @@ class SuiteRunner:
                           str(prog.steps if prog else 0), f"{now - since:.0f}s",
                           escape(clean(r.record_dir.name if r.record_dir else "-", 60)))
         passed = sum(1 for r in done if r.status == "passed")
-        head = (f"[bold]{self.suite_id}[/]: {len(done)} of {len(self.results)} done, {passed} passed, "
-                f"{len(running)} running, {queued} queued (at most {self.options.parallel} at once)")
+        # A Text, not a markup string: the live area is printed beside lines shown with markup off, and a
+        # string renderable takes that console's setting.
+        head = Text.assemble((self.suite_id, "bold"), f": {len(done)} of {len(self.results)} done, {passed} passed, "
+                             f"{len(running)} running, {queued} queued (at most {self.options.parallel} at once)")
         if self.cancelled:
-            head += " [yellow]cancelling[/]"
+            head.append(" cancelling", "yellow")
         return Group(head, table) if running else Group(head)
 
     def _update_progress(self, result: RunResult, prog: _Progress) -> None:

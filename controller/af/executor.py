@@ -260,6 +260,8 @@ class ComputerCallExecutor:
         self._toolset = ComputerToolset(driver)
         self._approved: dict[str, bool] = {}
         self._refused: set[str] = set()
+        self._started: set[str] = set()
+        """Call ids this executor began to run (whatever the records say: a run without hooks has none)."""
 
     # -- the record ------------------------------------------------------------------------------
     def _records(self) -> list[Path]:
@@ -267,8 +269,9 @@ class ComputerCallExecutor:
         return [*self.earlier_records, *own]
 
     def attempted(self) -> set[str]:
-        """Call ids already attempted in this run's records (:func:`attempted_calls`)."""
-        return attempted_calls(self._records())
+        """Call ids already attempted: in this run's records (:func:`attempted_calls`) or begun by this
+        executor."""
+        return attempted_calls(self._records()) | self._started
 
     def _say(self, text: str) -> None:
         self.console.print(text, markup=False, emoji=False, highlight=False)
@@ -342,19 +345,25 @@ class ComputerCallExecutor:
         calls did not run; the caller cancels the batch) and :class:`AcknowledgementError` (never for a
         call the SDK ran after an approval)."""
         calls = [native_call(content) for content in requests]
+        seen: set[str] = set()
+        for call in calls:
+            for key in {call.call_id, call.id}:
+                if key in seen:  # one call given twice would run its actions twice
+                    raise ValueError(f"computer call {clean(key, 80)} appears twice in the batch")
+                seen.add(key)
         outcome = BatchOutcome()
         if calls and self.driver.model_space is None:
             # A process that sent the model nothing yet (one restored from a checkpoint): the model's px
             # are those of the screen as the screenshot policy shows it, so one capture sets them.
             await asyncio.to_thread(self.driver.capture)
         for index, call in enumerate(calls):
-            attempted = self.attempted() if self.hooks is not None or self.earlier_records else set()
-            if call.call_id in attempted:
+            if call.call_id in self.attempted():
                 outcome.stopped, outcome.message = "already_attempted", LOOK_AGAIN
                 self._say(f"computer_call {clean(call.call_id, 80)}: {LOOK_AGAIN}")
                 self._withdrawn(call, LOOK_AGAIN)
             else:
                 self._note_call(call, _recorded_calls(self._records()) if self.hooks is not None else set())
+                self._started.add(call.call_id)
                 try:
                     output = await asyncio.to_thread(self._execute, call)
                 except ComputerUseError:

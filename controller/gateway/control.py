@@ -38,6 +38,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from controller.gateway.addresses import IPNetwork, _unmapped
 from controller.gateway.holds import AnswerRefused, OriginRequests
+from controller.run import json_semantics
 
 PING_INTERVAL_S = 15.0
 """Seconds between comment pings on a quiet event stream."""
@@ -117,9 +118,10 @@ def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] 
     @app.get("/v1/origin-requests/events")
     async def events(request: Request) -> Any:
         last: Optional[int] = None
-        header = request.headers.get("last-event-id")
-        if header is not None and header.strip().isdigit() and len(header.strip()) < 19:
-            last = int(header.strip())
+        header = (request.headers.get("last-event-id") or "").strip()
+        # ASCII digits only: str.isdigit() also holds for superscripts and other scripts' digits.
+        if header.isascii() and header.isdigit() and len(header) < 19:
+            last = int(header)
         return StreamingResponse(_stream(requests, last, ping_interval), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -191,9 +193,11 @@ def _parse_answer(body: Optional[bytes]) -> tuple[str, str] | str:
     if body is None:
         return f"body larger than {MAX_BODY_BYTES} bytes"
     try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return "body is not JSON"
+        # Strict JSON (controller.run.json_semantics): a duplicate key is refused, so no reader of the
+        # body can see another decision than the one taken.
+        data = json_semantics.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        return "body is not JSON (strict: no duplicate keys)"
     if not isinstance(data, dict):
         return "body must be a JSON object"
     extra = sorted(set(data) - {"decision", "by"})

@@ -263,6 +263,7 @@ def _header(started: dict[str, Any], finished: dict[str, Any], s: dict[str, Any]
         "task": text(task.get("name"), SHORT) or "(unnamed task)", "source": text(task.get("source")),
         "run_id": text(run_id, SHORT), "status": text(s["status"], SHORT), "class": status_class(s["status"]),
         "reason": text(s["reason"], LONG), "mode": text(started.get("mode"), SHORT),
+        "runner": text(started.get("runner") or "sdk", SHORT),
         "model": text(started.get("model"), SHORT), "image": text(started.get("image"), SHORT),
         "started": text(started.get("ts"), SHORT), "finished": text(finished.get("ts"), SHORT),
         "wall_s": wall if isinstance(wall, (int, float)) else None,

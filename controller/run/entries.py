@@ -74,7 +74,9 @@ class RunStarted(_Entry):
     ``mode``: live | offline; ``model``: the live model or ``scripted``; ``image``: what runs the guest
     (``sha256:...``); ``time_scale``: the sandbox's slowness factor; ``policy``: the network policy;
     ``screen`` / ``model_view``: the task's screen and model-image settings; ``script``: the offline
-    script path; ``sandbox_start_s``: seconds the sandbox took to start."""
+    script path; ``sandbox_start_s``: seconds the sandbox took to start; ``runner``: the model loop that
+    drove the run (``sdk``: the openai SDK's ``ComputerToolset``; ``agent-framework``: an Agent
+    Framework agent, ``run-task --runner``)."""
 
     type: Literal["run_started"] = "run_started"
     format: int = Field(FORMAT, strict=True, ge=1, le=FORMAT)
@@ -91,6 +93,7 @@ class RunStarted(_Entry):
     model_view: Optional[dict[str, Any]] = None
     script: Optional[str] = None
     sandbox_start_s: Optional[float] = None
+    runner: Optional[str] = None
 
 
 class Usage(_Model):

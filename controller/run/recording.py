@@ -292,7 +292,7 @@ class RecordingHooks:
 
 
 def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy: bool, max_steps: int,
-                      script: Path | None, sandbox_start_s: float | None) -> RunStarted:
+                      script: Path | None, sandbox_start_s: float | None, runner: str = "sdk") -> RunStarted:
     """The ``run_started`` entry of ``task`` on ``sandbox`` (None: it did not start): the task file's
     sha256, the sandbox's id, image and ``time_scale``, the task's policy and screen settings."""
     digest = hashlib.sha256(task.source.read_bytes()).hexdigest() if task.source and task.source.is_file() else None
@@ -302,7 +302,7 @@ def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy
         sandbox=getattr(sandbox, "id", None), time_scale=getattr(sandbox, "time_scale", 1.0),
         policy=task.network.model_dump(mode="json"), max_steps=max_steps, screen=task.screen.model_dump(mode="json"),
         model_view=task.model.model_dump(mode="json"), script=str(script) if script else None,
-        sandbox_start_s=sandbox_start_s,
+        sandbox_start_s=sandbox_start_s, runner=runner,
     )
 
 

@@ -104,6 +104,9 @@ class RunOptions:
     signals_before: list[int] = field(default_factory=list)
     """Signals that came before the run (the CLI notes them while it prepares): when this list holds
     one once run_task's own handlers are in place, the run ends ``cancelled`` before anything starts."""
+    runner: str | None = None
+    """The name of the model loop, for the record's ``run_started`` (``agent-framework`` with
+    :attr:`loop` set by ``run-task --runner``); None: ``sdk`` without a ``loop``, ``custom`` with one."""
     loop: Callable[..., str | None] | None = None
     """The model loop in place of the SDK's ``ComputerToolset.run`` (``run-task --runner agent-framework``:
     :func:`controller.af.loop.run_loop`), called with the keywords ``driver``, ``params`` (the first
@@ -318,7 +321,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         script = options.script or (task.offline_script_path() if not live and task.offline else None)
         record.write(run_started_entry(task, sb, mode=mode, model=model if live else "scripted", legacy=legacy,
                                        max_steps=max_steps, script=script,
-                                       sandbox_start_s=timings.get("sandbox_start")))
+                                       sandbox_start_s=timings.get("sandbox_start"), runner=options.runner or ("sdk" if options.loop is None else "custom")))
 
     try:
         with cancel.installed(console):

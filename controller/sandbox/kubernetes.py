@@ -284,18 +284,24 @@ def _origin_ports(origins: Sequence[str]) -> list[int]:
     return sorted(ports)
 
 
+ASK_REFUSED = ("[network] mode \"ask\" is not available on the kubernetes backend: its gateway Pod runs the "
+               "proxy without the control API through which a person answers origin requests (every held "
+               "connection would be refused at its deadline); use --backend docker or vm, or mode allowlist")
+"""Why a task in mode ``ask`` is refused here (render and start alike)."""
+
+
 def gateway_egress(policy: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The gateway NetworkPolicy's egress rules for ``policy`` (the task's ``[network]`` table as a
-    mapping): ``[]`` (nothing out) for ``deny-all``; for ``allowlist`` and ``ask``: DNS (UDP and TCP 53)
-    to the cluster's resolver (``kube-system`` Pods ``k8s-app=kube-dns``), then TCP to public IPv4
-    addresses (``0.0.0.0/0`` except :data:`PRIVATE_RANGES`) on the allowed origins' ports (``ask``: also
-    80 and 443), and to each ``allow_addresses`` network on those ports."""
+    mapping): ``[]`` (nothing out) for ``deny-all``; for ``allowlist``: DNS (UDP and TCP 53) to the
+    cluster's resolver (``kube-system`` Pods ``k8s-app=kube-dns``), then TCP to public IPv4 addresses
+    (``0.0.0.0/0`` except :data:`PRIVATE_RANGES`) on the allowed origins' ports, and to each
+    ``allow_addresses`` network on those ports. Raises ValueError for mode ``ask`` (:data:`ASK_REFUSED`)."""
     mode = policy.get("mode", "deny-all")
     if mode == "deny-all":
         return []
-    ports = set(_origin_ports(policy.get("allow") or ()))
     if mode == "ask":
-        ports |= {80, 443}
+        raise ValueError(ASK_REFUSED)
+    ports = set(_origin_ports(policy.get("allow") or ()))
     if not ports:
         return []
     dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
@@ -318,9 +324,12 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
     creates them: Secret, the two ConfigMaps, the two NetworkPolicies, the gateway Pod, its Service, the
     desktop Pod. ``token``: the agent's bearer token; ``x_cookie``: 32 hex digits; ``gateway_ip``: the
     gateway Service's cluster IP (the desktop's ``hostAliases``); ``owner``: annotations naming the
-    starter. Raises ValueError for a policy whose ``allow_addresses`` are not addresses."""
+    starter. Raises ValueError for a policy whose ``allow_addresses`` are not addresses, or in mode
+    ``ask`` (:data:`ASK_REFUSED`)."""
     owner = dict(owner or {})
     policy = json.loads(spec.policy_json())
+    if policy.get("mode") == "ask":
+        raise ValueError(ASK_REFUSED)
     pull = [{"name": options.pull_secret}] if options.pull_secret else []
     tmpfs = DESKTOP_TMPFS_MIB
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -461,7 +470,8 @@ def render_yaml(manifests: Sequence[Mapping[str, Any]], header: str = "") -> str
     import yaml
 
     class _Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:  # an object used twice is written out twice: no &id001
+            return True
 
     def _str(dumper: yaml.SafeDumper, value: str) -> Any:  # multi-line text (a ConfigMap's files) as a block
         style = "|" if "\n" in value and all(c.isprintable() or c == "\n" for c in value) else None
@@ -809,9 +819,12 @@ class KubernetesSandbox(Sandbox):
     def start(cls, spec: SandboxSpec | None = None, options: KubernetesOptions | None = None,
               apis: Apis | None = None) -> "KubernetesSandbox":
         """Create the sandbox's objects, wait until the agent answers and NetworkPolicy enforcement is
-        proven (:func:`probe_network_policy`). Raises SandboxError; everything created is deleted first
+        proven (:func:`probe_network_policy`). Raises SandboxError (also for a task in mode ``ask``,
+        :data:`ASK_REFUSED`, before anything is contacted); everything created is deleted first
         (also on Ctrl-C/SIGTERM). Raises BackendUnavailable when no cluster or namespace is configured."""
         spec = spec or SandboxSpec()
+        if json.loads(spec.policy_json()).get("mode") == "ask":
+            raise SandboxError(ASK_REFUSED)  # before anything is contacted
         options = options or cls.make_options()
         options.namespace = resolve_namespace(options)
         apis = apis or cls._apis(options)

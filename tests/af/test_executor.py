@@ -56,7 +56,8 @@ class MemoryAgent:
 
 def call(call_id: str, actions: list[dict[str, Any]], checks: list[dict[str, str]] | None = None,
          **kw: Any) -> Any:
-    return Content.from_computer_tool_call(id=f"cu_{call_id}", call_id=call_id, actions=actions, status="completed",
+    kw.setdefault("id", f"cu_{call_id}")
+    return Content.from_computer_tool_call(call_id=call_id, actions=actions, status="completed",
                                            pending_safety_checks=checks, **kw)
 
 
@@ -217,3 +218,25 @@ def test_the_run_record_gets_the_calls_actions_and_screenshot(tmp_path):
                      ("action", "call_a"), ("action", "call_a"), ("screenshot", "call_a"), ("action", "call_a")]
     assert "secret" not in executor.hooks.record.path.read_text()
     assert [(d.decision, d.by) for d in decisions] == [("approved", "terminal")]
+
+
+@pytest.mark.parametrize("batch", [
+    [call("call_a", [click(1, 1)]), call("call_a", [click(2, 2)])],
+    [call("call_a", [click(1, 1)]), call("call_b", [click(2, 2)], id="cu_call_a")],
+], ids=["same-call-id", "same-item-id"])
+def test_a_batch_that_holds_one_call_twice_runs_nothing(batch):
+    agent = MemoryAgent()
+    executor, _, _ = _executor(agent, [])
+    with pytest.raises(ValueError, match="appears twice in the batch"):
+        asyncio.run(executor.run_batch(batch))
+    assert agent.sent == []
+
+
+def test_a_call_given_again_in_a_later_batch_is_not_run_again_even_without_a_record():
+    agent = MemoryAgent()
+    driver = SandboxDriver(agent, ScreenshotPolicy(max_width=64, max_height=40))
+    executor = ComputerCallExecutor(driver, lambda c: True, console=Console(file=io.StringIO()))
+    first = asyncio.run(executor.run_batch([call("call_a", [click(1, 1)])]))
+    assert first.complete and agent.sent == [click(1, 1)]
+    again = asyncio.run(executor.run_batch([call("call_a", [click(1, 1)])]))
+    assert again.stopped == "already_attempted" and agent.sent == [click(1, 1)]

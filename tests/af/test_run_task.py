@@ -41,6 +41,7 @@ def _pickup_on(sb: LocalSandbox):
 
 def _check_passed(record_dir: Path, requests: list[dict] | None = None) -> list[dict]:
     entries = read_record(record_dir)
+    assert entries[0]["runner"] == "agent-framework"  # the record says which loop drove the run
     s = summarize(entries)
     assert s["status"] == "passed" and s["checks_passed"] == s["checks_total"] == 3, s
     # 7 script turns through the agent, each recorded as the SDK loop records them
@@ -62,7 +63,8 @@ def _check_passed(record_dir: Path, requests: list[dict] | None = None) -> list[
 def test_pickup_passes_through_the_agent_framework_runner_on_a_local_desktop(tmp_path):
     with LocalSandbox(openbox=True, pickup=True) as sb:
         outcome = run_task(_pickup_on(sb), lambda t: sb,
-                           RunOptions(runs_dir=tmp_path, live=False, asker=None, loop=run_loop))
+                           RunOptions(runs_dir=tmp_path, live=False, asker=None, loop=run_loop,
+                                      runner="agent-framework"))
     assert outcome.status == "passed", (outcome.reason, outcome.checks, str(outcome.record_dir))
     assert outcome.final_message and outcome.final_message.startswith("done")
     _check_passed(outcome.record_dir, outcome.scripted_requests)

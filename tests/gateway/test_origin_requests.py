@@ -417,7 +417,11 @@ def test_answers_follow_the_contract(ask_gateway, origin_server):
     malformed = [b"", b"not json", b"[]", b'{"decision": "approve"}', b'{"decision": "yes", "by": "t"}',
                  b'{"decision": "approve", "by": ""}', b'{"decision": "approve", "by": 5}',
                  b'{"decision": "approve", "by": "t", "extra": 1}', b'{"decision": "approve", "by": "a\\u001bb"}',
-                 b'{"decision": true, "by": "t"}', b'{"decision": "approve", "by": "' + b"x" * 5000 + b'"}']
+                 b'{"decision": true, "by": "t"}', b'{"decision": "approve", "by": "' + b"x" * 5000 + b'"}',
+                 # Strict JSON: a duplicate key (last-wins parsers would read "approve"), nesting deeper
+                 # than the parser goes, non-JSON numbers.
+                 b'{"decision": "deny", "decision": "approve", "by": "t"}', b"[" * 3000,
+                 b'{"decision": ' + b"[" * 3000, b'{"decision": "approve", "by": "t", "n": NaN}']
     for body in malformed:
         response = gw.api("POST", path, content=body)
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_answer", body
@@ -486,7 +490,12 @@ def test_event_stream_snapshot_then_events_and_replay_after_reconnect(ask_gatewa
         [replayed] = read_events(stream.iter_lines(), 1)
     assert replayed["event"] == "resolved" and replayed["id"] == "2"
     assert replayed["data"]["id"] == request_id and replayed["data"]["state"] == "denied"
-    for stale in ("999", "junk"):  # an id the gateway never gave: a fresh snapshot
-        with httpx.stream("GET", url, headers={**headers, "Last-Event-ID": stale}, timeout=20) as stream:
+    # An id the gateway never gave, or not one in ASCII digits (str.isdigit() holds for superscripts and
+    # other scripts' digits, which int() refuses): a fresh snapshot.
+    for stale in ("999", "junk", "\u00b2", "\u0665", "1\u00b9", "-1", "9" * 30):
+        with httpx.stream("GET", url, headers={**headers, "Last-Event-ID": stale.encode("latin-1", "ignore")
+                                               if stale.isascii() or ord(max(stale)) < 256 else stale.encode()},
+                          timeout=20) as stream:
+            assert stream.status_code == 200, stale
             [fresh] = read_events(stream.iter_lines(), 1)
         assert fresh["event"] == "snapshot" and fresh["data"] == {"seq": 2, "pending": []} and fresh["id"] == "2"

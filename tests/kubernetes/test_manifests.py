@@ -51,6 +51,7 @@ def rendered() -> list[dict]:
     result = _render_cli("--backend", "kubernetes", "--namespace", "sandboxes", "tasks/pickup.toml")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# desktop-sandbox render --backend kubernetes")
+    assert "&id" not in result.stdout and "*id" not in result.stdout  # no YAML anchors: plain to read and diff
     return list(yaml.safe_load_all(result.stdout))
 
 
@@ -172,8 +173,8 @@ def test_gateway_egress_follows_the_policy():
     assert block["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8"} <= set(block["except"])
     assert named == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": public["ports"]}
     assert k8s.gateway_egress({"mode": "deny-all", "allow": []}) == []
-    ask = k8s.gateway_egress({"mode": "ask", "allow": []})
-    assert [p["port"] for p in ask[1]["ports"]] == [80, 443]
+    with pytest.raises(ValueError, match="not available on the kubernetes backend"):
+        k8s.gateway_egress({"mode": "ask", "allow": []})
 
 
 def test_secret_holds_the_token_and_cookie_only():
@@ -181,3 +182,18 @@ def test_secret_holds_the_token_and_cookie_only():
     assert secret["stringData"] == {"token": "t0ken", "xcookie": "ab" * 16}
     policy = _by(_manifests(ALLOW), "ConfigMap", "policy")
     assert '"mode": "allowlist"' in policy["data"]["policy.json"]
+
+
+def test_a_task_in_mode_ask_is_refused_before_anything(tmp_path):
+    """Mode ask needs the gateway's control API, which this backend's gateway Pod does not run: render
+    refuses the task (exit 2, one line), and so does a start, before any cluster is contacted."""
+    task = tmp_path / "ask.toml"
+    task.write_text((ROOT / "tasks" / "pickup.toml").read_text().replace('mode = "deny-all"', 'mode = "ask"'))
+    assert 'mode = "ask"' in task.read_text()
+    out = _render_cli("--backend", "kubernetes", str(task))
+    assert out.returncode == 2 and "not available on the kubernetes backend" in out.stderr and not out.stdout
+    from controller.sandbox import SandboxError, SandboxSpec
+
+    spec = SandboxSpec(policy={"mode": "ask", "allow": []})
+    with pytest.raises(SandboxError, match="not available on the kubernetes backend"):
+        k8s.KubernetesSandbox.start(spec, apis=None)

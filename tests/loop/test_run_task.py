@@ -42,6 +42,7 @@ def _check_record_complete(record_dir: Path, status: str) -> list[dict]:
     entries = read_record(record_dir)
     types = [e["type"] for e in entries]
     assert types[0] == "run_started" and types[-1] == "run_finished"
+    assert entries[0]["runner"] == "sdk"
     assert entries[-1]["status"] == status
     for kind in ("model_response", "computer_call", "action", "screenshot"):
         assert kind in types, f"no {kind} entry"

@@ -95,6 +95,7 @@ def test_junit_valid_and_each_status_mapped():
     demo_cases = demo.findall("testcase")
     assert demo_cases[0].find("error").get("type") == "cancelled"
     assert demo_cases[1].find("skipped").get("message") == "suite cancelled"
+    assert "None" not in demo_cases[1].find("system-out").text  # a run never started: no steps, no checks
 
 
 def test_junit_schema_rejects_a_wrong_shape():
@@ -243,6 +244,7 @@ def test_live_display_on_a_terminal(tmp_path):
     text = out.getvalue()
     assert "2 of 2 done, 1 passed, 0 running, 0 queued" in text
     assert "passed pass-a #1" in text and "failed fail-b #1" in text
+    assert "[bold]" not in text and "[/]" not in text  # the header is styled, never shown as markup
     # the step counter reads the record incrementally
     result = runner.results[0]
     runner._update_progress(result, progress)
