@@ -37,6 +37,12 @@ withdrawn in the registry (the run was cancelled or ended) is answered ``cancel`
 Each decided request is reported once (``on_decision``: the record's ``approval`` line). Mirroring,
 decisions and withdrawals are idempotent by id: a replayed or repeated event adds nothing.
 
+Every quantity the gateway controls is bounded as well: at most :data:`MAX_PENDING` requests are
+mirrored as pending at once (one more is reported once and left to the gateway's deadline), one
+reconciliation fetches for :data:`RECONCILE_BUDGET_S` in all, :meth:`GatewayWatcher.stop` takes
+:data:`STOP_TIMEOUT_S` in all with both threads ended, and a ``deadline_at`` counts at most
+:data:`MAX_DEADLINE_S` ahead.
+
 :func:`wait_for_origins` is the screenshot's wait (the model sees the page after the decision);
 :func:`reconcile_approvals` makes sure, at teardown, that every request the gateway's decision log
 names has an ``approval`` line.
@@ -59,6 +65,7 @@ import httpcore
 
 from controller.agent_transport import DeadlineBackend, Deadlines
 from controller.gateway.policy import Origin, PolicyError
+from controller.gateway.tiers import MAX_HOLD_TIMEOUT_S, MAX_PENDING_LIMIT
 from controller.run import json_semantics
 from rich.console import Console
 
@@ -96,6 +103,42 @@ WAIT_MARGIN_S = 2.0
 
 MAX_WAIT_S = 300.0
 """Longest the screenshot waits for origin requests in all (seconds), whatever the deadlines say."""
+
+MAX_PENDING = MAX_PENDING_LIMIT
+"""Most origin requests mirrored as pending at once (a count; :class:`GatewayWatcher`'s default
+``max_pending``). The gateway itself never holds more pending than the task's ``max_pending`` (a policy
+sets 1..:data:`~controller.gateway.tiers.MAX_PENDING_LIMIT`, 100), so more is a gateway that lies or
+floods, and each mirrored request is a terminal prompt and a console card. The watcher is not told the
+task's policy, so its cap is the largest a policy may set. A new pending request past the cap is not
+mirrored: it is reported once as a problem and left to the gateway's own deadline, which refuses it; a
+later snapshot or poll mirrors it once there is room."""
+
+RECONCILE_BUDGET_S = 3.0
+"""Longest one reconciliation (:meth:`GatewayWatcher.reconcile`) spends fetching requests by id, all
+fetches together (seconds; each fetch also ends by then). Without it, N slow answers would hold the
+watch for N x :data:`CALL_TIMEOUT_S`; what is left unchecked is checked first on the next round (the
+next snapshot or poll)."""
+
+STOP_TIMEOUT_S = 10.0
+"""Longest :meth:`GatewayWatcher.stop` takes in all (seconds): the watch ends, what is pending is
+withdrawn and answered ``cancel`` at the gateway within it; a ``cancel`` not sent by then is left to the
+gateway's own deadline (which refuses the request). At least :data:`CALL_TIMEOUT_S`, so a call already
+under way when the stop comes (it ends by its own deadline) ends within it too."""
+
+STOP_MARGIN_S = 0.5
+"""Seconds of :data:`STOP_TIMEOUT_S` kept back from the calls made while stopping, so the threads
+have ended (not only their calls) when :meth:`GatewayWatcher.stop` returns."""
+
+MAX_MIRRORED = 10_000
+"""Most origin requests mirrored over a watcher's life (a count), whatever their state: each becomes a
+registry entry and an ``approval`` line, so a gateway that reports decided requests without end cannot
+grow the record and the registry without bound (about 3 MB of record at the cap). A real gateway asks
+once per origin and answer; more are reported once and not mirrored."""
+
+MAX_DEADLINE_S = MAX_HOLD_TIMEOUT_S
+"""Furthest ahead a gateway's ``deadline_at`` is taken (seconds from now; a later one is cut to it):
+the longest hold a policy may set (``hold_timeout_s`` <= 600), so a far-off deadline cannot stretch
+the screenshot's wait (:func:`wait_for_origins`) or a prompt's countdown."""
 
 GATEWAY_STATES = {"approved": "approved", "denied": "denied", "cancelled": "cancelled", "timeout": "expired"}
 """The gateway's decided states and the registry state each one is."""
@@ -190,18 +233,32 @@ class GatewayControl:
         self._streams: list[Any] = []
         self._closed = False
 
+    def _deadline(self, deadline: float | None) -> float:
+        """A call's deadline (``time.monotonic()`` seconds): :attr:`timeout_s` from now, or ``deadline``
+        when that is earlier (a caller's budget: a reconciliation's, a stop's)."""
+        end = time.monotonic() + self.timeout_s
+        return end if deadline is None else min(end, deadline)
+
     @contextlib.contextmanager
     def _open(self, method: str, path: str, *, deadline: float, headers: list[tuple[bytes, bytes]] = (),
-              body: bytes | None = None, read_s: float | None = None) -> Iterator[httpcore.Response]:
+              body: bytes | None = None, read_s: float | None = None,
+              head_deadline: float | None = None) -> Iterator[httpcore.Response]:
         """One request whose every socket wait ends by ``deadline`` (``read_s``: at most this long
-        per read); yields the response (body not read). Raises :class:`GatewayError` (``deadline``,
-        ``unreachable``)."""
-        timeouts = {"connect": self.timeout_s, "read": read_s if read_s is not None else self.timeout_s,
-                    "write": self.timeout_s, "pool": self.timeout_s}
+        per read; ``head_deadline``: the answer's status and headers by then); yields the response
+        (body not read). Raises :class:`GatewayError` (``deadline``, ``unreachable``)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GatewayError(0, "deadline", f"{method} {path}: no time left for the call")
+        timeouts = {"connect": min(self.timeout_s, left),
+                    "read": read_s if read_s is not None else min(self.timeout_s, left),
+                    "write": min(self.timeout_s, left), "pool": min(self.timeout_s, left)}
         try:
-            with self._deadlines.until(deadline), \
-                    self._pool.stream(method, self.url + path, headers=self._headers + list(headers), content=body,
-                                      extensions={"timeout": timeouts}) as resp:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(self._deadlines.until(deadline))
+                with self._deadlines.until(deadline if head_deadline is None else min(deadline, head_deadline)):
+                    resp = stack.enter_context(self._pool.stream(
+                        method, self.url + path, headers=self._headers + list(headers), content=body,
+                        extensions={"timeout": timeouts}))
                 yield resp
         except httpcore.TimeoutException:
             raise GatewayError(0, "deadline", f"{method} {path}: no complete answer in time") from None
@@ -209,11 +266,12 @@ class GatewayControl:
             raise GatewayError(0, "unreachable", clean(f"{method} {path}: {type(exc).__name__} {exc}", 300)) from None
 
     # -- plain calls -------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """One call: (status, parsed JSON body or None for an empty one)."""
+    def _call(self, method: str, path: str, body: Any = None, *, deadline: float | None = None) -> tuple[int, Any]:
+        """One call: (status, parsed JSON body or None for an empty one); ``deadline``: see
+        :meth:`_deadline`."""
         payload = None if body is None else json.dumps(body).encode()
         headers = [] if payload is None else [(b"Content-Type", b"application/json")]
-        with self._open(method, path, deadline=time.monotonic() + self.timeout_s, headers=headers,
+        with self._open(method, path, deadline=self._deadline(deadline), headers=headers,
                         body=payload) as resp:
             raw = _read_capped(resp, MAX_BODY_BYTES, f"{method} {path}")
         return resp.status, _json(raw, resp.status, f"{method} {path}")
@@ -225,10 +283,13 @@ class GatewayControl:
         message = err.get("message") if isinstance(err, dict) and isinstance(err.get("message"), str) else ""
         return GatewayError(status, clean(code, 40), clean(f"{what}: HTTP {status} {message}".rstrip(), 300))
 
-    def list(self, state: str = "pending") -> tuple[int | None, list[dict[str, Any]]]:
+    def list(self, state: str = "pending", *, deadline: float | None = None) -> tuple[int | None, list[dict[str, Any]]]:
         """``GET /v1/origin-requests?state=``: (the gateway's ``seq``, the requests that passed
-        :func:`origin_request`; others are left out)."""
-        status, data = self._call("GET", f"/v1/origin-requests?state={'all' if state == 'all' else 'pending'}")
+        :func:`origin_request`; others are left out). ``deadline`` (``time.monotonic()`` seconds):
+        the call ends by then when that is sooner than :attr:`timeout_s` (also for :meth:`get`,
+        :meth:`decide`)."""
+        status, data = self._call("GET", f"/v1/origin-requests?state={'all' if state == 'all' else 'pending'}",
+                                  deadline=deadline)
         if status != 200:
             raise self._refusal(status, data, "listing origin requests")
         items = data.get("data") if isinstance(data, dict) else None
@@ -237,11 +298,11 @@ class GatewayControl:
         seq = data.get("seq")
         return (seq if isinstance(seq, int) and not isinstance(seq, bool) else None), _valid(items)
 
-    def get(self, request_id: str) -> dict[str, Any]:
+    def get(self, request_id: str, *, deadline: float | None = None) -> dict[str, Any]:
         """``GET /v1/origin-requests/{id}`` (checked by :func:`origin_request`)."""
         if not _ID.fullmatch(request_id):
             raise GatewayError(0, "unknown_request", "not an origin request id")
-        status, data = self._call("GET", f"/v1/origin-requests/{request_id}")
+        status, data = self._call("GET", f"/v1/origin-requests/{request_id}", deadline=deadline)
         if status != 200:
             raise self._refusal(status, data, "reading an origin request")
         try:
@@ -249,13 +310,13 @@ class GatewayControl:
         except ValueError as exc:
             raise GatewayError(status, "bad_response", clean(f"reading an origin request: {exc}", 300)) from None
 
-    def decide(self, request_id: str, decision: str, by: str) -> None:
+    def decide(self, request_id: str, decision: str, by: str, *, deadline: float | None = None) -> None:
         """``POST /v1/origin-requests/{id}/decision``; returns on 202, raises :class:`GatewayError`
         with the gateway's status and code otherwise."""
         if not _ID.fullmatch(request_id):
             raise GatewayError(404, "unknown_request", "not an origin request id")
         status, data = self._call("POST", f"/v1/origin-requests/{request_id}/decision",
-                                  {"decision": decision, "by": by})
+                                  {"decision": decision, "by": by}, deadline=deadline)
         if status != 202:
             raise self._refusal(status, data, f"answering {decision}")
 
@@ -270,8 +331,11 @@ class GatewayControl:
         if last_event_id is not None:
             headers.append((b"Last-Event-ID", str(last_event_id).encode()))
         try:
-            with self._open("GET", "/v1/origin-requests/events", deadline=time.monotonic() + SSE_LIFETIME_S,
-                            headers=headers, read_s=SSE_IDLE_S) as resp:
+            # the answer's head within one call's deadline: until it comes there is no socket for
+            # interrupt() to shut down, so a gateway that never answers must not hold a stop for SSE_IDLE_S
+            now = time.monotonic()
+            with self._open("GET", "/v1/origin-requests/events", deadline=now + SSE_LIFETIME_S,
+                            headers=headers, read_s=SSE_IDLE_S, head_deadline=now + self.timeout_s) as resp:
                 if resp.status != 200:
                     raw = _read_capped(resp, MAX_BODY_BYTES, "the event stream")
                     try:
@@ -418,19 +482,29 @@ class GatewayWatcher:
     ``control``: the gateway's control API; ``on_decision``: gets one :class:`Decision`
     (``what="origin_access"``) per request once it is decided (the record's ``approval`` line);
     ``approve``: origins answered ``approve`` at once, ``by="command line"`` (``--approve-origin``);
-    ``on_problem``: gets a one-line, escaped message the first time the control API fails in a new way.
+    ``on_problem``: gets a one-line, escaped message the first time the control API fails in a new way;
+    ``max_pending``: most requests mirrored as pending at once (1..100, default :data:`MAX_PENDING`; the
+    task's policy ``max_pending`` where the caller knows it).
     :meth:`start` starts the watch (a thread for the stream, one for answers); :meth:`stop` ends it,
     withdrawing what is still pending (``cancel`` at the gateway). Thread-safe.
+
+    Everything the gateway controls is bounded: requests pending at once (``max_pending``), the time a
+    reconciliation fetches (:data:`RECONCILE_BUDGET_S`), the time a stop takes (:data:`STOP_TIMEOUT_S`)
+    and how far off a deadline is taken (:data:`MAX_DEADLINE_S`).
     """
 
     def __init__(self, control: GatewayControl, registry: ApprovalRegistry, *,
                  on_decision: Callable[[Decision], None] | None = None, approve: Iterable[Origin] = (),
-                 on_problem: Callable[[str], None] | None = None) -> None:
+                 on_problem: Callable[[str], None] | None = None, max_pending: int = MAX_PENDING) -> None:
+        if not isinstance(max_pending, int) or isinstance(max_pending, bool) \
+                or not 1 <= max_pending <= MAX_PENDING_LIMIT:
+            raise ValueError(f"max_pending must be 1..{MAX_PENDING_LIMIT}")
         self.control = control
         self.registry = registry
         self.on_decision = on_decision
         self.approve = frozenset(approve)
         self.on_problem = on_problem
+        self.max_pending = max_pending
         self.cancel_by = "command line"
         """``by`` of the ``cancel`` sent for requests withdrawn by a cancellation (the view that
         cancelled: console; else command line)."""
@@ -446,6 +520,13 @@ class GatewayWatcher:
         self._stop = threading.Event()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._told: set[str] = set()  # ids answered ``cancel`` at the gateway after a withdrawal
+        self._until: float | None = None  # set by stop(): no call of the watch's runs past it (monotonic s)
+        self._mirror_lock = threading.Lock()  # the pending count and the mirroring it allows, together
+        self._refused: set[str] = set()  # ids not mirrored (over max_pending), reported once; <= MAX_REQUESTS
+        self._mirrored = 0  # origin requests mirrored so far (<= MAX_MIRRORED)
+        self._mirrored_cap_said = False
+        self._checked: dict[str, float] = {}  # pending id -> when reconcile() last fetched it (monotonic s)
+        self._unsent = 0  # cancels a stop had no time left for
         self._threads: list[threading.Thread] = []
         self._unsubscribe = registry.subscribe(self._on_change)
 
@@ -459,13 +540,20 @@ class GatewayWatcher:
                 self._threads.append(thread)
         return self
 
-    def stop(self, reason: str = "run ended", timeout_s: float = 15.0) -> None:
-        """End the watch: the stream stops, every origin request still pending is withdrawn and
-        answered ``cancel`` at the gateway (each within its call deadline, all within ``timeout_s``),
-        and each is reported. Idempotent."""
+    def stop(self, reason: str = "run ended", timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """End the watch within ``timeout_s`` seconds in all (:data:`STOP_TIMEOUT_S`: a hostile gateway
+        that answers slowly must not hold the run's end): the stream stops, every origin request still
+        pending is withdrawn and each reported, and as many as the time allows are answered ``cancel``
+        at the gateway (every call made now ends :data:`STOP_MARGIN_S` before the budget does; the rest
+        are left to the gateway's own deadline, reported once as a problem). Both threads have ended
+        when it returns (they look at the stop between calls; a call already under way ends by its own
+        deadline, :data:`CALL_TIMEOUT_S`, within a budget of at least that). Idempotent."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            until = deadline - min(STOP_MARGIN_S, timeout_s / 2)
+            self._until = until if self._until is None else min(self._until, until)
         self._stop.set()
         self.control.interrupt(final=True)
-        deadline = time.monotonic() + timeout_s
         if self._threads:
             self._threads[0].join(max(0.0, deadline - time.monotonic()))
         for request in self.registry.pending():
@@ -482,6 +570,14 @@ class GatewayWatcher:
         """:meth:`stop`, then close the control API's connections."""
         self.stop()
         self.control.close()
+
+    def _bound(self, deadline: float | None = None) -> float | None:
+        """The deadline (``time.monotonic()`` seconds) of a call of the watch's: ``deadline``, and the
+        stop's budget once :meth:`stop` was called; None for neither (the call's own deadline)."""
+        until = self._until
+        if until is None:
+            return deadline
+        return until if deadline is None else min(deadline, until)
 
     # -- problems ----------------------------------------------------------------------------------
     def _problem(self, exc: Exception) -> None:
@@ -562,7 +658,7 @@ class GatewayWatcher:
         """Read the pending requests once and reconcile (:meth:`reconcile`); False when the gateway
         could not be read."""
         try:
-            _seq, pending = self.control.list("pending")
+            _seq, pending = self.control.list("pending", deadline=self._bound())
         except GatewayError as exc:
             self._problem(exc)
             return False
@@ -570,19 +666,31 @@ class GatewayWatcher:
         return True
 
     # -- mirroring ---------------------------------------------------------------------------------
-    def reconcile(self, pending: list[dict[str, Any]]) -> None:
+    def reconcile(self, pending: list[dict[str, Any]], budget_s: float = RECONCILE_BUDGET_S) -> None:
         """``pending``: every request pending at the gateway now (checked items). Each is mirrored;
         each request pending here but not there is fetched by id and decided from the gateway's
-        answer (withdrawn when the gateway does not know it)."""
+        answer (withdrawn when the gateway does not know it). The fetches take ``budget_s`` seconds
+        at most, all together (:data:`RECONCILE_BUDGET_S`; each fetch ends by then, and by a stop's
+        budget); those left unchecked come first on the next round, then the ones checked longest ago,
+        so a few slow answers cannot keep the others from ever being checked."""
         present = set()
         for item in pending:
             present.add(item["id"])
             self.take(item)
-        for request in self.registry.pending():
-            if request.kind != ORIGIN or request.id in present:
-                continue
+        end = time.monotonic() + budget_s
+        bound = self._bound(end)
+        end = end if bound is None else bound
+        stale = [r for r in self.registry.pending() if r.kind == ORIGIN and r.id not in present]
+        with self._lock:
+            self._checked = {r.id: self._checked.get(r.id, float("-inf")) for r in stale}
+            order = sorted(stale, key=lambda r: self._checked[r.id])  # stable: oldest first among equals
+        for request in order:
+            if self._stop.is_set() or time.monotonic() >= end:
+                return  # the rest on the next round
+            with self._lock:
+                self._checked[request.id] = time.monotonic()
             try:
-                item = self.control.get(request.id)
+                item = self.control.get(request.id, deadline=end)
             except GatewayError as exc:
                 if exc.status == 404:
                     self.registry.resolve(request.id, "withdrawn", by="gateway",
@@ -594,13 +702,30 @@ class GatewayWatcher:
 
     def take(self, item: dict[str, Any]) -> Request | None:
         """One checked OriginRequest (any state): mirrored when new, decided when the gateway decided
-        it; returns the registry's request (None when it could not be mirrored)."""
+        it; returns the registry's request (None when it could not be mirrored). Its ``deadline_at``
+        is taken :data:`MAX_DEADLINE_S` ahead at most. A new pending request is not mirrored while
+        :attr:`max_pending` are pending already (:data:`MAX_PENDING`): it is reported once as a problem
+        and left to the gateway's deadline."""
+        deadline_at = _clamp_deadline(item["deadline_at"])
         try:
-            request, new = self.registry.mirror(
-                item["id"], origin=item["origin"], reason=item["reason"], via=item["via"], held=item["held"],
-                created_at=item["created_at"], deadline_at=item["deadline_at"], forward=self._forwarder(item["id"]))
+            with self._mirror_lock:
+                known = self._known(item["id"])
+                if not known and self._mirrored >= MAX_MIRRORED:
+                    self._over_total()
+                    return None
+                if item["state"] == "pending" and not known and self._live() >= self.max_pending:
+                    request = None
+                else:
+                    request, new = self.registry.mirror(
+                        item["id"], origin=item["origin"], reason=item["reason"], via=item["via"],
+                        held=item["held"], created_at=item["created_at"], deadline_at=deadline_at,
+                        forward=self._forwarder(item["id"]))
+                    self._mirrored += 0 if known else 1
         except ValueError as exc:
             self._problem(GatewayError(200, "bad_response", f"origin request: {exc}"))
+            return None
+        if request is None:
+            self._over_cap(item)
             return None
         state = item["state"]
         if state != "pending":
@@ -608,6 +733,37 @@ class GatewayWatcher:
         elif new and self.approves(request):
             self._jobs.put(_Job(request.id, "approve", "command line"))
         return request
+
+    def _known(self, request_id: str) -> bool:
+        try:
+            self.registry.get(request_id)
+            return True
+        except AnswerRefused:
+            return False
+
+    def _live(self) -> int:
+        """Origin requests pending in the registry now."""
+        return sum(1 for r in self.registry.pending() if r.kind == ORIGIN)
+
+    def _over_total(self) -> None:
+        """A request past :data:`MAX_MIRRORED`: not mirrored; said once."""
+        if not self._mirrored_cap_said:
+            self._mirrored_cap_said = True
+            self._problem(GatewayError(200, "too_many_requests", f"more than {MAX_MIRRORED} origin requests "
+                                       "reported: no more are shown or recorded (a real gateway asks once "
+                                       "per origin and answer)"))
+
+    def _over_cap(self, item: dict[str, Any]) -> None:
+        """A new pending request past :attr:`max_pending`: reported once (ids remembered up to
+        :data:`MAX_REQUESTS`; past that, no more reports), not mirrored."""
+        with self._lock:
+            first = item["id"] not in self._refused and len(self._refused) < MAX_REQUESTS
+            if first:
+                self._refused.add(item["id"])
+        if first:
+            self._problem(GatewayError(200, "too_many_pending", clean(
+                f"origin request {item['id']} for {item['origin']} not shown: {self.max_pending} are pending "
+                "already (more than the gateway may hold); its deadline refuses it at the gateway", 300)))
 
     def _resolve(self, request: Request, item: dict[str, Any]) -> None:
         state = GATEWAY_STATES[item["state"]]
@@ -638,13 +794,13 @@ class GatewayWatcher:
         ``gateway_unavailable``)."""
         gateway_by = by if by in BY else "console"
         try:
-            self.control.decide(request_id, answer, gateway_by)
+            self.control.decide(request_id, answer, gateway_by, deadline=self._bound())
             return
         except GatewayError as exc:
             refused = exc
         if refused.status == 409:
             try:
-                item = self.control.get(request_id)
+                item = self.control.get(request_id, deadline=self._bound())
             except GatewayError as exc:
                 if refused.code == "expired":
                     self.registry.resolve(request_id, "expired", by="timeout", reason="the gateway's deadline passed")
@@ -666,29 +822,43 @@ class GatewayWatcher:
                                                               300))
 
     def _answers(self) -> None:
-        """The answers' thread: ``--approve-origin`` approvals and the ``cancel`` of withdrawn requests."""
-        while True:
-            try:
-                job = self._jobs.get(timeout=None if self._threads else 0)
-            except queue.Empty:
-                return
-            if job is None:
-                # drain what was queued before the end, then stop
-                while True:
-                    try:
-                        job = self._jobs.get_nowait()
-                    except queue.Empty:
-                        return
-                    if job is not None:
-                        self._do(job)
-            self._do(job)
+        """The answers' thread: ``--approve-origin`` approvals and the ``cancel`` of withdrawn requests
+        (after a stop, within its budget: the jobs left then are dropped, reported once)."""
+        try:
+            while True:
+                try:
+                    job = self._jobs.get(timeout=None if self._threads else 0)
+                except queue.Empty:
+                    return
+                if job is None:
+                    # drain what was queued before the end, then stop
+                    while True:
+                        try:
+                            job = self._jobs.get_nowait()
+                        except queue.Empty:
+                            return
+                        if job is not None:
+                            self._do(job)
+                self._do(job)
+        finally:
+            with self._lock:
+                unsent, self._unsent = self._unsent, 0
+            if unsent:
+                self._problem(GatewayError(0, "cancel_not_sent", f"{unsent} cancel(s) not sent within the "
+                                                                 "stop's time: the gateway's deadline refuses "
+                                                                 "those requests"))
 
     def _do(self, job: _Job) -> None:
+        until = self._until
+        if until is not None and time.monotonic() >= until:
+            with self._lock:
+                self._unsent += 1
+            return
         try:
             if job.answer == "approve":
                 self.registry.answer(job.request_id, "approve", by=job.by)
             else:
-                self.control.decide(job.request_id, job.answer, job.by)
+                self.control.decide(job.request_id, job.answer, job.by, deadline=self._bound())
         except AnswerRefused as exc:
             self._problem(GatewayError(exc.status, exc.code, exc.message))
         except GatewayError as exc:
@@ -711,6 +881,13 @@ class GatewayWatcher:
             self._jobs.put(_Job(request.id, "cancel", self.cancel_by))
         if report and self.on_decision is not None:
             self.on_decision(origin_decision(request))
+
+
+def _clamp_deadline(value: str) -> str:
+    """A gateway's ``deadline_at`` (checked by :func:`origin_request`), or now + :data:`MAX_DEADLINE_S`
+    when it is later than that (UTC ISO-8601)."""
+    latest = _dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=MAX_DEADLINE_S)
+    return latest.isoformat(timespec="milliseconds") if _time(value) > latest else value
 
 
 def origin_decision(request: Request) -> Decision:
@@ -803,13 +980,15 @@ class OriginAccess:
 
     @classmethod
     def start(cls, sandbox: Any, registry: ApprovalRegistry, record: Any, asker: Any, console: Console, *,
-              approve: Iterable[Origin] = (), has_view: bool = False, asks: bool = True) -> "OriginAccess | None":
+              approve: Iterable[Origin] = (), has_view: bool = False, asks: bool = True,
+              max_pending: int | None = None) -> "OriginAccess | None":
         """Write one opt-in ``approval`` line per origin in ``approve`` (``--approve-origin``); when the
         sandbox's gateway has a control API (:func:`control_endpoint`), start mirroring its origin
         requests into ``registry``, each decision an ``approval`` line in ``record`` (a
         :class:`controller.run.record.RunRecord`), and asking about them on the terminal when
         ``asker`` is a :class:`controller.run.approvals.TerminalAsker`. ``has_view``: a console
-        follows the run; ``asks``: the task's policy may ask (``[network] mode = "ask"``). Returns None
+        follows the run; ``asks``: the task's policy may ask (``[network] mode = "ask"``); ``max_pending``:
+        its ``max_pending`` (the watcher's cap; None: :data:`MAX_PENDING`). Returns None
         when there is no control API or the policy never asks."""
         approve = list(approve)
         for origin in approve:
@@ -832,15 +1011,16 @@ class OriginAccess:
         except ValueError as exc:  # a backend's URL or token this client does not take: nothing can ask
             say(f"not used: {exc}")
             return None
-        watcher = GatewayWatcher(control, registry, approve=approve,
+        watcher = GatewayWatcher(control, registry, approve=approve, max_pending=max_pending or MAX_PENDING,
                                  on_decision=lambda d: record.write(Approval(**d.as_record())), on_problem=say)
         prompter = None
         if isinstance(asker, TerminalAsker):
             prompter = OriginPrompter(asker, registry, console=console, skip=watcher.approves).start()
         elif not has_view:
-            console.print("origin requests: no terminal and no console to answer them: the gateway refuses "
-                          "each at its deadline (--approve-origin ORIGIN approves one unattended)",
-                          markup=False, emoji=False, highlight=False)
+            others = "requests for other origins" if approve else "origin requests"
+            hint = "" if approve else " (--approve-origin ORIGIN approves one unattended)"
+            console.print(f"{others}: no terminal and no console to answer them: the gateway refuses each at "
+                          f"its deadline{hint}", markup=False, emoji=False, highlight=False)
         watcher.start()
         return cls(watcher, prompter)
 
@@ -888,5 +1068,5 @@ def control_endpoint(sandbox: Any) -> tuple[str, str] | None:
 
 __all__ = [
     "OriginAccess", "GatewayControl", "GatewayError", "GatewayWatcher", "control_endpoint", "origin_decision", "origin_request",
-    "reconcile_approvals", "wait_for_origins",
+    "reconcile_approvals", "wait_for_origins", "MAX_PENDING", "RECONCILE_BUDGET_S", "STOP_TIMEOUT_S", "MAX_DEADLINE_S",
 ]

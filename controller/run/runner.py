@@ -344,7 +344,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             write_started(sandbox)
             network = DecisionTail(record, decision_reader(sandbox)).start()
             origins = OriginAccess.start(sandbox, registry, record, asker, console, approve=options.approve_origins,
-                                         has_view=view is not None, asks=task.network.mode == "ask")
+                                         has_view=view is not None, asks=task.network.mode == "ask",
+                                         max_pending=task.network.max_pending)
             time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
             if scripted is not None:
                 scripted.time_scale = time_scale
