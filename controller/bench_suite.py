@@ -160,7 +160,7 @@ class Sampler:
         owners = self.owners()
         if not owners:
             return
-        for c in self.client.containers.list(filters={"label": LABEL_SANDBOX}):
+        for c in self.client.containers.list(ignore_removed=True, filters={"label": LABEL_SANDBOX}):
             labels = c.labels
             if labels.get(LABEL_OWNER) not in owners:
                 continue
@@ -222,7 +222,7 @@ def host_facts(client: Any) -> dict[str, Any]:
     15 min), and the sandboxes on the engine (taken between levels: others' work)."""
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
     kib = lambda key: int(meminfo.get(key, "0 kB").split()[0])  # noqa: E731
-    others = {c.labels.get(LABEL_SANDBOX) for c in client.containers.list(filters={"label": LABEL_SANDBOX})}
+    others = {c.labels.get(LABEL_SANDBOX) for c in client.containers.list(ignore_removed=True, filters={"label": LABEL_SANDBOX})}
     return {"cores": os.cpu_count(), "mem_total_mib": kib("MemTotal") // 1024,
             "mem_available_mib": kib("MemAvailable") // 1024, "loadavg": [round(v, 2) for v in os.getloadavg()],
             "other_sandboxes": len(others)}

@@ -41,7 +41,7 @@ from controller.agent_client import AgentError
 from controller.console import streams
 from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
-from controller.run import json_semantics
+from controller import json_semantics
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
 from controller.report.html import read_shot, render_report
 from controller.run.record import read_entries, summarize

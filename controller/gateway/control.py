@@ -38,7 +38,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from controller.gateway.addresses import IPNetwork, _unmapped
 from controller.gateway.holds import AnswerRefused, OriginRequests
-from controller.run import json_semantics
+from controller import json_semantics
 
 PING_INTERVAL_S = 15.0
 """Seconds between comment pings on a quiet event stream."""
@@ -193,7 +193,7 @@ def _parse_answer(body: Optional[bytes]) -> tuple[str, str] | str:
     if body is None:
         return f"body larger than {MAX_BODY_BYTES} bytes"
     try:
-        # Strict JSON (controller.run.json_semantics): a duplicate key is refused, so no reader of the
+        # Strict JSON (controller.json_semantics): a duplicate key is refused, so no reader of the
         # body can see another decision than the one taken.
         data = json_semantics.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes

@@ -66,7 +66,7 @@ import httpcore
 from controller.agent_transport import DeadlineBackend, Deadlines
 from controller.gateway.policy import Origin, PolicyError
 from controller.gateway.tiers import MAX_HOLD_TIMEOUT_S, MAX_PENDING_LIMIT
-from controller.run import json_semantics
+from controller import json_semantics
 from rich.console import Console
 
 from controller.run.approvals import Decision, OriginPrompter, TerminalAsker

@@ -31,7 +31,7 @@ from controller.run.entries import (
     NetworkLog, RunFinished, RunStarted, Screenshot, as_entry, entry_format,
 )
 from controller.run.progress import expectation_text, observed_text
-from controller.run import json_semantics
+from controller import json_semantics
 from controller.validation import read_input_file
 from controller.text import clean
 

@@ -31,7 +31,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       ValidationError, field_validator, model_validator)
 
 from controller.gateway.policy import NetworkPolicy
-from controller.run import json_semantics
+from controller import json_semantics
 from controller.validation import describe_validation_error, read_input_file
 
 
@@ -155,7 +155,7 @@ class FileCheck(_Strict):
 
     exact: bytes equal the UTF-8 of value; text: equal after removing trailing whitespace on both;
     regex: Python ``re.search(value, text)``; json: the file is strict JSON equal to value (a TOML
-    table/array or a JSON string) by JSON's data model (:mod:`controller.run.json_semantics`).
+    table/array or a JSON string) by JSON's data model (:mod:`controller.json_semantics`).
     """
 
     kind: Literal["file"]

@@ -2,7 +2,7 @@
 compare it with the task's checks. Never from the model's transcript.
 
 - file checks: ``exact`` (bytes equal), ``text`` (equal after removing trailing whitespace),
-  ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (strict JSON, compared by JSON's data model: :mod:`controller.run.json_semantics`);
+  ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (strict JSON, compared by JSON's data model: :mod:`controller.json_semantics`);
 - sqlite checks: the database and its ``-wal``/``-shm`` files are copied through the files API to
   a temporary directory, opened read-only, the query is run (``bind_files`` texts bound to its
   ``?`` parameters) under an authorizer that admits only reads of that database (no ATTACH, PRAGMA,
@@ -25,7 +25,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
-from controller.run import json_semantics
+from controller import json_semantics
 from controller.run.tasks import FileCheck, SqliteCheck, check_guest_path
 
 MAX_OBSERVED_CHARS = 2000

@@ -30,7 +30,7 @@ def list_sandboxes(client: docker.DockerClient | None = None) -> dict[str, dict[
     """Sandboxes on this engine: ``{id: labels of one of its containers or networks}``."""
     client = client or docker.from_env()
     found: dict[str, dict[str, str]] = {}
-    for c in client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
+    for c in client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL_SANDBOX}):
         found.setdefault(c.labels[LABEL_SANDBOX], dict(c.labels))
     for n in client.networks.list(filters={"label": LABEL_SANDBOX}):
         found.setdefault(n.attrs["Labels"][LABEL_SANDBOX], dict(n.attrs["Labels"]))
@@ -50,7 +50,7 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
 
 def _remove(client: docker.DockerClient, filters: dict[str, str]) -> list[str]:
     removed = []
-    for container in client.containers.list(all=True, filters=filters):
+    for container in client.containers.list(all=True, ignore_removed=True, filters=filters):
         try:
             container.remove(force=True, v=True)
             removed.append(container.name)

@@ -170,5 +170,5 @@ def test_pickup_passes_through_the_agent_framework_runner_in_docker(tmp_path):
     record = Path(out.strip().splitlines()[-1])
     entries = _check_passed(record.parent)
     assert entries[0]["image"].startswith("sha256:")
-    left = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
+    left = client.containers.list(all=True, ignore_removed=True, filters={"label": f"{LABEL_OWNER}={owner}"})
     assert left == [], [c.name for c in left]

@@ -41,7 +41,7 @@ def docker_client():
     yield client
     from controller.sandbox import LABEL_SANDBOX
 
-    leftovers = [c.name for c in client.containers.list(all=True, filters={"label": LABEL_SANDBOX})
+    leftovers = [c.name for c in client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL_SANDBOX})
                  if c.name.startswith("ds-audit-")]
     assert leftovers == [], f"audit left containers behind: {leftovers}"
 

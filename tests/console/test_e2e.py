@@ -424,7 +424,7 @@ def test_cancel_run_with_a_card_open_through_the_cli_on_docker(tmp_path, page):
     sandbox_id = entries[0]["sandbox"]
     assert re.fullmatch(r"ds-[0-9a-f]{8}", sandbox_id), sandbox_id
     label = {"label": f"desktop-sandbox.sandbox={sandbox_id}"}
-    left = ([c.name for c in client.containers.list(all=True, filters=label)]
+    left = ([c.name for c in client.containers.list(all=True, ignore_removed=True, filters=label)]
             + [n.name for n in client.networks.list(filters=label)])
     assert left == [], f"left behind by the cancelled run: {left}"
 

@@ -160,7 +160,7 @@ class CliRun:
     def leftovers(self) -> list[str]:
         """Containers and networks carrying this process's owner label."""
         flt = {"label": f"{LABEL_OWNER}={self.owner}"}
-        return [c.name for c in self.client.containers.list(all=True, filters=flt)] + [
+        return [c.name for c in self.client.containers.list(all=True, ignore_removed=True, filters=flt)] + [
             n.name for n in self.client.networks.list(filters=flt)]
 
     def session_processes(self) -> list[str]:

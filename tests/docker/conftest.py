@@ -109,7 +109,7 @@ def _remove_test_leftovers() -> Iterator[None]:
         import docker
 
         client = docker.from_env()
-        for c in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={SESSION_ID}"}):
+        for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"{TEST_LABEL}={SESSION_ID}"}):
             c.remove(force=True)
         for n in client.networks.list(filters={"label": f"{TEST_LABEL}={SESSION_ID}"}):
             n.remove()

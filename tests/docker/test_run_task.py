@@ -61,7 +61,7 @@ def _gone(docker_client, sandbox_id: str) -> bool:
     from controller.sandbox import LABEL_SANDBOX
 
     flt = {"label": f"{LABEL_SANDBOX}={sandbox_id}"}
-    return not docker_client.containers.list(all=True, filters=flt) and not docker_client.networks.list(filters=flt)
+    return not docker_client.containers.list(all=True, ignore_removed=True, filters=flt) and not docker_client.networks.list(filters=flt)
 
 
 def test_pickup_offline_exercise_passes(open_sandbox, docker_client, tmp_path):

@@ -43,7 +43,7 @@ with DockerSandbox.start(SandboxSpec(), DockerOptions(image=sys.argv[1], extra_l
 
 def _leftovers(client, sandbox_id: str) -> list[str]:
     flt = {"label": f"{LABEL_SANDBOX}={sandbox_id}"}
-    return [c.name for c in client.containers.list(all=True, filters=flt)] + [
+    return [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=flt)] + [
         n.name for n in client.networks.list(filters=flt)
     ]
 
@@ -67,7 +67,7 @@ def test_teardown_after_failed_start(docker_client, desktop_image, test_labels):
         DockerSandbox.start(SandboxSpec(ready_timeout=0.01),
                             DockerOptions(image=desktop_image, extra_labels=marker), client=docker_client)
     flt = {"label": f"desktop-sandbox.case={marker['desktop-sandbox.case']}"}
-    assert docker_client.containers.list(all=True, filters=flt) == []
+    assert docker_client.containers.list(all=True, ignore_removed=True, filters=flt) == []
     assert docker_client.networks.list(filters=flt) == []
 
 

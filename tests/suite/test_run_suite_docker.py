@@ -47,7 +47,7 @@ def _owned(client, pids: list[int]) -> list[str]:
     names = []
     for pid in pids:
         flt = {"label": f"{LABEL_OWNER}={socket.gethostname()}:{pid}"}
-        names += [c.name for c in client.containers.list(all=True, filters=flt)]
+        names += [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=flt)]
         names += [n.name for n in client.networks.list(filters=flt)]
     return names
 
@@ -56,7 +56,7 @@ def _by_sandbox(client, sandbox_ids: list[str]) -> list[str]:
     names = []
     for sid in sandbox_ids:
         flt = {"label": f"{LABEL_SANDBOX}={sid}"}
-        names += [c.name for c in client.containers.list(all=True, filters=flt)]
+        names += [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=flt)]
         names += [n.name for n in client.networks.list(filters=flt)]
     return names
 
