@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from tests.docker.conftest import record_ready
+from tests.conformance.harness import poll
 
 pytestmark = pytest.mark.docker
 
@@ -46,16 +47,8 @@ _CONNECT = (
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(delay)  # poll interval of a condition wait, bounded by the deadline
-        delay = min(delay * 1.5, 0.5)
+    """:func:`tests.conformance.harness.poll` every 0.2 s (each look may be a command in the guest)."""
+    return poll(condition, timeout=timeout, interval=0.2, what=what)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.conformance.harness import poll
 from tests.gateway.conftest import Gateway, RecordingServer, free_port, self_signed_context, start_gateway, start_server
 
 httpx = pytest.importorskip("httpx")
@@ -31,17 +32,9 @@ REFUSED_ADDRESS = "127.0.0.9"
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``condition`` until it returns something truthy (returned) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(delay)  # poll interval of a condition wait, bounded by the deadline
-        delay = min(delay * 1.5, 0.1)
+    """:func:`tests.conformance.harness.poll`: ``condition``'s first truthy value, or a failure after
+    ``timeout`` seconds."""
+    return poll(condition, timeout=timeout, what=what)
 
 
 @dataclass
