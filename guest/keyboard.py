@@ -14,10 +14,14 @@ Text rules (``type``): ``\\r\\n``, ``\\r`` and ``\\n`` are one ``Return`` each; 
 other control characters are refused; every other character is typed as its own keysym
 (:func:`guest.keys.char_to_keysym`). Each key is released right after it is pressed, so nothing is
 held long enough to auto-repeat. When one text needs more distinct unmapped characters than there
-are spare keycodes can hold, it is typed in chunks. A spare keycode pressed less than
-``REBIND_SETTLE_S`` ago is rebound only after that time, so clients have read the key events of its
-previous binding (X clients translate keycodes with the keymap current when they read the event; this
-is the only pause in the keyboard path, and only when bindings run out).
+are spare keycodes can hold, it is typed in chunks. A spare keycode pressed since the X clients were
+last seen idle is rebound only once every client has read and handled the key events sent so far
+(:func:`guest.xclients.wait_until_idle`: a client looks a keycode up in the keymap it holds then, so a
+lagging client would see its earlier presses as the new characters), at most :data:`REBIND_WAIT_S`
+(then it goes on: a client that stays busy or stopped that long does not hold typing up). Where that
+cannot be known (:class:`guest.xclients.Unknowable`), the rule falls back to time: at least
+``REBIND_SETTLE_S`` after the keycode's last press. This is the only wait in the keyboard path, and
+only when bindings run out.
 
 ``type`` does not depend on a lock the keyboard is in: when the server reports the Lock modifier
 (Caps Lock) on, the key that holds it is tapped to unlock before the text and tapped again after it,
@@ -35,13 +39,16 @@ from collections import OrderedDict
 from Xlib import XK, X, Xatom
 from Xlib.display import Display
 
+from . import xclients
 from .held import Held
 from .keys import MODIFIER_KEYSYMS, char_to_keysym, keysym_name
 
 SHIFT_L = XK.string_to_keysym("Shift_L")
 RETURN = XK.string_to_keysym("Return")
 TAB = XK.string_to_keysym("Tab")
-#: Pause before rebinding a spare keycode used earlier in the same text (seconds).
+#: Longest wait for X clients to handle earlier key events before a spare keycode is rebound (seconds).
+REBIND_WAIT_S = 5.0
+#: Where what clients have read cannot be known: pause after a keycode's last press before rebinding it.
 REBIND_SETTLE_S = 0.25
 #: Lowest keycode the agent will use as a spare (keycode 8 is ignored by some toolkits).
 MIN_SPARE_KEYCODE = 9
@@ -121,6 +128,8 @@ class Keyboard:
         self._bound: OrderedDict[int, tuple[int, int]] = OrderedDict()
         # keycode -> monotonic time of its last press (for the rebinding rule).
         self._pressed_at: dict[int, float] = {}
+        # monotonic time before which every key event sent was seen handled by every X client.
+        self._handled_up_to = 0.0
 
     def forget_bindings(self) -> None:
         """Drop remembered spare bindings (after a reconnect the server's keymap is fresh)."""
@@ -144,17 +153,19 @@ class Keyboard:
         return sorted(spares)
 
     def capacity(self, keymap: Keymap) -> int:
-        """How many unmapped keysyms fit on the spare keycodes at once."""
+        """How many unmapped keysyms fit on the spare keycodes at once (when a text uses none of the
+        keysyms bound there)."""
         return 2 * len(self._spares(keymap))
 
     def bind(self, dpy: Display, keymap: Keymap, keysyms: list[int], protect: set[int],
-             paired: bool = True) -> None:
+             paired: bool = True, deadline: float | None = None) -> None:
         """Bind ``keysyms`` (none on the keymap) to spare keycodes, then sync.
 
         ``paired``: two keysyms per keycode (level 0 and level 1); otherwise one, on both levels.
-        Keycodes holding a keysym in ``protect`` keep their binding. A keycode pressed less than
-        ``REBIND_SETTLE_S`` ago is rebound only after that time has passed. Raises ValueError when
-        there are not enough spare keycodes.
+        Keycodes holding a keysym in ``protect`` keep their binding. A keycode pressed since the X
+        clients last read everything is rebound only after they have (the rule in the module doc; the
+        wait ends at ``deadline``, monotonic seconds, too). Raises ValueError when there are not enough
+        spare keycodes.
         """
         spares = self._spares(keymap)
         candidates = [k for k in spares if k not in self._bound]
@@ -165,10 +176,8 @@ class Keyboard:
             raise ValueError("not enough spare keycodes for the unmapped characters")
         last_press = max((self._pressed_at.get(k, 0.0) for k in candidates[:len(pairs)] if k in self._bound),
                          default=0.0)
-        pause = last_press + REBIND_SETTLE_S - time.monotonic()
-        if pause > 0:
-            dpy.sync()
-            time.sleep(pause)
+        if last_press > self._handled_up_to:
+            self._await_readers(dpy, last_press, deadline)
         changed: list[int] = []
         for pair, keycode in zip(pairs, candidates):
             for old in self._bound.pop(keycode, ()):
@@ -194,6 +203,23 @@ class Keyboard:
             for keycode in changed:
                 if tuple(rows[keycode - first][:2]) != self._bound[keycode]:
                     raise RuntimeError(f"the X server did not accept the binding of keycode {keycode}")
+
+    def _await_readers(self, dpy: Display, last_press: float, deadline: float | None) -> None:
+        """Before rebinding keycodes last pressed at ``last_press``: wait until every X client has read and
+        handled the key events sent so far (at most :data:`REBIND_WAIT_S`, and not past ``deadline``),
+        or, where that cannot be known, until ``REBIND_SETTLE_S`` after ``last_press``."""
+        dpy.sync()  # every key event sent so far has reached the server, which passed it on
+        now = time.monotonic()
+        until = now + REBIND_WAIT_S if deadline is None else min(deadline, now + REBIND_WAIT_S)
+        try:
+            if xclients.wait_until_idle(dpy, until):
+                self._handled_up_to = now
+            return
+        except xclients.Unknowable:
+            pass
+        pause = last_press + REBIND_SETTLE_S - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)  # no way to see what clients have handled: the time rule (module doc)
 
     def touch(self, keycode: int) -> None:
         """Note a press of ``keycode`` (LRU order and the rebinding rule)."""
@@ -243,25 +269,10 @@ class Keyboard:
     def _type(self, dpy: Display, held: Held, keymap: Keymap, keysyms: list[int], deadline: float | None) -> None:
         start = 0
         while start < len(keysyms):
-            capacity = self.capacity(keymap)
-            if capacity == 0 and any(k not in keymap.lookup for k in keysyms[start:]):
-                raise ValueError("the keymap has no spare keycode for unmapped characters")
-            # Grow the chunk while its new (unmapped) keysyms fit the spare keycodes.
-            needed: list[int] = []
-            needed_set: set[int] = set()
-            end = start
-            while end < len(keysyms):
-                k = keysyms[end]
-                if k not in keymap.lookup and k not in needed_set:
-                    if len(needed) == capacity:
-                        break
-                    needed.append(k)
-                    needed_set.add(k)
-                end += 1
+            end, needed, protect = self._chunk(keymap, keysyms, start)
             chunk = keysyms[start:end]
             if needed:
-                protect = {k for k in chunk if k in keymap.lookup}
-                self.bind(dpy, keymap, needed, protect)
+                self.bind(dpy, keymap, needed, protect, deadline=deadline)
             if SHIFT_L not in keymap.lookup:
                 raise ValueError("the keymap has no Shift_L")
             for i, k in enumerate(chunk, 1):
@@ -275,6 +286,35 @@ class Keyboard:
             if deadline is not None and start < len(keysyms) and time.monotonic() >= deadline:
                 raise DeadlinePassed()
         dpy.sync()
+
+    def _chunk(self, keymap: Keymap, keysyms: list[int], start: int) -> tuple[int, list[int], set[int]]:
+        """The longest run of ``keysyms`` from ``start`` that can be typed with one binding: returns
+        ``(end, needed, protect)``, ``needed`` the unmapped keysyms to bind (in order, once each) and
+        ``protect`` the run's keysyms already on the keymap. A spare keycode holding a keysym the run
+        uses keeps it (:meth:`bind`), so the needed keysyms must fit two to a keycode on the spare
+        keycodes the run does not use. Raises ValueError when not even one unmapped keysym fits."""
+        spares = set(self._spares(keymap))
+        kept: set[int] = set()  # spare keycodes holding a keysym of the run
+        needed: list[int] = []
+        seen: set[int] = set()
+        end = start
+        while end < len(keysyms):
+            k = keysyms[end]
+            if k in keymap.lookup:
+                keycode = keymap.lookup[k][0]
+                if keycode in spares and keycode not in kept:
+                    if (len(needed) + 1) // 2 > len(spares) - len(kept) - 1:
+                        break
+                    kept.add(keycode)
+            elif k not in seen:
+                if (len(needed) + 2) // 2 > len(spares) - len(kept):
+                    break
+                needed.append(k)
+                seen.add(k)
+            end += 1
+        if end == start:
+            raise ValueError("the keymap has no spare keycode for unmapped characters")
+        return end, needed, {k for k in keysyms[start:end] if k in keymap.lookup}
 
     def chord_keycodes(self, dpy: Display, keysyms: list[int]) -> list[int]:
         """Keycodes to press, in order, for a chord of keysyms (binding unmapped ones).

@@ -2,7 +2,7 @@
 # Build the desktop-sandbox guest as a bootable VM image, from the same
 # provisioning the container image uses (images/provision.sh), without Vagrant.
 #
-#   debootstrap (Debian bookworm, minbase) + kernel + initramfs + qemu-guest-agent
+#   debootstrap (Debian bookworm, minbase) + initramfs-tools + qemu-guest-agent, then the kernel
 #   -> images/provision.sh packages, the agent's venv (as Dockerfile.desktop)   [system layer, cached]
 #   -> project code, images/provision.sh configure, scripts/vm/guest-setup.sh  [final layer]
 #   -> rootfs.raw (ext4, no partition table) + vmlinuz + initrd.img, booted with
@@ -38,10 +38,12 @@ while [ $# -gt 0 ]; do
 done
 case "$arch" in amd64|arm64) ;; *) echo "build-vm-image: --arch must be amd64 or arm64" >&2; exit 2 ;; esac
 
-# Base packages on top of minbase: init, kernel, initramfs, and the host's
-# control channel (qemu-guest-agent: used by the controller for in-guest
-# probes; its virtio port is root-only inside the guest).
-include="systemd-sysv,udev,kmod,initramfs-tools,linux-image-$arch,qemu-guest-agent"
+# Base packages on top of minbase: init, initramfs, and the host's control
+# channel (qemu-guest-agent: used by the controller for in-guest probes; its
+# virtio port is root-only inside the guest). The kernel comes after them,
+# once the initramfs is configured to be small (see the system layer).
+include="systemd-sysv,udev,kmod,initramfs-tools,qemu-guest-agent"
+kernel="linux-image-$arch"
 
 hash_files() { # stable hash of the named files/directories' contents and paths (relative to the repo)
   # In a git checkout: the files git tracks or would track (what .gitignore leaves out -- caches, test
@@ -54,7 +56,7 @@ hash_files() { # stable hash of the named files/directories' contents and paths 
        | { xargs -0 -r sha256sum 2>/dev/null || true; }) | sha256sum | cut -c1-16
 }
 deps=$(python3 -c 'import tomllib,sys; p=tomllib.load(open(sys.argv[1],"rb"))["project"]; print("\n".join(p["dependencies"]))' "$repo/pyproject.toml")
-system_key=$( { echo "$arch $suite $mirror $include"; echo "$deps"; sed -n '/^# system-layer-begin/,/^# system-layer-end/p' "$0"; \
+system_key=$( { echo "$arch $suite $mirror $include $kernel"; echo "$deps"; sed -n '/^# system-layer-begin/,/^# system-layer-end/p' "$0"; \
   sha256sum < "$repo/images/provision.sh"; } | sha256sum | cut -c1-16)
 final_key=$( { echo "$system_key"; hash_files images guest wire scripts/vm Dockerfile.desktop; sed -n '/^# final-layer-begin/,/^# final-layer-end/p' "$0"; } \
   | sha256sum | cut -c1-16)
@@ -113,12 +115,8 @@ chroot_umounts() {
 
 foreign=()
 if [ "$arch" != "$(dpkg --print-architecture)" ]; then
-  # The kernel's binfmt_misc runs the foreign binaries through qemu-user-static; mount it where it is not.
-  [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
-  [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || update-binfmts --enable qemu-aarch64 2>/dev/null || true
-  [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || {
-    echo "build-vm-image: building $arch here needs qemu-user-static with binfmt_misc (apt-get install qemu-user-static binfmt-support)" >&2
-    exit 1; }
+  # The kernel's binfmt_misc runs the foreign binaries through QEMU's user-mode emulator.
+  "$repo/scripts/binfmt-register.sh" "$arch"
   foreign=(--arch "$arch")
 fi
 
@@ -126,14 +124,20 @@ system="$cache/system-$arch-$system_key"
 # system-layer-begin
 if [ ! -d "$system" ]; then
   root="$work/system"
-  step "debootstrap $suite/$arch (minbase + kernel) from $mirror"
+  step "debootstrap $suite/$arch (minbase + init) from $mirror"
   quiet debootstrap "${foreign[@]}" --variant=minbase --components=main --include="$include" "$suite" "$root" "$mirror"
   printf 'deb %s %s main\ndeb %s %s-updates main\ndeb http://deb.debian.org/debian-security %s-security main\n' \
     "$mirror" "$suite" "$mirror" "$suite" "$suite" > "$root/etc/apt/sources.list"
   chroot_mounts "$root"
-  # A small initramfs: only what finds the root disk (faster to load under emulation).
+  # A small initramfs: only what finds the root disk (faster to load under emulation). Set before the
+  # kernel is installed, so its one initramfs is built that way: with the default (MODULES=most)
+  # mkinitramfs runs modinfo once per module of the kernel, thousands of processes, which under
+  # emulation (an arm64 build on x86-64) took over half an hour.
   printf 'MODULES=list\nCOMPRESS=zstd\n' > "$root/etc/initramfs-tools/conf.d/desktop-sandbox"
   printf 'virtio_pci\nvirtio_mmio\nvirtio_blk\next4\n' >> "$root/etc/initramfs-tools/modules"
+  step "kernel ($kernel)"
+  in_root "$root" apt-get update -qq
+  in_root "$root" apt-get install -y -qq --no-install-recommends "$kernel"
   step "images/provision.sh packages"
   install -m 0755 "$repo/images/provision.sh" "$root/usr/local/lib/provision.sh"
   in_root "$root" /bin/sh /usr/local/lib/provision.sh packages

@@ -11,8 +11,8 @@
 #   MIRROR  default http://deb.debian.org/debian
 #   ARCH    Debian architecture (amd64, arm64), default the host's. A foreign one
 #           (arm64 on an x86-64 host) runs debootstrap's second stage under
-#           emulation: it needs qemu-user-static and binfmt-support installed and
-#           binfmt_misc mounted (this script mounts it when it is not).
+#           emulation: it needs qemu-user-static installed (scripts/binfmt-register.sh
+#           registers its handler with the kernel when that is not done yet).
 # Needs: root, debootstrap, docker CLI.
 set -euo pipefail
 tag=${1:-debian:bookworm-slim}
@@ -31,13 +31,8 @@ if docker pull --platform "linux/$arch" "$tag" >/dev/null 2>&1; then
 fi
 command -v debootstrap >/dev/null || { echo "import-base: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 1; }
 if [ "$arch" != "$host_arch" ]; then
-  # A foreign architecture's binaries run through the kernel's binfmt_misc and qemu-user-static.
-  [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc \
-    || { echo "import-base: cannot mount binfmt_misc (needs root)" >&2; exit 1; }
-  qemu=$(case "$arch" in arm64) echo aarch64 ;; amd64) echo x86_64 ;; *) echo "$arch" ;; esac)
-  [ -e "/proc/sys/fs/binfmt_misc/qemu-$qemu" ] || update-binfmts --enable "qemu-$qemu" 2>/dev/null || true
-  [ -e "/proc/sys/fs/binfmt_misc/qemu-$qemu" ] || {
-    echo "import-base: no binfmt handler for $arch (apt-get install qemu-user-static binfmt-support)" >&2; exit 1; }
+  # A foreign architecture's binaries run through the kernel's binfmt_misc and QEMU's user-mode emulator.
+  "$(dirname "$0")/binfmt-register.sh" "$arch"
 fi
 
 root=$(mktemp -d /tmp/debootstrap.XXXXXX)

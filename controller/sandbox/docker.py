@@ -368,6 +368,11 @@ class DockerSandbox(Sandbox):
         from controller.sandbox import image as image_build
 
         self.time_scale = image_build.time_scale_of(image.attrs.get("Architecture"))
+        if self.time_scale != 1.0:
+            try:
+                image_build.ensure_emulation(image.attrs.get("Architecture"))
+            except image_build.BuildError as exc:
+                raise SandboxError(f"image {options.image}: {clean_lines(exc)}") from None
         try:
             check_memory_budget(options.mem_limit, options.shm_size)
         except ValueError as exc:

@@ -34,6 +34,8 @@ DOCKERFILE = "Dockerfile.desktop"
 DEFAULT_TAG = "desktop-sandbox:latest"
 DEFAULT_BASE = "debian:bookworm-slim"
 IMPORT_BASE_SCRIPT = REPO_ROOT / "scripts" / "import-base.sh"
+BINFMT_SCRIPT = REPO_ROOT / "scripts" / "binfmt-register.sh"
+BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
 WHEELHOUSE = REPO_ROOT / "wheelhouse"
 IMAGE_PYTHON = (3, 11)
 """Python of the image's base (Debian bookworm's python3); host wheels fit only when it matches."""
@@ -144,6 +146,24 @@ def arch_of_tag(tag: str) -> str:
 def platform_of(arch: str | None) -> str:
     """The Docker platform string of ``arch`` (``linux/arm64``)."""
     return f"linux/{normalize_arch(arch)}"
+
+
+_QEMU_CPU = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def ensure_emulation(arch: str | None) -> None:
+    """Make sure this host's kernel runs binaries of ``arch`` (a no-op for the host's own): its QEMU
+    user-mode handler (``qemu-aarch64`` for arm64) is registered with binfmt_misc, else
+    ``scripts/binfmt-register.sh`` registers it (root; from the QEMU packages' description).
+
+    Raises BuildError saying what is missing when it cannot be done (no qemu-user-static, not root).
+    """
+    arch = normalize_arch(arch)
+    if not is_foreign(arch) or (BINFMT_MISC / f"qemu-{_QEMU_CPU[arch]}").exists():
+        return
+    proc = subprocess.run([str(BINFMT_SCRIPT), arch], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BuildError(f"{arch} binaries cannot run on this host: {proc.stderr.strip()[-400:]}")
 
 
 def ensure_base(client: docker.DockerClient, base: str = DEFAULT_BASE,
@@ -317,6 +337,7 @@ def build(
     common = dict(dockerfile=DOCKERFILE, tag=tag, buildargs={"BASE_IMAGE": base}, nocache=no_cache,
                   rm=True, forcerm=True, decode=True)
     if is_foreign(arch):
+        ensure_emulation(arch)
         folder = foreign_wheelhouse(arch)
         folder.mkdir(parents=True, exist_ok=True)
         # Emulated steps take minutes of CPU: a low CPU weight (the build's `nice`) keeps the host's other

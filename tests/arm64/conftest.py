@@ -10,8 +10,12 @@ figures of each start and run (seconds) are printed in the terminal summary, for
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,13 @@ SESSION_ID = secrets.token_hex(4)
 
 EMULATED_FIXTURES = {"docker_client", "arm64_image", "arm64_vm_image"}
 """A test using one of these runs the arm64 guest: it is in the tier (marked, opt-in)."""
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_CONFORMANCE = ["tests/conformance/test_screenshot.py", "tests/conformance/test_pointer.py",
+                     "tests/conformance/test_keys.py", "tests/conformance/test_type.py"]
+"""The conformance suite's quick modules (screenshots, pointer, keys, typing): the agent's contract
+without the long waits of test_wait_release/test_type_events."""
+CONFORMANCE_TIMEOUT_S = 2400
 
 _figures: list[tuple[str, dict[str, float]]] = []
 
@@ -55,6 +66,29 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # no
 def record(what: str, figures: dict) -> None:
     """Remember figures (seconds, counts) of a start or a run for the terminal summary."""
     _figures.append((what, dict(figures)))
+
+
+def run_quick_conformance(what: str, desktop: str, env: dict[str, str], report: Path) -> None:
+    """Run :data:`QUICK_CONFORMANCE` in a pytest process of its own through ``--conformance-desktop=desktop``
+    (the adapters' path) with ``env`` added, its JUnit report at ``report``; record its counts as
+    ``what`` and fail unless every test ran and passed."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *QUICK_CONFORMANCE,
+         f"--conformance-desktop={desktop}"],
+        cwd=REPO, env=dict(os.environ, **env), capture_output=True, text=True, timeout=CONFORMANCE_TIMEOUT_S,
+    )
+    assert report.exists(), f"no report (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-4000:]}"
+    suite = ET.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else next(suite.iter("testsuite"))
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    record(what, {**counts, "wall_s": float(suite.get("time", 0))})
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == counts["skipped"] == 0, counts
+
+
+def labels_json(labels: dict[str, str]) -> str:
+    """``labels`` as ``$DESKTOP_SANDBOX_TEST_LABELS`` carries them."""
+    return json.dumps(labels)
 
 
 @pytest.fixture(scope="session")

@@ -4,23 +4,14 @@ passes through ``desktop-sandbox run-task --arch arm64``."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 from controller.sandbox.image import EMULATION_MEM_LIMIT, EMULATION_TIME_SCALE
 
-from .conftest import record
+from .conftest import REPO, labels_json, record, run_quick_conformance
 
-REPO = Path(__file__).resolve().parents[2]
-QUICK_CONFORMANCE = ["tests/conformance/test_screenshot.py", "tests/conformance/test_pointer.py",
-                     "tests/conformance/test_keys.py", "tests/conformance/test_type.py"]
-"""The conformance suite's quick modules (screenshots, pointer, keys, typing): the agent's contract
-without the long waits of test_wait_release/test_type_events."""
-CONFORMANCE_TIMEOUT_S = 1500
 RUN_TASK_TIMEOUT_S = 1200
 
 
@@ -47,20 +38,9 @@ def test_the_agent_answers_under_emulation(docker_client, arm64_image, test_labe
 
 
 def test_the_conformance_quick_modules_pass(arm64_image, test_labels, tmp_path):
-    report = tmp_path / "junit.xml"
-    env = dict(os.environ, DESKTOP_SANDBOX_IMAGE=arm64_image, DESKTOP_SANDBOX_TEST_LABELS=json.dumps(test_labels))
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *QUICK_CONFORMANCE,
-         "--conformance-desktop=tests.docker._conformance:conformance_desktop"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=CONFORMANCE_TIMEOUT_S,
-    )
-    assert report.exists(), f"no report (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-4000:]}"
-    suite = ET.parse(report).getroot()
-    suite = suite if suite.tag == "testsuite" else next(suite.iter("testsuite"))
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    record("conformance quick modules", {**counts, "wall_s": float(suite.get("time", 0))})
-    assert run.returncode == 0, run.stdout[-4000:]
-    assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == counts["skipped"] == 0, counts
+    run_quick_conformance("conformance quick modules (container)", "tests.docker._conformance:conformance_desktop",
+                          {"DESKTOP_SANDBOX_IMAGE": arm64_image, "DESKTOP_SANDBOX_TEST_LABELS": labels_json(test_labels)},
+                          tmp_path / "junit.xml")
 
 
 def test_the_pickup_exercise_passes_with_run_task_arch_arm64(arm64_image, tmp_path):

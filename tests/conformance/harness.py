@@ -237,9 +237,15 @@ class TextSink:
             raise
 
     def focus(self, target: Target) -> None:
-        """Click inside the terminal so it has the keyboard."""
+        """Click inside the terminal, then wait until it has the keyboard: the window manager gives the
+        focus when it gets to the click, which on a slow guest comes after the agent's answer (keys
+        typed before then go to whatever had the focus)."""
         x, y, w, h = self.geometry
         target.run([{"type": "click", "x": x + w // 2, "y": y + h // 2, "button": "left"}])
+        if self.desktop.focused_class() is not None:
+            # PointerRoot: no window manager; the keys go to the window under the pointer, just clicked on
+            poll(lambda: (lambda c: "XTerm" in c or c == "PointerRoot")(self.desktop.focused_class() or ""),
+                 10 * self.desktop.time_scale, what="the terminal to have the keyboard focus")
 
     def type_and_read(self, target: Target, text: str, expected: str, timeout: float = 20.0) -> str:
         """Type ``text`` + Enter; return what reached the file (compare with ``expected`` + ``\\n``)."""
@@ -282,6 +288,27 @@ MANAGED_WINDOWS = (
 )
 """Prints how many windows in the window manager's client list have WM_CLASS ``argv[2]`` (or are
 already destroyed); 0 without a window manager (no list). Runs where the display is reachable."""
+
+FOCUSED_CLASS = (
+    "import sys\n"
+    "from Xlib import display, error\n"
+    "d = display.Display(sys.argv[1])\n"
+    "w = d.get_input_focus().focus\n"
+    "root = d.screen().root\n"
+    "found = 'PointerRoot' if w == 1 or (not isinstance(w, int) and w.id == root.id) else ''\n"
+    "while not isinstance(w, int) and not found:  # an int: None or PointerRoot\n"
+    "    try:\n"
+    "        found = ' '.join(w.get_wm_class() or ())\n"
+    "        tree = w.query_tree()\n"
+    "    except error.XError:\n"
+    "        break\n"
+    "    w = tree.parent if tree.parent and tree.parent.id != tree.root.id else 0\n"
+    "print(found)\n"
+)
+"""Prints the WM_CLASS (instance and class) of the window that has the keyboard focus, or of its
+nearest ancestor that has one; ``PointerRoot`` when the keys go to the window under the pointer (the
+focus is PointerRoot or the root window: no window manager set one); an empty line when the focus is
+on no window. Runs where the display is reachable."""
 
 
 class AgentDesktop:
@@ -384,6 +411,18 @@ class AgentDesktop:
         out = subprocess.run([sys.executable, "-c", MANAGED_WINDOWS, self.display, wm_class], capture_output=True,
                              text=True, timeout=30)
         return int(out.stdout) if out.returncode == 0 else 1
+
+    def focused_class(self) -> str | None:
+        """WM_CLASS of the window with the keyboard focus (:data:`FOCUSED_CLASS`), or None when the
+        display is not reachable from here."""
+        if not self.display:
+            return None
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-c", FOCUSED_CLASS, self.display], capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else ""
 
     def pressed(self) -> tuple[list[int], int] | None:
         """(keycodes down, pointer button mask) from the X server, or None if unreachable."""

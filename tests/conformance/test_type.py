@@ -43,6 +43,15 @@ def test_more_unmapped_characters_than_spare_keycodes(target, sink):
     assert sink.type_and_read(target, text, text, timeout=60) == text + "\n"
 
 
+def test_characters_bound_before_and_more_new_ones_than_keycodes_left(target, sink):
+    # Characters an earlier text bound keep their keycodes while a text uses them again, so the new
+    # ones must fit the keycodes left: such a text is typed in chunks, never refused.
+    first = "".join(chr(0x5000 + i * 5) for i in range(30))
+    assert sink.type_and_read(target, first, first, timeout=60) == first + "\n"
+    second = first[:12] + "".join(chr(0x6000 + i * 5) for i in range(40)) + first[:12]
+    assert sink.type_and_read(target, second, second, timeout=60) == second + "\n"
+
+
 def test_control_characters_other_than_newline_and_tab_are_refused(target, sink):
     with pytest.raises(TargetError) as err:
         target.run([{"type": "type", "text": "bell\x07"}])

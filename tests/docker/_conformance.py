@@ -70,6 +70,13 @@ class ContainerDesktop(AgentDesktop):
         assert result.exit_code == 0, result.stderr.decode()
         return int(result.stdout)
 
+    def focused_class(self) -> str | None:
+        from tests.conformance.harness import FOCUSED_CLASS
+
+        result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", FOCUSED_CLASS, ":99"], timeout=20 * self.time_scale)
+        assert result.exit_code == 0, result.stderr.decode()
+        return result.stdout.decode().strip()
+
     def alive(self, pid: int) -> bool:
         return self.sandbox.exec_in_guest(["kill", "-0", str(pid)], timeout=10).exit_code == 0
 

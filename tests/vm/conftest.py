@@ -21,7 +21,8 @@ import pytest
 
 from tests.require import unavailable
 
-from tests.docker._conformance import CONFORMANCE_APPS, WORKDIR, sandbox_desktop, target  # noqa: F401 - target: fixture
+from tests.docker._conformance import sandbox_desktop, target  # noqa: F401 - target: fixture
+from tests.vm._conformance import start_conformance_vm
 
 _timings: list[tuple[str, dict[str, float]]] = []
 
@@ -72,16 +73,9 @@ def vm_image() -> Path:
 @pytest.fixture(scope="session")
 def vm_sandbox(vm_image: Path):
     """A ready VM sandbox shared by the session: deny-all, conformance apps, short wait cap."""
-    from controller.sandbox import SandboxSpec
-    from controller.sandbox.vm import VMOptions, VMSandbox
-
-    sb = VMSandbox.start(
-        SandboxSpec(ready_timeout=float(os.environ.get("DESKTOP_SANDBOX_VM_READY_TIMEOUT", "420"))),
-        VMOptions(image=vm_image, apps_file=CONFORMANCE_APPS, agent_args=["--wait-cap", "3", "--busy-timeout", "1"]),
-    )
+    sb = start_conformance_vm(vm_image)
     _timings.append((f"{sb.id} ({sb.accel})", dict(sb.timings)))
     with sb:
-        assert sb.exec_in_guest(["mkdir", "-p", WORKDIR], timeout=30).exit_code == 0
         yield sb
 
 

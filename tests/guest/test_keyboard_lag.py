@@ -1,0 +1,188 @@
+"""Typing stays exact for an X client that lags behind the keys (guest/keyboard.py, guest/xclients.py).
+
+A text with more distinct unmapped characters than the spare keycodes hold is typed in chunks, the
+spare keycodes rebound between them. A client looks a keycode up in the keymap it holds when it gets
+to the event, so one that is behind (a busy or emulated guest; here an ``xterm`` stopped with SIGSTOP
+for a while) must have handled the earlier presses before a keycode is rebound, or it types other
+characters. The time a client is stopped is the stimulus here, not a wait: the agent must notice by
+itself when the client has caught up. What the kernel reports (unread bytes of a client's socket, its
+process's state) is checked on real sockets and processes.
+
+The X server is this module's own: the rule waits for every client of the display, and the agents
+other tests leave running on the shared one never read their own connections.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from guest import xclients
+from guest.keyboard import REBIND_WAIT_S
+from guest.localrun import Xvfb
+from tests.conformance.harness import poll
+from tests.require import require_commands
+
+#: More distinct characters than any default keymap has room for (Xvfb's holds 36 at once).
+CJK_120 = "".join(chr(0x4E00 + i * 3) for i in range(120))
+
+
+def _type(agent, text: str) -> tuple[httpx.Response, float]:
+    start = time.monotonic()
+    resp = httpx.post(agent.base_url + "/v1/actions", json={"actions": [{"type": "type", "text": text}]},
+                      headers={"Authorization": f"Bearer {agent.token}"}, timeout=60)
+    return resp, time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def xvfb():
+    """An X server of this module's own (module doc)."""
+    server = Xvfb().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sink(xvfb, make_agent, tmp_path):
+    """(agent, xterm process, file): an ``xterm`` running ``cat > file``, focused, on the session Xvfb."""
+    require_commands("X", "xterm", install="apt-get install xterm")
+    agent = make_agent(xvfb.display)
+    out = tmp_path / "typed.txt"
+    term = subprocess.Popen(
+        ["xterm", "-geometry", "120x24+0+0", "-fa", "", "-fn", "fixed", "-u8", "-e", "sh", "-c",
+         'stty -echo; exec cat > "$1"', "sink", str(out)],
+        env=dict(os.environ, DISPLAY=xvfb.display), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        poll(out.exists, 15, what="the terminal to start")
+        resp = httpx.post(agent.base_url + "/v1/actions", headers={"Authorization": f"Bearer {agent.token}"},
+                          json={"actions": [{"type": "click", "x": 300, "y": 100, "button": "left"},
+                                            {"type": "type", "text": "ready\n"}]}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        poll(lambda: out.read_text() == "ready\n", 15, what="the terminal to have the keyboard")
+        yield agent, term, out
+    finally:
+        if term.poll() is None:
+            os.kill(term.pid, signal.SIGCONT)
+            term.kill()
+        term.wait()
+
+
+def test_a_client_stopped_while_keys_come_still_gets_the_exact_text(sink):
+    agent, term, out = sink
+    os.kill(term.pid, signal.SIGSTOP)
+    resume = threading.Timer(1.0, os.kill, (term.pid, signal.SIGCONT))  # the lag: 1 s, four times the old rule's
+    resume.start()
+    try:
+        resp, _ = _type(agent, CJK_120 + "\n")
+    finally:
+        resume.join()
+    assert resp.status_code == 200, resp.text
+    typed = poll(lambda: (lambda t: t if t.endswith("\n") and len(t) > len("ready\n") else None)(out.read_text()),
+                 20, what="the typed line")
+    assert typed == "ready\n" + CJK_120 + "\n"
+
+
+def test_a_client_that_never_catches_up_holds_typing_up_at_most_the_cap(sink):
+    agent, term, out = sink
+    os.kill(term.pid, signal.SIGSTOP)
+    resp, took = _type(agent, CJK_120[:60])  # one rebind
+    assert resp.status_code == 200, resp.text
+    assert REBIND_WAIT_S <= took < REBIND_WAIT_S + 3.0, f"typing took {took:.1f} s (cap {REBIND_WAIT_S:g} s)"
+    resp = httpx.get(agent.base_url + "/v1/display", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
+    assert resp.status_code == 200
+
+
+_CLIENT = """\
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+print("connected", flush=True)
+for line in sys.stdin:
+    print(len(s.recv(1 << 20)), flush=True)
+"""
+
+
+def test_unread_bytes_are_the_clients_receive_queue(tmp_path):
+    path = str(tmp_path / "server.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen()
+        client = subprocess.Popen([sys.executable, "-c", _CLIENT, path], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout.readline() == "connected\n"
+            conn, _ = server.accept()
+            with conn:
+                assert xclients.unread_bytes(path) == {}
+                conn.sendall(b"x" * 1000)
+                [(inode, unread)] = poll(lambda: list(xclients.unread_bytes(path).items()), 5, what="queued bytes")
+                assert unread == 1000
+                client.stdin.write("read\n")
+                client.stdin.flush()
+                assert client.stdout.readline() == "1000\n"
+                assert xclients.unread_bytes(path) == {}
+                # this process's own connections are never counted
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as own:
+                    own.connect(path)
+                    mine, _ = server.accept()
+                    with mine:
+                        mine.sendall(b"y" * 10)
+                        assert xclients.unread_bytes(path) == {}
+        finally:
+            client.kill()
+            client.wait()
+
+
+def test_process_state_tells_asleep_stopped_and_gone():
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert poll(lambda: xclients.process_state(proc.pid) == "S", 10, what="the child asleep on stdin")
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert poll(lambda: xclients.process_state(proc.pid) == "T", 10, what="the child stopped")
+        os.kill(proc.pid, signal.SIGCONT)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert xclients.process_state(proc.pid) == "X"
+
+
+def test_clients_idle_waits_for_a_stopped_x_client(xvfb):
+    from Xlib import display as xdisplay
+
+    dpy = xdisplay.Display(xvfb.display)
+    other = subprocess.Popen([sys.executable, "-c", "from Xlib import display; import sys; d = display.Display(sys.argv[1])\n"
+                              "print('up', flush=True)\nwhile True: d.next_event()", xvfb.display],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "up\n"
+        assert other.pid in xclients.client_pids(dpy) and os.getpid() not in xclients.client_pids(dpy)
+        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)
+        os.kill(other.pid, signal.SIGSTOP)
+        poll(lambda: xclients.process_state(other.pid) == "T", 10, what="the client stopped")
+        assert not xclients.clients_idle(dpy)
+        started = time.monotonic()
+        assert not xclients.wait_until_idle(dpy, started + 0.3)
+        assert time.monotonic() - started >= 0.3
+        os.kill(other.pid, signal.SIGCONT)
+        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)
+    finally:
+        other.kill()
+        other.wait()
+        dpy.close()
+
+
+def test_a_display_that_is_not_local_cannot_be_told():
+    with pytest.raises(ValueError):
+        xclients.socket_path("remote.example:0")
+    assert xclients.socket_path(":99") == "/tmp/.X11-unix/X99"
+    assert xclients.socket_path("unix:7.0") == "/tmp/.X11-unix/X7"
+    assert Path(xclients.X_SOCKET_DIR).name == ".X11-unix"
