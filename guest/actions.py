@@ -232,6 +232,7 @@ class Executor:
         settled: bool | None = None
         try:
             deadline = time.monotonic() + self.request_timeout
+            self.keyboard.begin(deadline)
             info = self.conn.info()
             prepared = prepare(raw_actions, (info.width, info.height))
             if prepared:

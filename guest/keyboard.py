@@ -13,15 +13,20 @@ instead of finding none left.
 Text rules (``type``): ``\\r\\n``, ``\\r`` and ``\\n`` are one ``Return`` each; ``\\t`` is ``Tab``;
 other control characters are refused; every other character is typed as its own keysym
 (:func:`guest.keys.char_to_keysym`). Each key is released right after it is pressed, so nothing is
-held long enough to auto-repeat. When one text needs more distinct unmapped characters than there
-are spare keycodes can hold, it is typed in chunks. A spare keycode pressed since the X clients were
-last seen idle is rebound only once every client has read and handled the key events sent so far
-(:func:`guest.xclients.wait_until_idle`: a client looks a keycode up in the keymap it holds then, so a
-lagging client would see its earlier presses as the new characters), at most :data:`REBIND_WAIT_S`
-(then it goes on: a client that stays busy or stopped that long does not hold typing up). Where that
-cannot be known (:class:`guest.xclients.Unknowable`), the rule falls back to time: at least
-``REBIND_SETTLE_S`` after the keycode's last press. This is the only wait in the keyboard path, and
-only when bindings run out.
+held long enough to auto-repeat. When one text needs more distinct unmapped characters than the
+spare keycodes can hold, it is typed in chunks, and keycodes are bound anew between them. An X client
+looks a keycode up in the keymap it holds when it gets to the event, so a keycode pressed since the
+clients were last seen idle is bound anew only once (1) ``REBIND_SETTLE_S`` has passed since its last
+press (what a responsive client needs to take the press in), and then (2) every X client has read all
+the server sent it and the client the keys go to is asleep (:func:`guest.xclients.wait_until_idle`),
+so a client that lags further (a busy or emulated guest, a stopped process) gets its earlier presses
+with the binding they were typed with. Part (2) waits at most :data:`REBIND_WAIT_S` in a request, counted
+from its first such wait, and never past the request's deadline: a client that stays busy or stopped
+that long does not hold typing up (:meth:`Keyboard.begin` starts a request). Where (2) cannot be known
+(:class:`guest.xclients.Unknowable`, logged once), the rule is (1) alone. All the keycodes of one
+binding that are consecutive change in one ``ChangeKeyboardMapping`` (one ``MappingNotify``: window
+managers such as openbox grab their keys anew on each). This is the only wait in the keyboard path,
+and only when bindings run out.
 
 ``type`` does not depend on a lock the keyboard is in: when the server reports the Lock modifier
 (Caps Lock) on, the key that holds it is tapped to unlock before the text and tapped again after it,
@@ -33,6 +38,7 @@ two keys.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 
@@ -43,12 +49,14 @@ from . import xclients
 from .held import Held
 from .keys import MODIFIER_KEYSYMS, char_to_keysym, keysym_name
 
+log = logging.getLogger(__name__)
+
 SHIFT_L = XK.string_to_keysym("Shift_L")
 RETURN = XK.string_to_keysym("Return")
 TAB = XK.string_to_keysym("Tab")
-#: Longest wait for X clients to handle earlier key events before a spare keycode is rebound (seconds).
+#: Longest a request waits, in all, for X clients to handle earlier key events before rebinding (seconds).
 REBIND_WAIT_S = 5.0
-#: Where what clients have read cannot be known: pause after a keycode's last press before rebinding it.
+#: Least time between a spare keycode's last press and binding it anew (seconds).
 REBIND_SETTLE_S = 0.25
 #: Lowest keycode the agent will use as a spare (keycode 8 is ignored by some toolkits).
 MIN_SPARE_KEYCODE = 9
@@ -92,6 +100,17 @@ def text_to_keysyms(text: str) -> list[int]:
     return out
 
 
+def _runs(keycodes: list[int], rows: dict[int, tuple[int, int]]) -> list[tuple[int, list[tuple[int, int]]]]:
+    """``keycodes`` grouped into runs of consecutive ones: ``[(first keycode, [row, ...]), ...]``."""
+    out: list[tuple[int, list[tuple[int, int]]]] = []
+    for keycode in sorted(keycodes):
+        if out and out[-1][0] + len(out[-1][1]) == keycode:
+            out[-1][1].append(rows[keycode])
+        else:
+            out.append((keycode, [rows[keycode]]))
+    return out
+
+
 class Keymap:
     """Snapshot of the server's core keymap: keysym -> (keycode, needs Shift), rows, empty keycodes,
     and ``listed``: the keycodes :data:`SPARE_PROPERTY` names as bound spares."""
@@ -130,6 +149,15 @@ class Keyboard:
         self._pressed_at: dict[int, float] = {}
         # monotonic time before which every key event sent was seen handled by every X client.
         self._handled_up_to = 0.0
+        # the current request's deadline, and the end of its budget for waiting on X clients
+        self._deadline: float | None = None
+        self._wait_until: float | None = None
+        self._unknowable_logged = False
+
+    def begin(self, deadline: float | None) -> None:
+        """Start a request whose monotonic ``deadline`` (None: none) bounds every wait for X clients in
+        it; the budget of :data:`REBIND_WAIT_S` starts again (module doc)."""
+        self._deadline, self._wait_until = deadline, None
 
     def forget_bindings(self) -> None:
         """Drop remembered spare bindings (after a reconnect the server's keymap is fresh)."""
@@ -158,14 +186,13 @@ class Keyboard:
         return 2 * len(self._spares(keymap))
 
     def bind(self, dpy: Display, keymap: Keymap, keysyms: list[int], protect: set[int],
-             paired: bool = True, deadline: float | None = None) -> None:
-        """Bind ``keysyms`` (none on the keymap) to spare keycodes, then sync.
+             paired: bool = True) -> None:
+        """Bind ``keysyms`` (none on the keymap) to spare keycodes, in one keymap change, then sync.
 
         ``paired``: two keysyms per keycode (level 0 and level 1); otherwise one, on both levels.
         Keycodes holding a keysym in ``protect`` keep their binding. A keycode pressed since the X
-        clients last read everything is rebound only after they have (the rule in the module doc; the
-        wait ends at ``deadline``, monotonic seconds, too). Raises ValueError when there are not enough
-        spare keycodes.
+        clients were last seen idle is bound anew only by the rule in the module doc. Raises
+        ValueError when there are not enough spare keycodes.
         """
         spares = self._spares(keymap)
         candidates = [k for k in spares if k not in self._bound]
@@ -177,20 +204,23 @@ class Keyboard:
         last_press = max((self._pressed_at.get(k, 0.0) for k in candidates[:len(pairs)] if k in self._bound),
                          default=0.0)
         if last_press > self._handled_up_to:
-            self._await_readers(dpy, last_press, deadline)
+            self._await_clients(dpy, last_press)
         changed: list[int] = []
         for pair, keycode in zip(pairs, candidates):
             for old in self._bound.pop(keycode, ()):
                 if keymap.lookup.get(old, (None,))[0] == keycode:
                     del keymap.lookup[old]
             row = (pair[0], pair[1] if len(pair) > 1 else pair[0])
-            dpy.change_keyboard_mapping(keycode, [row])
             self._bound[keycode] = row
             keymap.rows[keycode] = row
             keymap.lookup[row[0]] = (keycode, False)
             if len(pair) > 1:
                 keymap.lookup[row[1]] = (keycode, True)
             changed.append(keycode)
+        # One request for each run of consecutive keycodes (spare keycodes lie scattered; rewriting the
+        # keys between them through the core protocol would make the server derive their XKB types anew).
+        for first, rows in _runs(changed, self._bound):
+            dpy.change_keyboard_mapping(first, rows)
         if changed and not keymap.listed.issuperset(changed):
             keymap.listed.update(changed)
             dpy.screen().root.change_property(dpy.get_atom(SPARE_PROPERTY), Xatom.CARDINAL, 32,
@@ -204,22 +234,27 @@ class Keyboard:
                 if tuple(rows[keycode - first][:2]) != self._bound[keycode]:
                     raise RuntimeError(f"the X server did not accept the binding of keycode {keycode}")
 
-    def _await_readers(self, dpy: Display, last_press: float, deadline: float | None) -> None:
-        """Before rebinding keycodes last pressed at ``last_press``: wait until every X client has read and
-        handled the key events sent so far (at most :data:`REBIND_WAIT_S`, and not past ``deadline``),
-        or, where that cannot be known, until ``REBIND_SETTLE_S`` after ``last_press``."""
+    def _await_clients(self, dpy: Display, last_press: float) -> None:
+        """Before binding anew keycodes last pressed at ``last_press`` (monotonic s): the rule in the
+        module doc, ``REBIND_SETTLE_S`` after that press, then every X client seen idle (within the
+        request's budget)."""
         dpy.sync()  # every key event sent so far has reached the server, which passed it on
-        now = time.monotonic()
-        until = now + REBIND_WAIT_S if deadline is None else min(deadline, now + REBIND_WAIT_S)
-        try:
-            if xclients.wait_until_idle(dpy, until):
-                self._handled_up_to = now
-            return
-        except xclients.Unknowable:
-            pass
         pause = last_press + REBIND_SETTLE_S - time.monotonic()
         if pause > 0:
-            time.sleep(pause)  # no way to see what clients have handled: the time rule (module doc)
+            time.sleep(pause)  # (1): what a responsive client needs to take the presses in
+        now = time.monotonic()
+        if self._wait_until is None:
+            self._wait_until = now + REBIND_WAIT_S
+            if self._deadline is not None:
+                self._wait_until = min(self._wait_until, self._deadline)
+        try:
+            if xclients.wait_until_idle(dpy, self._wait_until):
+                self._handled_up_to = now
+        except xclients.Unknowable as exc:
+            if not self._unknowable_logged:
+                self._unknowable_logged = True
+                log.warning("cannot see what X clients have handled (%s): spare keycodes are bound anew "
+                            "%.2f s after their last press, however far a client lags", exc, REBIND_SETTLE_S)
 
     def touch(self, keycode: int) -> None:
         """Note a press of ``keycode`` (LRU order and the rebinding rule)."""
@@ -272,7 +307,7 @@ class Keyboard:
             end, needed, protect = self._chunk(keymap, keysyms, start)
             chunk = keysyms[start:end]
             if needed:
-                self.bind(dpy, keymap, needed, protect, deadline=deadline)
+                self.bind(dpy, keymap, needed, protect)
             if SHIFT_L not in keymap.lookup:
                 raise ValueError("the keymap has no Shift_L")
             for i, k in enumerate(chunk, 1):

@@ -3,21 +3,27 @@
 An X client translates a key event's keycode with the keymap it holds when it looks the event up, and
 Xlib refreshes that keymap as soon as it *reads* a keymap change (``MappingNotify``), whether or not
 it has looked up the key events read before it. So a keycode may be bound to another keysym only once
-every client has handled the key events sent for its old binding: a client that lags (a busy or
-emulated guest, a stopped process) would otherwise look its earlier presses up in the new keymap and
-see other characters (:mod:`guest.keyboard`). Two things the kernel can tell together say a client is
-done, with no help from the client:
+the client that got the key events has handled them: a client that lags (a busy or emulated guest, a
+stopped process) would otherwise look its earlier presses up in the new keymap and see other
+characters (:mod:`guest.keyboard`). Two things the kernel can tell together say so, with no help from
+the client:
 
-* **read**: nothing waits in the receive queue of its end of the Unix socket. The kernel reports those
-  queues for every Unix socket of the network namespace through ``sock_diag`` (netlink,
+* **read**: nothing waits in the receive queue of any client's end of its Unix socket. The kernel
+  reports those queues for every Unix socket of the network namespace through ``sock_diag`` (netlink,
   ``NETLINK_SOCK_DIAG``, ``<linux/unix_diag.h>``), with no privilege: the X server's accepted sockets
-  carry its listening path as their name and the client's socket as their peer;
-* **handled**: its process (the X server names each client's process id through the X-Resource
-  extension, ``XResQueryClientIds``) sleeps (``/proc/PID/stat`` state ``S``): Xlib and the toolkits on
-  it block for input only once every event they have read was handled.
+  carry its listening path as their name and the client's socket as their peer. Which socket is whose
+  cannot be told (another user's ``/proc/PID/fd`` is closed), so this holds for every client;
+* **handled**: the process of the client the keys go to sleeps (``/proc/PID/stat`` state ``S``): Xlib
+  and the toolkits on it block for input only once every event they have read was handled. That client
+  owns the focus window, or, when the keys follow the pointer (focus PointerRoot or the root window),
+  the deepest window under the pointer; the X-Resource extension (``XResQueryClientIds``) names its
+  process id. Other clients may stay busy: a window manager grabbing its keys anew after a keymap
+  change gets none of the typed keys.
 
-:func:`clients_idle` looks once; :func:`wait_until_idle` polls until both hold for every client but
-this process (whose own connections read their events when it wants, or never), up to a deadline.
+It stays a judgement from outside: a client that handles X events on a thread other than its main one,
+or whose X connection was made by a process that has since exited, is judged by a process that is not
+the one at work. :func:`clients_idle` looks once; :func:`wait_until_idle` polls until it holds, up to a
+deadline. This process's own connections never count (it reads its events when it wants, or never).
 Where the kernel or the server cannot tell (no ``sock_diag``, no X-Resource, processes hidden by
 ``hidepid``), :class:`Unknowable` is raised and the caller falls back to a rule of its own.
 """
@@ -54,7 +60,7 @@ MAX_REPLY_BYTES = 8 * 1024 * 1024
 """Most bytes of dump replies read at once: a namespace with tens of thousands of sockets is cut off
 there (the answer is then None: unknown)."""
 
-_DISPLAY = re.compile(r"^(?:unix)?:(\d+)(?:\.\d+)?$")
+_DISPLAY = re.compile(r"^(?:unix/?)?:(\d+)(?:\.\d+)?$")
 
 
 class Unknowable(OSError):
@@ -67,8 +73,8 @@ class DiagUnavailable(Unknowable):
 
 
 def socket_path(display: str) -> str:
-    """The Unix socket path of a local X display (``":99"`` -> ``/tmp/.X11-unix/X99``); ValueError for
-    a display that is not local (``host:0``)."""
+    """The Unix socket path of a local X display (``":99"``, ``"unix:99"``, ``"unix/:99.0"`` ->
+    ``/tmp/.X11-unix/X99``); ValueError for a display that is not local (``host:0``)."""
     m = _DISPLAY.match(display)
     if m is None:
         raise ValueError(f"not a local X display: {display!r}")
@@ -162,16 +168,32 @@ def unread_bytes(path: str) -> dict[int, int]:
     return {inode: unread for inode, _, _, _, unread in sockets if inode in clients and unread}
 
 
-def client_pids(dpy: "Display") -> set[int]:
-    """Process ids of the X server's local clients (X-Resource ``QueryClientIds``, every client), this
-    process's left out. Raises Unknowable when the server has no X-Resource extension."""
+def key_client_pid(dpy: "Display") -> int | None:
+    """Process id of the client the keyboard's events go to now (module doc): the owner of the focus
+    window, or of the deepest window under the pointer when the focus is PointerRoot or the root; None
+    when that is no client's (the root, no focus) or this process. Raises Unknowable when the server has
+    no X-Resource extension."""
     if not dpy.has_extension("X-Resource"):
         raise Unknowable("the X server has no X-Resource extension")
     from Xlib.ext import res
 
-    reply = dpy.res_query_client_ids([{"client": 0, "mask": res.LocalClientPIDMask}])
-    own = os.getpid()
-    return {value[0] for value in (item.value for item in reply.ids) if value and value[0] != own}
+    root = dpy.screen().root
+    target = dpy.get_input_focus().focus
+    if isinstance(target, int):  # None (0): the keys go nowhere; PointerRoot (1): under the pointer
+        if target != 1:
+            return None
+        target = root
+    if target.id == root.id:
+        for _ in range(64):  # a window tree is never this deep; a bound on a hostile one
+            child = target.query_pointer().child
+            if not child:
+                break
+            target = child
+        if target.id == root.id:
+            return None
+    reply = dpy.res_query_client_ids([{"client": target.id, "mask": res.LocalClientPIDMask}])
+    pids = [item.value[0] for item in reply.ids if item.value and item.spec.client != 0]
+    return pids[0] if pids and pids[0] != os.getpid() else None
 
 
 def process_state(pid: int) -> str:
@@ -193,10 +215,11 @@ IDLE_STATES = frozenset("SXZ")
 
 def clients_idle(dpy: "Display") -> bool:
     """Whether every local client of ``dpy``'s X server but this process has read all the server sent it
-    and sleeps (module doc). Raises Unknowable."""
+    and the client the keys go to sleeps (module doc). Raises Unknowable."""
     if unread_bytes(socket_path(dpy.get_display_name())):
         return False
-    return all(process_state(pid) in IDLE_STATES for pid in client_pids(dpy))
+    pid = key_client_pid(dpy)
+    return pid is None or process_state(pid) in IDLE_STATES
 
 
 def wait_until_idle(dpy: "Display", deadline: float) -> bool:
@@ -214,5 +237,5 @@ def wait_until_idle(dpy: "Display", deadline: float) -> bool:
         time.sleep(POLL_S)
 
 
-__all__ = ["DiagUnavailable", "Unknowable", "client_pids", "clients_idle", "own_socket_inodes",
+__all__ = ["DiagUnavailable", "Unknowable", "clients_idle", "key_client_pid", "own_socket_inodes",
            "process_state", "socket_path", "unread_bytes", "wait_until_idle"]

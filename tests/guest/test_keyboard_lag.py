@@ -91,14 +91,40 @@ def test_a_client_stopped_while_keys_come_still_gets_the_exact_text(sink):
     assert typed == "ready\n" + CJK_120 + "\n"
 
 
-def test_a_client_that_never_catches_up_holds_typing_up_at_most_the_cap(sink):
+def test_a_client_that_never_catches_up_costs_a_request_the_cap_once(sink):
     agent, term, out = sink
     os.kill(term.pid, signal.SIGSTOP)
-    resp, took = _type(agent, CJK_120[:60])  # one rebind
+    resp, took = _type(agent, CJK_120)  # three chunks: two rebinds, one budget
     assert resp.status_code == 200, resp.text
     assert REBIND_WAIT_S <= took < REBIND_WAIT_S + 3.0, f"typing took {took:.1f} s (cap {REBIND_WAIT_S:g} s)"
     resp = httpx.get(agent.base_url + "/v1/display", headers={"Authorization": f"Bearer {agent.token}"}, timeout=10)
     assert resp.status_code == 200
+
+
+def test_a_keypress_waits_for_clients_no_longer_than_its_request(xvfb, make_agent, tmp_path):
+    agent = make_agent(xvfb.display, extra_args=["--request-timeout", "2"])
+    term = subprocess.Popen(["xterm", "-geometry", "40x5+0+0", "-e", "sh", "-c", "cat > /dev/null"],
+                            env=dict(os.environ, DISPLAY=xvfb.display), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        require_commands("X", "xterm", install="apt-get install xterm")
+        headers = {"Authorization": f"Bearer {agent.token}"}
+        poll(lambda: httpx.post(agent.base_url + "/v1/actions", headers=headers, timeout=10, json={
+            "actions": [{"type": "click", "x": 50, "y": 20, "button": "left"}]}).status_code == 200, 15,
+            what="the terminal to take a click")
+        resp, _ = _type(agent, CJK_120[:36])  # every spare keycode pressed
+        assert resp.status_code == 200, resp.text
+        os.kill(term.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        resp = httpx.post(agent.base_url + "/v1/actions", headers=headers, timeout=30,
+                          json={"actions": [{"type": "keypress", "keys": [CJK_120[40]]}]})
+        took = time.monotonic() - started
+        assert resp.status_code in (200, 400), resp.text
+        assert took < 2 + 1.5, f"a keypress with a 2 s deadline took {took:.1f} s"
+    finally:
+        os.kill(term.pid, signal.SIGCONT)
+        term.kill()
+        term.wait()
 
 
 _CLIENT = """\
@@ -155,28 +181,56 @@ def test_process_state_tells_asleep_stopped_and_gone():
     assert xclients.process_state(proc.pid) == "X"
 
 
-def test_clients_idle_waits_for_a_stopped_x_client(xvfb):
+_FOCUSED_CLIENT = """\
+import sys
+from Xlib import X, display
+d = display.Display(sys.argv[1])
+w = d.screen().root.create_window(10, 10, 100, 100, 0, d.screen().root_depth, X.InputOutput, X.CopyFromParent,
+                                  event_mask=X.KeyPressMask | X.StructureNotifyMask)
+w.map()
+d.sync()
+while d.next_event().type != X.MapNotify:
+    pass
+w.set_input_focus(X.RevertToPointerRoot, X.CurrentTime)
+d.sync()
+print("focused", flush=True)
+while True:
+    d.next_event()
+"""
+
+_BUSY_CLIENT = """\
+import sys
+from Xlib import display
+d = display.Display(sys.argv[1])
+print("up", flush=True)
+while True:
+    d.pending_events()  # reads what comes, never sleeps
+"""
+
+
+def test_the_client_the_keys_go_to_is_waited_for_and_a_busy_other_one_is_not(xvfb):
     from Xlib import display as xdisplay
 
     dpy = xdisplay.Display(xvfb.display)
-    other = subprocess.Popen([sys.executable, "-c", "from Xlib import display; import sys; d = display.Display(sys.argv[1])\n"
-                              "print('up', flush=True)\nwhile True: d.next_event()", xvfb.display],
-                             stdout=subprocess.PIPE, text=True)
+    focused = subprocess.Popen([sys.executable, "-c", _FOCUSED_CLIENT, xvfb.display], stdout=subprocess.PIPE, text=True)
+    busy = subprocess.Popen([sys.executable, "-c", _BUSY_CLIENT, xvfb.display], stdout=subprocess.PIPE, text=True)
     try:
-        assert other.stdout.readline() == "up\n"
-        assert other.pid in xclients.client_pids(dpy) and os.getpid() not in xclients.client_pids(dpy)
-        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)
-        os.kill(other.pid, signal.SIGSTOP)
-        poll(lambda: xclients.process_state(other.pid) == "T", 10, what="the client stopped")
+        assert focused.stdout.readline() == "focused\n" and busy.stdout.readline() == "up\n"
+        assert xclients.key_client_pid(dpy) == focused.pid
+        assert poll(lambda: xclients.process_state(busy.pid) == "R", 10, what="the busy client running")
+        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)  # the busy one gets no keys
+        os.kill(focused.pid, signal.SIGSTOP)
+        poll(lambda: xclients.process_state(focused.pid) == "T", 10, what="the focused client stopped")
         assert not xclients.clients_idle(dpy)
         started = time.monotonic()
         assert not xclients.wait_until_idle(dpy, started + 0.3)
         assert time.monotonic() - started >= 0.3
-        os.kill(other.pid, signal.SIGCONT)
+        os.kill(focused.pid, signal.SIGCONT)
         assert xclients.wait_until_idle(dpy, time.monotonic() + 10)
     finally:
-        other.kill()
-        other.wait()
+        for proc in (focused, busy):
+            proc.kill()
+            proc.wait()
         dpy.close()
 
 
@@ -185,4 +239,5 @@ def test_a_display_that_is_not_local_cannot_be_told():
         xclients.socket_path("remote.example:0")
     assert xclients.socket_path(":99") == "/tmp/.X11-unix/X99"
     assert xclients.socket_path("unix:7.0") == "/tmp/.X11-unix/X7"
+    assert xclients.socket_path("unix/:7") == "/tmp/.X11-unix/X7"
     assert Path(xclients.X_SOCKET_DIR).name == ".X11-unix"
