@@ -180,14 +180,10 @@ class Keyboard:
                 del self._bound[keycode]
         return sorted(spares)
 
-    def capacity(self, keymap: Keymap) -> int:
-        """How many unmapped keysyms fit on the spare keycodes at once (when a text uses none of the
-        keysyms bound there)."""
-        return 2 * len(self._spares(keymap))
-
     def bind(self, dpy: Display, keymap: Keymap, keysyms: list[int], protect: set[int],
              paired: bool = True) -> None:
-        """Bind ``keysyms`` (none on the keymap) to spare keycodes, in one keymap change, then sync.
+        """Bind ``keysyms`` (none on the keymap) to spare keycodes (one keymap change for each run of
+        consecutive keycodes), then sync.
 
         ``paired``: two keysyms per keycode (level 0 and level 1); otherwise one, on both levels.
         Keycodes holding a keysym in ``protect`` keep their binding. A keycode pressed since the X

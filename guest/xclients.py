@@ -57,8 +57,8 @@ POLL_S = 0.005
 """Seconds between two looks while waiting (each look is one netlink dump, well under a millisecond)."""
 
 MAX_REPLY_BYTES = 8 * 1024 * 1024
-"""Most bytes of dump replies read at once: a namespace with tens of thousands of sockets is cut off
-there (the answer is then None: unknown)."""
+"""Most bytes of dump replies read for one look: a namespace with a hundred thousand sockets or more is
+cut off there (:class:`DiagUnavailable`: the caller's fallback rule applies)."""
 
 _DISPLAY = re.compile(r"^(?:unix/?)?:(\d+)(?:\.\d+)?$")
 
