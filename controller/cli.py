@@ -219,11 +219,24 @@ def _write_token(sandbox_id: str, token: str) -> Path:
     return token_file
 
 
+def guest_description(sandbox: Any) -> str:
+    """What runs a started sandbox's guest, for a person: its architecture where the backend knows it,
+    and whether it runs under emulation (``time_scale`` above 1: deadlines stretched by it)."""
+    arch = getattr(sandbox, "arch", "") or ""
+    accel = getattr(sandbox, "accel", "") or ""
+    scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
+    parts = [p for p in (arch, f"accel {accel}" if accel else "") if p]
+    if scale > 1.0:
+        parts.append(f"under emulation: deadlines x{scale:g}")
+    return ", ".join(parts)
+
+
 def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy: Any, token_file: Path,
-                  detached: bool) -> Table:
-    """What ``up`` prints: id, agent URL, readiness time, the policy in TOML form, the token file
-    (0600) with example ``curl`` lines (the display, a screenshot to ``screen.png``), and how to remove
-    the sandbox."""
+                  detached: bool, guest: str = "") -> Table:
+    """What ``up`` prints: id, agent URL, readiness time, ``guest`` (what runs it, e.g. ``arm64 VM
+    under emulation (TCG)``; left out when empty), the policy in TOML form, the token file (0600) with
+    example ``curl`` lines (the display, launching a terminal on the empty desktop, a screenshot to
+    ``screen.png``), and how to remove the sandbox."""
     table = Table(show_header=False)
     table.add_column("what", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
@@ -231,11 +244,16 @@ def sandbox_table(sandbox_id: str, agent_url: str, ready_s: float | None, policy
     table.add_row("agent", escape(agent_url))
     if ready_s is not None:
         table.add_row("ready in", f"{ready_s:.1f}s")
+    if guest:
+        table.add_row("guest", escape(guest))
     table.add_row(escape("policy [network]"), escape(policy_toml(policy)))
     kept = "kept until `down`" if detached else "removed on exit"
     table.add_row("token file", escape(f"{token_file} (0600, {kept})"))
     auth = f'-H "Authorization: Bearer $(cat {token_file})"'
     table.add_row("try", escape(f"curl -s {auth} {agent_url}/v1/display"))
+    table.add_row("launch", escape(f"curl -s {auth} -H 'Content-Type: application/json' -d '{{\"app\": "
+                                   f"\"terminal\"}}' {agent_url}/v1/launch   (the desktop is empty until "
+                                   f"an app is launched: terminal or browser)"))
     table.add_row("screenshot", escape(f"curl -s {auth} -o screen.png {agent_url}/v1/screenshot"))
     remove = f"desktop-sandbox down {sandbox_id}"
     table.add_row("remove", escape(remove if detached else f"Ctrl-C here, or {remove} from another shell"))
@@ -297,7 +315,7 @@ def up(
             # comes while the token file is written or the table printed
             token_file = _write_token(sandbox.id, sandbox.agent_token)
             table = sandbox_table(sandbox.id, sandbox.agent_url, sandbox.ready_seconds, network, token_file,
-                                  detach)
+                                  detach, guest_description(sandbox))
             console.print(table)
             if detach:
                 typer.echo(sandbox.id)

@@ -234,7 +234,7 @@ def wait_until_idle(dpy: "Display", deadline: float) -> bool:
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(POLL_S)
+        time.sleep(POLL_S)  # the interval between two looks at the condition, not a wait for time
 
 
 __all__ = ["DiagUnavailable", "Unknowable", "clients_idle", "key_client_pid", "own_socket_inodes",

@@ -186,7 +186,8 @@ class RunPrinter:
             self.line(f"sandbox did not start{took_text}", style="red")
             return
         image = clean(e.image or "?", 200)[:19]  # sha256: and 12 hex digits
-        self.line(f"sandbox {clean(e.sandbox, 40)} started{took_text} (image {image})")
+        emulated = f"; under emulation: deadlines x{e.time_scale:g}" if (e.time_scale or 1.0) > 1.0 else ""
+        self.line(f"sandbox {clean(e.sandbox, 40)} started{took_text} (image {image}{emulated})")
 
     def _on_model_response(self, e: ModelResponse) -> None:
         status = e.http_status or 200

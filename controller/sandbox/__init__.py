@@ -119,7 +119,7 @@ class Sandbox(abc.ABC):
     A caller goes through these members only: the class methods ``make_options``, ``ensure_image``,
     ``start``, ``list_all``, ``remove``, ``remove_all``, ``reap_orphans``; on an instance ``id``,
     ``agent_url``, ``agent_token``, ``agent``, ``gateway_control_url``, ``gateway_control_token``,
-    ``image_id``, ``time_scale``, ``timings``,
+    ``image_id``, ``arch``, ``time_scale``, ``timings``,
     ``ready_seconds``, ``guest_home``, ``exec_in_guest``, ``decision_log``, ``logs``, ``topology``,
     ``close`` (and ``with``).
     """
@@ -139,6 +139,10 @@ class Sandbox(abc.ABC):
     timings: dict[str, float]
     """Seconds from the start call to each milestone of the start (``agent_live``, ``display_ready``,
     and the backend's own, e.g. ``containers_started`` or ``vm_started``)."""
+
+    arch: str = ""
+    """The guest's CPU architecture in Debian terms (``amd64``, ``arm64``) once started; empty where the
+    backend cannot tell."""
 
     time_scale: float = 1.0
     """How many times slower than a native guest this one reacts (1.0: containers, a VM with KVM or

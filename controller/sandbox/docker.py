@@ -368,6 +368,7 @@ class DockerSandbox(Sandbox):
         from controller.sandbox import image as image_build
 
         self.time_scale = image_build.time_scale_of(image.attrs.get("Architecture"))
+        self.arch = str(image.attrs.get("Architecture") or "")
         if self.time_scale != 1.0:
             try:
                 image_build.ensure_emulation(image.attrs.get("Architecture"))

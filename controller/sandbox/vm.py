@@ -346,6 +346,7 @@ class VMSandbox(Sandbox):
         if manifest.get("arch") != arch:
             raise SandboxError(f"VM image {image} is for {manifest.get('arch')}, not {arch}")
         self._image_id = f"vm:{arch}:{manifest['key']}"
+        self.arch = arch
         self.accel = options.accel or choose_accel(arch, qemu, image / "vmlinuz")
         self.time_scale = TCG_TIME_SCALE if self.accel == "tcg" else 1.0
 

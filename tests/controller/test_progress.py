@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from controller.audit import AuditReport, ProbeResult, render_table
-from controller.cli import policy_toml, sandbox_table
+from controller.cli import guest_description, policy_toml, sandbox_table
 from controller.gateway.policy import NetworkPolicy
 from controller.run.progress import PIPE_WIDTH, RunPrinter, make_console, summarize_action
 from controller.run.record import RunRecord, read_record, summarize, summary_table
@@ -135,6 +135,24 @@ def test_a_piped_console_is_wide_and_the_audit_table_keeps_names_whole(monkeypat
             assert "pass canary-not-resolved-by-gateway (summary)" in text, text
 
 
+def test_an_emulated_guest_says_so_where_the_run_starts(tmp_path):
+    def write(rec: RunRecord) -> None:
+        rec.write("run_started", task={"name": "t"}, mode="offline", sandbox="dv-1234", image="vm:arm64:6372648eb852a8ad",
+                  sandbox_start_s=50.1, time_scale=5.0)
+
+    assert _printed(tmp_path, write)[0] == ("sandbox dv-1234 started in 50.1s (image vm:arm64:6372648eb8; "
+                                            "under emulation: deadlines x5)")
+
+
+def test_up_says_what_runs_the_guest():
+    class Started:
+        arch, accel, time_scale = "arm64", "tcg", 5.0
+
+    assert guest_description(Started()) == "arm64, accel tcg, under emulation: deadlines x5"
+    Started.accel, Started.time_scale = "", 1.0
+    assert guest_description(Started()) == "arm64"
+
+
 def test_up_shows_the_policy_as_toml_the_token_file_a_curl_line_and_how_to_remove_it(tmp_path):
     policy = NetworkPolicy(mode="allowlist", allow=["HTTPS://Example.COM", "http://localhost:8080"])
     text = policy_toml(policy)
@@ -145,9 +163,12 @@ def test_up_shows_the_policy_as_toml_the_token_file_a_curl_line_and_how_to_remov
     for detached, removal in ((False, "Ctrl-C here, or desktop-sandbox down ds-1 from another shell"),
                               (True, "desktop-sandbox down ds-1")):
         console = Console(record=True, width=PIPE_WIDTH, force_terminal=False)
-        console.print(sandbox_table("ds-1", "http://127.0.0.1:49153", 3.21, policy, token, detached))
+        console.print(sandbox_table("ds-1", "http://127.0.0.1:49153", 3.21, policy, token, detached, "arm64"))
         out = console.export_text()
-        assert "policy [network]" in out and 'mode = "allowlist"' in out and "{" not in out
+        assert "guest" in out and "arm64" in out
+        assert "/v1/launch" in out.replace("\n│                  │ ", "") and "terminal" in out
+        assert "policy [network]" in out and 'mode = "allowlist"' in out
+        assert '{"mode"' not in out and "{'mode'" not in out  # TOML, not JSON or a dict
         assert f"{token} (0600, {'kept until `down`' if detached else 'removed on exit'})" in out
         assert f'curl -s -H "Authorization: Bearer $(cat {token})" http://127.0.0.1:49153/v1/display' in out
         assert (f'curl -s -H "Authorization: Bearer $(cat {token})" -o screen.png '
