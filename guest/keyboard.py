@@ -18,11 +18,12 @@ spare keycodes can hold, it is typed in chunks, and keycodes are bound anew betw
 looks a keycode up in the keymap it holds when it gets to the event, so a keycode pressed since the
 clients were last seen idle is bound anew only once (1) ``REBIND_SETTLE_S`` has passed since its last
 press (what a responsive client needs to take the press in), and then (2) every X client has read all
-the server sent it and the client the keys go to is asleep (:func:`guest.xclients.wait_until_idle`),
+the server sent it and the clients the keys may go to stay asleep (:func:`guest.xclients.wait_until_idle`),
 so a client that lags further (a busy or emulated guest, a stopped process) gets its earlier presses
 with the binding they were typed with. Part (2) waits at most :data:`REBIND_WAIT_S` in a request, counted
 from its first such wait, and never past the request's deadline: a client that stays busy or stopped
-that long does not hold typing up (:meth:`Keyboard.begin` starts a request). Where (2) cannot be known
+that long does not hold typing up (:meth:`Keyboard.begin` starts a request); one whose socket still
+holds what it held then is not waited for again until it reads. Where (2) cannot be known
 (:class:`guest.xclients.Unknowable`, logged once), the rule is (1) alone. All the keycodes of one
 binding that are consecutive change in one ``ChangeKeyboardMapping`` (one ``MappingNotify``: window
 managers such as openbox grab their keys anew on each). This is the only wait in the keyboard path,
@@ -153,6 +154,8 @@ class Keyboard:
         self._deadline: float | None = None
         self._wait_until: float | None = None
         self._unknowable_logged = False
+        # clients that had not read everything at the end of a wait: {socket inode: unread bytes then}
+        self._not_reading: dict[int, int] = {}
 
     def begin(self, deadline: float | None) -> None:
         """Start a request whose monotonic ``deadline`` (None: none) bounds every wait for X clients in
@@ -199,8 +202,7 @@ class Keyboard:
             raise ValueError("not enough spare keycodes for the unmapped characters")
         last_press = max((self._pressed_at.get(k, 0.0) for k in candidates[:len(pairs)] if k in self._bound),
                          default=0.0)
-        if last_press > self._handled_up_to:
-            self._await_clients(dpy, last_press)
+        self._await_clients(dpy, last_press)
         changed: list[int] = []
         for pair, keycode in zip(pairs, candidates):
             for old in self._bound.pop(keycode, ()):
@@ -231,26 +233,35 @@ class Keyboard:
                     raise RuntimeError(f"the X server did not accept the binding of keycode {keycode}")
 
     def _await_clients(self, dpy: Display, last_press: float) -> None:
-        """Before binding anew keycodes last pressed at ``last_press`` (monotonic s): the rule in the
-        module doc, ``REBIND_SETTLE_S`` after that press, then every X client seen idle (within the
-        request's budget)."""
-        dpy.sync()  # every key event sent so far has reached the server, which passed it on
+        """Before binding anew keycodes last pressed at ``last_press`` (monotonic s; 0: never): the rule in
+        the module doc, ``REBIND_SETTLE_S`` after that press, then, unless the clients were seen idle
+        since it, every X client seen idle within the request's budget."""
+        if last_press <= 0.0:
+            return
         pause = last_press + REBIND_SETTLE_S - time.monotonic()
         if pause > 0:
+            dpy.sync()  # the presses have reached the server, which passed them on
             time.sleep(pause)  # (1): what a responsive client needs to take the presses in
+        if last_press <= self._handled_up_to:
+            return
+        dpy.sync()
         now = time.monotonic()
         if self._wait_until is None:
             self._wait_until = now + REBIND_WAIT_S
             if self._deadline is not None:
                 self._wait_until = min(self._wait_until, self._deadline)
         try:
-            if xclients.wait_until_idle(dpy, self._wait_until):
-                self._handled_up_to = now
+            stuck = xclients.wait_until_idle(dpy, self._wait_until, self._not_reading)
         except xclients.Unknowable as exc:
             if not self._unknowable_logged:
                 self._unknowable_logged = True
                 log.warning("cannot see what X clients have handled (%s): spare keycodes are bound anew "
                             "%.2f s after their last press, however far a client lags", exc, REBIND_SETTLE_S)
+            return
+        if stuck is None:
+            self._handled_up_to = now
+        else:
+            self._not_reading = stuck
 
     def touch(self, keycode: int) -> None:
         """Note a press of ``keycode`` (LRU order and the rebinding rule)."""

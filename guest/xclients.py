@@ -13,16 +13,20 @@ the client:
   ``NETLINK_SOCK_DIAG``, ``<linux/unix_diag.h>``), with no privilege: the X server's accepted sockets
   carry its listening path as their name and the client's socket as their peer. Which socket is whose
   cannot be told (another user's ``/proc/PID/fd`` is closed), so this holds for every client;
-* **handled**: the process of the client the keys go to sleeps (``/proc/PID/stat`` state ``S``): Xlib
-  and the toolkits on it block for input only once every event they have read was handled. That client
-  owns the focus window, or, when the keys follow the pointer (focus PointerRoot or the root window),
-  the deepest window under the pointer; the X-Resource extension (``XResQueryClientIds``) names its
-  process id. Other clients may stay busy: a window manager grabbing its keys anew after a keymap
-  change gets none of the typed keys.
+* **handled**: the processes of the clients the keys may go to sleep (``/proc/PID/stat`` state ``S``),
+  and go on sleeping, not scheduled at all (``/proc/PID/schedstat`` unchanged), for :data:`QUIET_S`:
+  Xlib and the toolkits on it block for input once every event they have read was handled, and a
+  client caught asleep in the middle of that work (on a round trip to the server) runs again soon. Those
+  clients own the windows from the deepest one under the pointer up to the focus window (or the focus
+  window alone when the pointer is elsewhere): the path a key event takes; the X-Resource extension
+  (``XResQueryClientIds``) names their process ids. Other clients may stay busy: a window manager
+  grabbing its keys anew after a keymap change gets none of the typed keys.
 
-It stays a judgement from outside: a client that handles X events on a thread other than its main one,
-or whose X connection was made by a process that has since exited, is judged by a process that is not
-the one at work. :func:`clients_idle` looks once; :func:`wait_until_idle` polls until it holds, up to a
+It stays a judgement from outside: a client that sleeps while it still has key events to handle (a
+blocking call per key), handles X events on a thread other than its main one, or whose X connection was
+made by a process that has since exited, is judged idle too early; a client that never reads its
+socket (stopped, or a script holding an idle connection) would be waited for in vain, so a caller
+passes those found at one wait's deadline as ``ignore`` to the next. :func:`clients_idle` looks once; :func:`wait_until_idle` polls until it holds, up to a
 deadline. This process's own connections never count (it reads its events when it wants, or never).
 Where the kernel or the server cannot tell (no ``sock_diag``, no X-Resource, processes hidden by
 ``hidepid``), :class:`Unknowable` is raised and the caller falls back to a rule of its own.
@@ -168,32 +172,45 @@ def unread_bytes(path: str) -> dict[int, int]:
     return {inode: unread for inode, _, _, _, unread in sockets if inode in clients and unread}
 
 
-def key_client_pid(dpy: "Display") -> int | None:
-    """Process id of the client the keyboard's events go to now (module doc): the owner of the focus
-    window, or of the deepest window under the pointer when the focus is PointerRoot or the root; None
-    when that is no client's (the root, no focus) or this process. Raises Unknowable when the server has
-    no X-Resource extension."""
+MAX_TREE_DEPTH = 64
+"""Deepest window under the pointer looked for: real trees are a few levels deep; a bound on a hostile one."""
+
+
+def key_client_pids(dpy: "Display") -> set[int]:
+    """Process ids of the clients whose windows a key event may be delivered to now (module doc), this
+    process's left out: the owners of every window from the deepest one under the pointer up to the
+    focus window when the pointer is inside it (the focus PointerRoot or the root: up to the root's
+    child), else of the focus window; empty when the keys go nowhere or to the root alone. Every window
+    of that path counts, since which of them selected key events (the core mask or XInput 2) is not
+    told apart: a window of another client laid over the target cannot hide the target's lag. Raises
+    Unknowable when the server has no X-Resource extension, ``Xlib.error.XError`` when a window of the
+    path went away meanwhile (look again)."""
     if not dpy.has_extension("X-Resource"):
         raise Unknowable("the X server has no X-Resource extension")
     from Xlib.ext import res
 
     root = dpy.screen().root
-    target = dpy.get_input_focus().focus
-    if isinstance(target, int):  # None (0): the keys go nowhere; PointerRoot (1): under the pointer
-        if target != 1:
-            return None
-        target = root
-    if target.id == root.id:
-        for _ in range(64):  # a window tree is never this deep; a bound on a hostile one
-            child = target.query_pointer().child
-            if not child:
-                break
-            target = child
-        if target.id == root.id:
-            return None
-    reply = dpy.res_query_client_ids([{"client": target.id, "mask": res.LocalClientPIDMask}])
-    pids = [item.value[0] for item in reply.ids if item.value and item.spec.client != 0]
-    return pids[0] if pids and pids[0] != os.getpid() else None
+    focus = dpy.get_input_focus().focus
+    if isinstance(focus, int):  # None (0): the keys go nowhere; PointerRoot (1): as the root
+        if focus != 1:
+            return set()
+        focus = root
+    chain = [root]
+    for _ in range(MAX_TREE_DEPTH):
+        child = chain[-1].query_pointer().child
+        if not child:
+            break
+        chain.append(child)
+    ids = [w.id for w in chain]
+    path = chain[ids.index(focus.id):] if focus.id in ids else [focus]
+    path = [w for w in path if w.id != root.id]
+    if not path:
+        return set()
+    reply = dpy.res_query_client_ids([{"client": w.id, "mask": res.LocalClientPIDMask} for w in path])
+    # client 0 is the X server itself (it owns the root window)
+    pids = {item.value[0] for item in reply.ids if item.value and item.spec.client != 0}
+    pids.discard(os.getpid())
+    return pids
 
 
 def process_state(pid: int) -> str:
@@ -213,29 +230,72 @@ IDLE_STATES = frozenset("SXZ")
 """States of a client process that has handled what it read: asleep (waiting for input), or gone."""
 
 
-def clients_idle(dpy: "Display") -> bool:
-    """Whether every local client of ``dpy``'s X server but this process has read all the server sent it
-    and the client the keys go to sleeps (module doc). Raises Unknowable."""
-    if unread_bytes(socket_path(dpy.get_display_name())):
-        return False
-    pid = key_client_pid(dpy)
-    return pid is None or process_state(pid) in IDLE_STATES
-
-
-def wait_until_idle(dpy: "Display", deadline: float) -> bool:
-    """Wait until :func:`clients_idle` holds, or until ``deadline`` (``time.monotonic()`` seconds): True
-    once it holds, False at the deadline. Raises Unknowable (a display that is not local included)."""
+def process_runs(pid: int) -> tuple[int, ...] | None:
+    """How much process ``pid`` has run so far: ``/proc/PID/schedstat`` (nanoseconds on a CPU, time
+    slices), which changes whenever it is scheduled at all; None where the kernel does not keep it or the
+    process is gone."""
     try:
-        socket_path(dpy.get_display_name())
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return tuple(int(f) for f in fh.read(256).split())
+    except (OSError, ValueError):
+        return None
+
+
+QUIET_S = 0.025
+"""How long the clients the keys may go to must be seen asleep, their sockets read and they not run at all
+in between (:func:`wait_until_idle`): one look can catch a client in the middle of its work, asleep on a
+round trip to the server or a short sleep."""
+
+
+def _look(dpy: "Display", path: str, ignore: dict[int, int]) -> dict[int, tuple[int, ...] | None] | None:
+    """One look: None when some client has unread bytes (beyond ``ignore``), a client the keys may go to
+    is not asleep, or a window went away meanwhile; else ``{pid: process_runs(pid)}`` of those clients."""
+    unread = unread_bytes(path)
+    if any(n < ignore.get(inode, n + 1) for inode, n in unread.items()):
+        return None
+    from Xlib.error import XError
+
+    try:
+        pids = key_client_pids(dpy)
+    except XError:
+        return None
+    if not all(process_state(pid) in IDLE_STATES for pid in pids):
+        return None
+    return {pid: process_runs(pid) for pid in pids}
+
+
+def clients_idle(dpy: "Display", ignore: dict[int, int] | None = None) -> bool:
+    """One look (:func:`wait_until_idle` looks until it holds for :data:`QUIET_S`): whether every local
+    client of ``dpy``'s X server but this process has read all the server sent it and the clients the
+    keys may go to sleep (module doc). ``ignore``: ``{socket inode: unread bytes}`` of clients found not
+    reading before, which do not count while they still have at least that much unread (they read
+    nothing since). False, to look again, when a window went away during the look. Raises Unknowable."""
+    return _look(dpy, socket_path(dpy.get_display_name()), ignore or {}) is not None
+
+
+def wait_until_idle(dpy: "Display", deadline: float, ignore: dict[int, int] | None = None) -> dict[int, int] | None:
+    """Wait until :func:`clients_idle` holds (with ``ignore``) on looks :data:`QUIET_S` apart with none
+    of the clients the keys may go to run in between, or until ``deadline`` (``time.monotonic()``
+    seconds). None once it holds; at the deadline, ``{socket inode: unread bytes}`` of the clients that
+    had not read everything then (callers pass them as ``ignore`` later: one that never reads costs one
+    wait, not every one). Raises Unknowable (a display that is not local included)."""
+    try:
+        path = socket_path(dpy.get_display_name())
     except ValueError as exc:
         raise Unknowable(str(exc)) from exc
+    ignore = ignore or {}
+    since: tuple[float, dict[int, tuple[int, ...] | None]] | None = None
     while True:
-        if clients_idle(dpy):
-            return True
-        if time.monotonic() >= deadline:
-            return False
+        seen = _look(dpy, path, ignore)
+        now = time.monotonic()
+        if seen is None or since is None or seen != since[1]:
+            since = None if seen is None else (now, seen)
+        elif now - since[0] >= QUIET_S:
+            return None
+        if now >= deadline:
+            return unread_bytes(path)
         time.sleep(POLL_S)  # the interval between two looks at the condition, not a wait for time
 
 
-__all__ = ["DiagUnavailable", "Unknowable", "clients_idle", "key_client_pid", "own_socket_inodes",
-           "process_state", "socket_path", "unread_bytes", "wait_until_idle"]
+__all__ = ["DiagUnavailable", "Unknowable", "clients_idle", "key_client_pids", "own_socket_inodes",
+           "process_runs", "process_state", "socket_path", "unread_bytes", "wait_until_idle"]

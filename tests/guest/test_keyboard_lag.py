@@ -101,6 +101,59 @@ def test_a_client_that_never_catches_up_costs_a_request_the_cap_once(sink):
     assert resp.status_code == 200
 
 
+def test_a_client_that_never_reads_costs_one_wait_not_every_one(sink, xvfb):
+    agent, term, out = sink
+    idle = subprocess.Popen([sys.executable, "-c", "from Xlib import display; import sys; d = display.Display(sys.argv[1]); "
+                             "print('up', flush=True); sys.stdin.read()", xvfb.display],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert idle.stdout.readline() == "up\n"  # holds a connection and never reads it (a script's idle Display)
+        first, took_first = _type(agent, CJK_120[:60])
+        second, took_second = _type(agent, CJK_120[60:] + "\n")  # the terminal passes a line on at Return
+        assert first.status_code == second.status_code == 200, (first.text, second.text)
+        assert REBIND_WAIT_S <= took_first < REBIND_WAIT_S + 3.0, f"first request took {took_first:.1f} s"
+        assert took_second < REBIND_WAIT_S, f"the second request waited again: {took_second:.1f} s"
+        try:
+            typed = poll(lambda: (lambda t: t if t.endswith("\n") and len(t) > len("ready\n") else None)(
+                out.read_text()), 20, what="the typed line")
+        except AssertionError:
+            typed = out.read_text()
+        assert typed == "ready\n" + CJK_120 + "\n"
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def test_a_keycode_is_bound_anew_no_sooner_than_the_settle_time_after_its_last_press(xvfb):
+    # Whatever the clients were seen doing, a keycode pressed a moment ago is not bound anew at once
+    # (part (1) of the rule): texts of 2, 34, 2 and 34 new characters in a row make the last one rebind
+    # the keycodes the second one has just pressed.
+    from Xlib import display as xdisplay
+
+    from guest.held import Held
+    from guest.keyboard import REBIND_SETTLE_S, Keyboard, text_to_keysyms
+
+    dpy = xdisplay.Display(xvfb.display)
+    keyboard = Keyboard()
+    keyboard.begin(time.monotonic() + 30)
+    changes: list[tuple[float, int, int, dict[int, float]]] = []
+    change = dpy.change_keyboard_mapping
+
+    def seen(first, rows, *args, **kwargs):  # the real request, its time and the presses before it noted
+        changes.append((time.monotonic(), first, len(rows), dict(keyboard._pressed_at)))
+        return change(first, rows, *args, **kwargs)
+
+    dpy.change_keyboard_mapping = seen
+    try:
+        for base, count in ((0x8000, 2), (0x8100, 34), (0x8200, 2), (0x8300, 34)):
+            keyboard.type_keysyms(dpy, Held(), text_to_keysyms("".join(chr(base + i) for i in range(count))))
+    finally:
+        dpy.close()
+    rebound = [(at - pressed[k], k) for at, first, n, pressed in changes for k in range(first, first + n) if k in pressed]
+    assert rebound, "no keycode was bound anew"
+    assert min(rebound)[0] >= REBIND_SETTLE_S, f"keycode {min(rebound)[1]} bound anew {min(rebound)[0]:.3f} s after its press"
+
+
 def test_a_keypress_waits_for_clients_no_longer_than_its_request(xvfb, make_agent, tmp_path):
     agent = make_agent(xvfb.display, extra_args=["--request-timeout", "2"])
     term = subprocess.Popen(["xterm", "-geometry", "40x5+0+0", "-e", "sh", "-c", "cat > /dev/null"],
@@ -216,17 +269,17 @@ def test_the_client_the_keys_go_to_is_waited_for_and_a_busy_other_one_is_not(xvf
     busy = subprocess.Popen([sys.executable, "-c", _BUSY_CLIENT, xvfb.display], stdout=subprocess.PIPE, text=True)
     try:
         assert focused.stdout.readline() == "focused\n" and busy.stdout.readline() == "up\n"
-        assert xclients.key_client_pid(dpy) == focused.pid
+        assert xclients.key_client_pids(dpy) == {focused.pid}
         assert poll(lambda: xclients.process_state(busy.pid) == "R", 10, what="the busy client running")
-        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)  # the busy one gets no keys
+        assert xclients.wait_until_idle(dpy, time.monotonic() + 10) is None  # the busy one gets no keys
         os.kill(focused.pid, signal.SIGSTOP)
         poll(lambda: xclients.process_state(focused.pid) == "T", 10, what="the focused client stopped")
         assert not xclients.clients_idle(dpy)
         started = time.monotonic()
-        assert not xclients.wait_until_idle(dpy, started + 0.3)
+        assert xclients.wait_until_idle(dpy, started + 0.3) == {}  # stopped after reading all: asleep is what lacks
         assert time.monotonic() - started >= 0.3
         os.kill(focused.pid, signal.SIGCONT)
-        assert xclients.wait_until_idle(dpy, time.monotonic() + 10)
+        assert xclients.wait_until_idle(dpy, time.monotonic() + 10) is None
     finally:
         for proc in (focused, busy):
             proc.kill()
