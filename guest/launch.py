@@ -183,7 +183,24 @@ class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, client_uid: int, user: pwd.struct_passwd, allowlist: dict[str, list[str]],
                  base_env: dict[str, str]) -> None:
         self.client_uid, self.user, self.allowlist, self.base_env = client_uid, user, allowlist, base_env
-        super().__init__(path, _BrokerHandler)
+        self.final_path = path
+        super().__init__(f"{path}.{os.getpid()}.binding", _BrokerHandler)
+
+    def server_bind(self) -> None:
+        try:
+            os.unlink(self.server_address)
+        except FileNotFoundError:
+            pass
+        super().server_bind()
+        os.chmod(self.server_address, 0o666)
+
+    def server_activate(self) -> None:
+        # The socket is bound under a private name, opened to connections, and only then renamed to
+        # the path clients use: a client that sees the path can connect (no ECONNREFUSED between bind
+        # and listen, no EACCES before the chmod).
+        super().server_activate()
+        os.replace(self.server_address, self.final_path)
+        self.server_address = self.final_path
 
     def answer(self, conn: socket.socket) -> dict[str, object]:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -225,7 +242,8 @@ def serve_broker(path: str, client: str, user: str, apps_file: str) -> None:
     an entry of the ``apps_file`` allowlist, each started as ``user`` (its uid, gid and no other groups;
     ``HOME``/``USER``/``LOGNAME``/``SHELL`` and ``DISPLAY`` set, the rest of the broker's environment
     kept, cwd its home, entered as that user (the program does not start when it cannot), own session,
-    stdio on /dev/null) and reaped here.
+    stdio on /dev/null) and reaped here. ``path`` appears (replacing what was there) only once the
+    socket listens with its final mode, so a client that finds it can connect.
 
     Raises KeyError for an unknown user, ValueError for a bad allowlist, OSError when ``path`` cannot
     be bound.
@@ -235,11 +253,6 @@ def serve_broker(path: str, client: str, user: str, apps_file: str) -> None:
     if target.pw_uid == 0:
         raise ValueError("the broker does not start programs as root")
     allowlist = load_allowlist(apps_file)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
     server = _BrokerServer(path, client_uid, target, allowlist, dict(os.environ))
-    os.chmod(path, 0o666)
     with server:
         server.serve_forever()

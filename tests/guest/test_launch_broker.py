@@ -35,10 +35,45 @@ def _broker(tmp_path: Path, client: str) -> str:
     path = str(tmp_path / "launch.sock")
     threading.Thread(target=serve_broker, args=(path, client, "nobody", str(apps)), daemon=True).start()
     deadline = time.monotonic() + 10
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, "broker did not bind"
+    while not Path(path).is_socket():
+        assert time.monotonic() < deadline, "broker did not listen"
         time.sleep(0.01)  # poll interval until the broker binds, bounded by the deadline
     return path
+
+
+def test_broker_path_appears_only_once_it_accepts_connections(tmp_path, monkeypatch):
+    """Held between bind and listen, the broker has not yet put a socket at the path clients use: a
+    client that finds the path can connect and, the mode being set before, is not refused by it."""
+    import socketserver
+
+    bound, looked = threading.Event(), threading.Event()
+    listen = socketserver.UnixStreamServer.server_activate
+
+    def held_listen(server):
+        bound.set()
+        assert looked.wait(10)
+        listen(server)
+
+    monkeypatch.setattr(socketserver.UnixStreamServer, "server_activate", held_listen)
+    apps = tmp_path / "apps.json"
+    apps.write_text(json.dumps({"sleep": SLEEP}))
+    path = tmp_path / "launch.sock"
+    path.write_text("left by an earlier broker")
+    threading.Thread(target=serve_broker, args=(str(path), "root", "nobody", str(apps)), daemon=True).start()
+    assert bound.wait(10), "broker did not bind"
+    try:
+        assert not path.is_socket(), "the path is a socket before it listens"
+    finally:
+        looked.set()
+    deadline = time.monotonic() + 10
+    while not path.is_socket():
+        assert time.monotonic() < deadline, "broker did not listen"
+        time.sleep(0.01)  # poll interval until the broker listens, bounded by the deadline
+    assert path.stat().st_mode & 0o777 == 0o666
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("launch.sock.")] == []
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(path))
 
 
 def test_launch_through_broker_runs_as_the_target_user(tmp_path):
