@@ -184,7 +184,7 @@ class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                  base_env: dict[str, str]) -> None:
         self.client_uid, self.user, self.allowlist, self.base_env = client_uid, user, allowlist, base_env
         self.final_path = path
-        super().__init__(f"{path}.{os.getpid()}.binding", _BrokerHandler)
+        super().__init__(f"{path}.binding", _BrokerHandler)
 
     def server_bind(self) -> None:
         try:
@@ -198,8 +198,17 @@ class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         # The socket is bound under a private name, opened to connections, and only then renamed to
         # the path clients use: a client that sees the path can connect (no ECONNREFUSED between bind
         # and listen, no EACCES before the chmod).
-        super().server_activate()
-        os.replace(self.server_address, self.final_path)
+        # A broker that fails here leaves no socket behind; one killed here leaves the private name,
+        # which the next broker on the same path unlinks before it binds.
+        try:
+            super().server_activate()
+            os.replace(self.server_address, self.final_path)
+        except BaseException:
+            try:
+                os.unlink(self.server_address)
+            except FileNotFoundError:
+                pass
+            raise
         self.server_address = self.final_path
 
     def answer(self, conn: socket.socket) -> dict[str, object]:
@@ -242,8 +251,10 @@ def serve_broker(path: str, client: str, user: str, apps_file: str) -> None:
     an entry of the ``apps_file`` allowlist, each started as ``user`` (its uid, gid and no other groups;
     ``HOME``/``USER``/``LOGNAME``/``SHELL`` and ``DISPLAY`` set, the rest of the broker's environment
     kept, cwd its home, entered as that user (the program does not start when it cannot), own session,
-    stdio on /dev/null) and reaped here. ``path`` appears (replacing what was there) only once the
-    socket listens with its final mode, so a client that finds it can connect.
+    stdio on /dev/null) and reaped here. The socket is bound as ``path + ".binding"``, given its mode,
+    and renamed to ``path`` (replacing what was there) only once it listens, so a client that finds
+    ``path`` can connect. The directory must be writable by the broker's uid alone: the broker
+    unlinks, chmods and renames names in it as root.
 
     Raises KeyError for an unknown user, ValueError for a bad allowlist, OSError when ``path`` cannot
     be bound.

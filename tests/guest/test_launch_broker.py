@@ -59,10 +59,12 @@ def test_broker_path_appears_only_once_it_accepts_connections(tmp_path, monkeypa
     apps.write_text(json.dumps({"sleep": SLEEP}))
     path = tmp_path / "launch.sock"
     path.write_text("left by an earlier broker")
+    (tmp_path / "launch.sock.binding").write_text("left by a broker killed before it listened")
     threading.Thread(target=serve_broker, args=(str(path), "root", "nobody", str(apps)), daemon=True).start()
     assert bound.wait(10), "broker did not bind"
     try:
         assert not path.is_socket(), "the path is a socket before it listens"
+        assert (tmp_path / "launch.sock.binding").stat().st_mode & 0o777 == 0o666, "mode set after the path appears"
     finally:
         looked.set()
     deadline = time.monotonic() + 10
@@ -70,10 +72,19 @@ def test_broker_path_appears_only_once_it_accepts_connections(tmp_path, monkeypa
         assert time.monotonic() < deadline, "broker did not listen"
         time.sleep(0.01)  # poll interval until the broker listens, bounded by the deadline
     assert path.stat().st_mode & 0o777 == 0o666
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("launch.sock.")] == []
+    assert not (tmp_path / "launch.sock.binding").exists()
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
         s.connect(str(path))
+
+
+def test_broker_that_cannot_take_the_path_leaves_nothing(tmp_path):
+    apps = tmp_path / "apps.json"
+    apps.write_text(json.dumps({"sleep": SLEEP}))
+    (tmp_path / "launch.sock").mkdir()  # os.replace cannot put a socket over a directory
+    with pytest.raises(OSError):
+        serve_broker(str(tmp_path / "launch.sock"), "root", "nobody", str(apps))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["apps.json", "launch.sock"]
 
 
 def test_launch_through_broker_runs_as_the_target_user(tmp_path):
