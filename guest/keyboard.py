@@ -238,13 +238,15 @@ class Keyboard:
         since it, every X client seen idle within the request's budget."""
         if last_press <= 0.0:
             return
+        dpy.sync()  # the presses have reached the server, which passed them on
         pause = last_press + REBIND_SETTLE_S - time.monotonic()
         if pause > 0:
-            dpy.sync()  # the presses have reached the server, which passed them on
-            time.sleep(pause)  # (1): what a responsive client needs to take the presses in
+            # (1) is a time on purpose: a client may read its events into a queue of its own and look them
+            # up later (another thread, a toolkit's dispatch), which no state seen from outside shows;
+            # (2) below is the condition wait for whatever lags past it.
+            time.sleep(pause)
         if last_press <= self._handled_up_to:
             return
-        dpy.sync()
         now = time.monotonic()
         if self._wait_until is None:
             self._wait_until = now + REBIND_WAIT_S

@@ -26,8 +26,8 @@ It stays a judgement from outside: a client that sleeps while it still has key e
 blocking call per key), handles X events on a thread other than its main one, or whose X connection was
 made by a process that has since exited, is judged idle too early; a client that never reads its
 socket (stopped, or a script holding an idle connection) would be waited for in vain, so a caller
-passes those found at one wait's deadline as ``ignore`` to the next. :func:`clients_idle` looks once; :func:`wait_until_idle` polls until it holds, up to a
-deadline. This process's own connections never count (it reads its events when it wants, or never).
+passes those found at one wait's deadline as ``ignore`` to the next. :func:`clients_idle` looks once;
+:func:`wait_until_idle` polls until it holds, up to a deadline. This process's own connections never count (it reads its events when it wants, or never).
 Where the kernel or the server cannot tell (no ``sock_diag``, no X-Resource, processes hidden by
 ``hidepid``), :class:`Unknowable` is raised and the caller falls back to a rule of its own.
 """
