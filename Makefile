@@ -7,13 +7,15 @@ GATEWAY_VENV ?= build/gateway-venv
 TASK ?= tasks/pickup.toml
 ARGS ?=
 IMAGE ?= desktop-sandbox:latest
+# The image Dockerfile.desktop builds FROM (imported with debootstrap when absent and not pullable).
+BASE ?= debian:bookworm-slim
 # Guest architecture (amd64 | arm64); empty: the host's. A foreign one builds and runs under emulation
 # (qemu-user-static; the image is tagged $(IMAGE)-ARCH, e.g. desktop-sandbox:latest-arm64).
 ARCH ?=
 export PYTHONUNBUFFERED := 1
 export DESKTOP_SANDBOX_GATEWAY_PYTHON ?= $(abspath $(GATEWAY_VENV))/bin/python
 
-.PHONY: help deps desktop run-task test test-arm64 vm-image audit bench down
+.PHONY: help prereqs deps desktop run-task test test-arm64 vm-image audit bench down
 
 help:
 	@echo "make desktop    build the guest image (imports a Debian base with debootstrap when no registry)"
@@ -38,8 +40,13 @@ $(GATEWAY_VENV)/.installed: Makefile
 
 deps: $(VENV)/.installed $(GATEWAY_VENV)/.installed
 
-desktop: deps
-	$(PYTHON) -m controller.cli build --tag $(IMAGE) $(if $(ARCH),--arch $(ARCH))
+# Before any slow step: Docker, Python with venv, debootstrap when no registry answers (installed here as
+# root, else one command to run and exit 2). See scripts/prereqs.sh.
+prereqs:
+	@SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/prereqs.sh $(BASE) $(ARCH)
+
+desktop: prereqs deps
+	$(PYTHON) -m controller.cli build --tag $(IMAGE) --base $(BASE) $(if $(ARCH),--arch $(ARCH))
 
 run-task: deps
 	$(PYTHON) -m controller.cli run-task $(TASK) $(if $(ARCH),--arch $(ARCH)) --image $(IMAGE) $(ARGS)
