@@ -18,7 +18,10 @@
 ``GET /runs/{id}/shots/{name}``                 a recorded screenshot (``shot-NNNN.png|jpg``)
 ==============================================  ===============================================================
 
-Live-only routes answer 404 ``not_live`` for a run that is only on disk. Request bodies are capped at
+Who may call them is decided before any route runs (:class:`controller.console.auth.Guard`: the
+session cookie, Host, CSRF and Origin; no data, stream or image for another site's page, only a
+navigation to ``/login``, ``/`` or ``/runs/{id}``). Live-only routes answer 404 ``not_live`` for a run
+that is only on disk. Request bodies are capped at
 :data:`MAX_BODY` bytes (413 ``too_large``) and parsed as strict JSON (400 ``invalid_body``).
 """
 

@@ -19,11 +19,26 @@ to it (and a DNS-rebinding page can even read answers), so:
   ``X-CSRF-Token`` (403 ``bad_csrf``; the page reads it from ``<meta name="csrf-token">``) and an
   ``Origin`` equal to the console's own origin as the request addresses it (403 ``bad_origin``);
 * **every request** must carry ``Host: 127.0.0.1:<port>`` or ``localhost:<port>`` (403 ``bad_host``):
-  a rebound name never matches.
+  a rebound name never matches;
+* **every request from another site is refused** (:meth:`Guard.check_site`), cookie or not: an
+  ``Origin`` that is not the console's own (403 ``bad_origin``; ``null`` included), or a
+  ``Sec-Fetch-Site`` other than ``same-origin`` or ``none`` (403 ``cross_site``: ``same-site`` is what a
+  page on another 127.0.0.1 port gets, and the browser sends it the SameSite=Strict cookie). Requests
+  without these headers (curl, older browsers) pass. The one exception is a top-level navigation
+  (``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``) to a page, :data:`PAGE_PATH` (the
+  login URL, the runs list, a run's page): a person may follow a link to the console from another
+  page and sees it in a window of its own (``Cross-Origin-Opener-Policy: same-origin``: the linking
+  page keeps no handle on it, and no frame may hold it). Data, streams, images, scripts and styles
+  (the run's state and approvals, ``events``, ``screen.jpg``, ``screen.mjpeg``, ``shots/``,
+  ``static/``) are never served to another site, not even to a navigation. A URL opened from the
+  terminal or typed is ``Sec-Fetch-Site: none``; the console's own requests are ``same-origin``.
 
 Secrets are compared with :func:`hmac.compare_digest`. Every response, refusals and errors included,
-carries :data:`SECURITY_HEADERS`. Refusals are ``{"error": {"code", "message"}}`` (JSON), or a plain
-page when the request asked for HTML (a browser's navigation).
+carries :data:`SECURITY_HEADERS` (``Cross-Origin-Resource-Policy: same-origin`` among them: a browser
+hands no answer of the console to another origin's page). Refusals are ``{"error": {"code",
+"message"}}`` (JSON), or a plain page when the request asked for HTML (a browser's navigation), sent
+before the app sees the request (no stream is opened), and logged at INFO on the ``controller.console``
+logger (method, path inside the secret base, status, code; never the secret or the query).
 """
 
 from __future__ import annotations
@@ -31,9 +46,12 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import logging
+import re
 import secrets
 import threading
 from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 from starlette.datastructures import Headers, MutableHeaders
 
@@ -48,6 +66,8 @@ SECURITY_HEADERS: dict[str, str] = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
 }
 """Headers set on every response (replacing any the app set)."""
 
@@ -61,6 +81,13 @@ POLICY_HEADER = "x-console-policy"
 
 SAFE_METHODS = ("GET", "HEAD")
 LOGIN_PATH = "/login"
+PAGE_PATH = re.compile(r"/(?:login|runs/[^/]+)?\Z")
+"""The pages (paths inside the secret base) another site may navigate a window to: ``/login``, ``/``
+(the runs list) and ``/runs/{id}`` (a run's page). Everything else is refused to another site."""
+SITES_ALLOWED = ("same-origin", "none")
+"""``Sec-Fetch-Site`` values served: the console's own requests, and a URL the person opened themselves."""
+
+log = logging.getLogger("controller.console")
 
 
 class Refused(Exception):
@@ -199,9 +226,37 @@ class Guard:
         try:
             scope = self.check(scope, headers)
         except Refused as refused:
+            log.info("refused %s %s: %d %s", scope.get("method", "-"), self.shown_path(scope["path"]),
+                     refused.status, refused.code)
             await send_refusal(send_secured, refused, wants_html(headers))
             return
         await self.app(scope, receive, send_secured)
+
+    def shown_path(self, path: str) -> str:
+        """``path`` as a log line shows it: inside the secret base, without the base and percent-encoded
+        (no space or control character); ``-`` for any other path."""
+        base = self.auth.base
+        if hmac.compare_digest(path[:len(base)].encode(), base.encode()) and path[len(base):len(base) + 1] in ("", "/"):
+            return quote(path[len(base):] or "/", safe="/")
+        return "-"
+
+    @staticmethod
+    def check_site(method: str, inner: str, headers: Headers, origin_ok: Callable[[str], bool]) -> None:
+        """Refuse a request another site sends (module docstring): :class:`Refused` 403 ``bad_origin``
+        for an ``Origin`` that ``origin_ok`` rejects, 403 ``cross_site`` for a ``Sec-Fetch-Site`` other
+        than :data:`SITES_ALLOWED` -- unless it is a top-level navigation to a :data:`PAGE_PATH` page."""
+        origin = headers.get("origin")
+        if origin is not None and not origin_ok(origin):
+            raise Refused(403, "bad_origin", "the request's Origin is not the console's")
+        site = headers.get("sec-fetch-site")
+        if site is None or site.lower() in SITES_ALLOWED:
+            return
+        navigation = (method in SAFE_METHODS and headers.get("sec-fetch-mode", "").lower() == "navigate"
+                      and headers.get("sec-fetch-dest", "").lower() == "document")
+        if navigation and PAGE_PATH.match(inner):
+            return
+        raise Refused(403, "cross_site", "the console serves no data, stream or image to another site's page; "
+                                         "open the console's own pages")
 
     def check(self, scope: Scope, headers: Headers) -> Scope:
         """The request's scope for the app (its path without the secret base, which becomes
@@ -215,6 +270,7 @@ class Guard:
                 and (len(path) == len(base) or path[len(base)] == "/")):
             raise Refused(404, "not_found", "nothing is served here; open the URL the console printed")
         inner = path[len(base):] or "/"
+        self.check_site(scope["method"], inner, headers, lambda origin: self.auth.origin_ok(origin, host or ""))
         scope = {**scope, "path": inner, "raw_path": inner.encode()}
         if inner == LOGIN_PATH:
             return scope

@@ -4,6 +4,7 @@ logged-in httpx session against it, LiveRuns with a real ApprovalRegistry, run r
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import threading
@@ -203,3 +204,30 @@ def browser() -> Iterator[Any]:
         chromium = launch_chromium(playwright)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture
+def other_site() -> Iterator[tuple[str, dict[str, str], list[str]]]:
+    """Another program's web server on 127.0.0.1 (another port): serves whatever page is put in
+    ``pages`` and notes every request it gets (``seen``), with its Cookie header."""
+    pages: dict[str, str] = {}
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(f"{self.path} cookie={self.headers.get('Cookie')}")
+            body = pages.get(self.path.split("?")[0], "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", pages, seen
+    server.shutdown()

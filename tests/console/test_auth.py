@@ -1,5 +1,6 @@
-"""Who may use the console: the one-time login, the session cookie, CSRF, Origin and Host checks, and
-the headers on every response -- against a real ConsoleServer on 127.0.0.1."""
+"""Who may use the console: the one-time login, the session cookie, CSRF, Origin and Host checks,
+what another site's page may ask (Origin, Sec-Fetch-*), and the headers on every response -- against a
+real ConsoleServer on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import socket
 import httpx
 import pytest
 
-from tests.console.conftest import Session
+from controller.console.app import create_app
+from tests.console.conftest import LIVE_ID, Session
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
@@ -16,6 +18,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
 }
 
 
@@ -146,3 +150,134 @@ def test_a_cookie_tossed_by_another_port_does_not_log_the_person_out(session, co
                    f"{console.auth.cookie_name}=junk; {console.auth.cookie_name}={real}"):
         assert httpx.get(console.base + "/", headers={"Cookie": header}).status_code == 200
     assert httpx.get(console.base + "/", headers={"Cookie": f"{console.auth.cookie_name}=junk"}).status_code == 401
+
+
+RUN = f"/runs/{LIVE_ID}"
+DATA = (f"{RUN}/state", f"{RUN}/events", f"{RUN}/approvals", f"{RUN}/screen.jpg", f"{RUN}/screen.mjpeg?fps=1",
+        f"{RUN}/shots/shot-0001.png", "/static/console.js", "/static/console.css")
+"""Every GET that answers data, a stream, an image, a script or a style (never served to another site)."""
+PAGES = ("/", RUN)
+"""The pages a person may be sent to from another site (a top-level navigation)."""
+NAVIGATION = {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+
+
+def _get(session: Session, path: str, headers: dict[str, str]) -> tuple[int, str | None, httpx.Headers]:
+    """GET ``path`` as the logged-in browser with ``headers``: (status, error code or None, headers).
+    A stream is closed once its head arrived."""
+    with session.client.stream("GET", path, headers=headers, timeout=httpx.Timeout(10.0)) as resp:
+        code = None
+        if resp.headers.get("content-type") == "application/json" and resp.status_code >= 400:
+            resp.read()
+            code = _error(resp)
+        return resp.status_code, code, resp.headers
+
+
+@pytest.fixture
+def recorded_shot(live) -> None:
+    """The live run's record holds ``shot-0001.png``."""
+    (live.record_dir / "shot-0001.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+
+
+@pytest.mark.parametrize("site", ["same-site", "cross-site", "Cross-Site", "sideways"])
+def test_another_site_gets_no_data_stream_or_image(session, live, recorded_shot, site):
+    """Sec-Fetch-Site other than same-origin / none: 403 ``cross_site`` JSON at once (no stream opened),
+    whatever the request's mode; a page only to a top-level navigation."""
+    for path in DATA:
+        for extra in ({}, {"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}, NAVIGATION):
+            status, code, headers = _get(session, path, {"Sec-Fetch-Site": site, **extra})
+            assert (status, code) == (403, "cross_site"), (path, extra)
+            assert headers["content-type"] == "application/json" and headers["content-length"], path
+            _secured_headers(headers)
+    for path in PAGES:
+        for extra in ({}, {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"},
+                      {"Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"},
+                      {"Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "document"}):
+            assert _get(session, path, {"Sec-Fetch-Site": site, **extra})[:2] == (403, "cross_site"), (path, extra)
+        status, code, headers = _get(session, path, {"Sec-Fetch-Site": site, **NAVIGATION})
+        assert (status, code) == (200, None), path
+        assert headers["content-type"].startswith("text/html")
+        _secured_headers(headers)
+
+
+@pytest.mark.parametrize("headers", [{}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none", **NAVIGATION},
+                                     {"Sec-Fetch-Site": "same-origin", "Origin": "ORIGIN"}])
+def test_the_console_s_own_requests_and_requests_without_those_headers_are_served(session, live, recorded_shot,
+                                                                                 headers):
+    """The console's own pages (same-origin, their own Origin), a URL the person opened (none), curl (no
+    header at all): served, the Cross-Origin-Resource-Policy header on each answer."""
+    headers = {k: v.replace("ORIGIN", session.server.origin) for k, v in headers.items()}
+    for path in DATA + PAGES:
+        status, code, answer = _get(session, path, headers)
+        # not started (no agent attached): the live screen answers 409 not_started, the rest 200
+        assert status in (200, 409) and code in (None, "not_started"), (path, status, code)
+        _secured_headers(answer)
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://127.0.0.1:1", "null", "http://localhost:PORT",
+                                    "https://127.0.0.1:PORT", "http://127.0.0.1:PORT/"])
+def test_a_foreign_origin_is_refused_on_every_get(session, live, recorded_shot, origin):
+    """An Origin that is not the console's as the request addresses it (another port, another name for
+    the same port, ``null``): 403 ``bad_origin``, even with Sec-Fetch-Site same-origin, pages included."""
+    origin = origin.replace("PORT", str(session.server.port))
+    for path in DATA + PAGES:
+        for extra in ({}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "cross-site", **NAVIGATION}):
+            status, code, headers = _get(session, path, {"Origin": origin, **extra})
+            assert (status, code) == (403, "bad_origin"), (path, origin, extra)
+            _secured_headers(headers)
+    # the same Origin check as for a POST: localhost's own origin is the console's when addressed so
+    host = f"localhost:{session.server.port}"
+    assert _get(session, "/", {"Host": host, "Origin": f"http://{host}"})[:2] == (200, None)
+
+
+def test_login_from_another_site(console):
+    """A cross-site GET of the login URL that is not a navigation (an image, a fetch) is refused and
+    does not spend the token; a link the person follows (a top-level navigation) logs in."""
+    for headers in ({"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"},
+                    {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors", "Origin": "http://127.0.0.1:1"}):
+        resp = httpx.get(console.url, headers=headers)
+        assert resp.status_code == 403 and _error(resp) in ("cross_site", "bad_origin"), headers
+        assert "set-cookie" not in resp.headers
+    with httpx.Client(base_url=console.base) as client:
+        resp = client.get(console.url, headers={"Sec-Fetch-Site": "cross-site", **NAVIGATION})
+        assert resp.status_code == 303 and "set-cookie" in resp.headers
+        assert client.get("/", headers={"Sec-Fetch-Site": "cross-site", **NAVIGATION}).status_code == 200
+
+
+def test_every_route_answers_with_the_resource_policy(session, live, recorded_shot):
+    """Every route of the app (read from the app itself), its refusals and errors: CORP same-origin."""
+    routes = [r for r in create_app(session.server.state).routes if getattr(r, "methods", None)]
+    assert len(routes) >= 12, routes
+    for route in routes:
+        path = route.path.format(run_id=LIVE_ID, request_id="req_nope", name="shot-0001.png")
+        for method in route.methods - {"HEAD"}:
+            if method == "GET":
+                answers = [_get(session, path, {})[2], _get(session, path, {"Sec-Fetch-Site": "cross-site"})[2],
+                           _get(session, path, {"Origin": "null"})[2]]
+            else:
+                answers = [session.post(path, {"answer": "deny"}).headers,
+                           session.post(path, {}, headers={"Sec-Fetch-Site": "cross-site"}).headers,
+                           session.post(path, {}, drop=("X-CSRF-Token",)).headers]
+            for headers in answers:
+                _secured_headers(headers)
+    for resp in (httpx.get(session.server.origin + "/"), httpx.get(session.server.base + RUN + "/events"),
+                 session.get("/static/nothing.js"), session.get("/nowhere", headers={"Sec-Fetch-Site": "same-site"})):
+        _secured(resp)
+
+
+def test_refusals_are_logged_without_the_secret(session, live, caplog):
+    """Each refusal is one INFO line on ``controller.console``: method, path inside the base, status, code."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="controller.console")
+    session.get(f"{RUN}/screen.jpg", headers={"Sec-Fetch-Site": "same-site"})
+    session.get(f"{RUN}/a%20b%0A", headers={"Origin": "null"})  # a space and a line break
+    httpx.get(session.server.origin + "/elsewhere")
+    lines = [r.getMessage() for r in caplog.records if r.name == "controller.console"]
+    assert lines == [f"refused GET {RUN}/screen.jpg: 403 cross_site", f"refused GET {RUN}/a%20b%0A: 403 bad_origin",
+                     "refused GET -: 404 not_found"], lines
+    assert not any(session.server.auth.base in line or session.server.auth.login_token in line for line in lines)
+
+
+def _secured_headers(headers: httpx.Headers) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        assert headers.get(name) == value, (name, headers)

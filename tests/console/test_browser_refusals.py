@@ -5,41 +5,7 @@ attempt is refused, and the registry and the run stay as they were."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
 from tests.console.conftest import LIVE_ID, Runner
-
-
-@pytest.fixture
-def other_site() -> Iterator[tuple[str, dict[str, str], list[str]]]:
-    """Another program's web server on 127.0.0.1 (another port): serves whatever page is put in
-    ``pages`` and notes every request it gets (``seen``), with its Cookie header."""
-    pages: dict[str, str] = {}
-    seen: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            seen.append(f"{self.path} cookie={self.headers.get('Cookie')}")
-            body = pages.get(self.path.split("?")[0], "").encode()
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", pages, seen
-    server.shutdown()
 
 
 def test_another_local_site_in_the_same_browser_cannot_approve_cancel_or_read(browser, console, live, other_site):
