@@ -68,6 +68,7 @@ class SandboxComputer:
                                             screenshot=shown)
         gate = ActionGate(confirm=confirm_actions, step=step, asker=asker, console=self.console,
                           on_decision=self.hooks.on_decision, registry=self.registry, screenshot=shown)
+        self.driver.capture_with_last_action = not gate.asks("screenshot")  # else the screenshot waits for it
         self.executor = ComputerCallExecutor(self.driver, self.approver, before_action=gate if gate.active else None,
                                              hooks=self.hooks, cancelled=self._cancelled.is_set,
                                              earlier_records=earlier_records, console=self.console)

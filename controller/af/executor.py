@@ -54,7 +54,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from controller.run.approvals import ActionGate, Decision, SafetyCheckApprover, describe_action
-from controller.run.driver import SandboxDriver
+from controller.run.driver import SandboxDriver, driver_actions
 from controller.run.entries import ComputerCall, problem
 from controller.run.record import read_record, redact_action
 from controller.run.recording import RecordingHooks
@@ -320,6 +320,9 @@ class ComputerCallExecutor:
             self.hooks.current_call = call.call_id
         self._approved.pop(call.call_id, None)
         self._refused.discard(call.call_id)
+        plan = getattr(self.driver, "plan_calls", None)
+        if plan is not None:  # its last action goes with its screenshot (SandboxDriver.plan_calls)
+            plan([driver_actions(call.actions if call.actions is not None else [call.action])])
         return self._toolset.execute(call, approve_safety_checks=self._approve,
                                      before_action=self._gate(call.call_id), cancelled=self.cancelled,
                                      on_diagnostic=self.hooks.on_diagnostic if self.hooks is not None else None)

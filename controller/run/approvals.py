@@ -330,9 +330,14 @@ class ActionGate(_Asking):
         """Whether the gate asks about anything at all (otherwise the runner passes no callback)."""
         return self.step or bool(self.confirm)
 
+    def asks(self, kind: str) -> bool:
+        """Whether the gate asks before an action of type ``kind`` (``screenshot`` included: the SDK
+        passes a call's closing screenshot through the gate too)."""
+        return self.step or kind in self.confirm
+
     def __call__(self, action: Any, cancelled: Callable[[], bool] | None = None) -> bool:
         kind = action.get("type") if isinstance(action, dict) else action.type
-        if not (self.step or kind in self.confirm):
+        if not self.asks(kind):
             return True
         text = describe_action(action)
         logged = describe_action(action, redact=True)

@@ -102,6 +102,16 @@ def sniff_mime(data: bytes) -> str:
     raise DriverError("screenshot bytes are neither PNG nor JPEG")
 
 
+def driver_actions(actions: list[Any]) -> int:
+    """How many driver action calls a computer_call's ``actions`` make: every one but ``screenshot``
+    (the SDK runs no handler for those; it captures once after the call, ``openai.lib.computer``)."""
+    count = 0
+    for action in actions:
+        kind = action.get("type") if isinstance(action, dict) else getattr(action, "type", None)
+        count += kind != "screenshot"
+    return count
+
+
 def _as_dict(action: Any) -> dict[str, Any]:
     data = as_dict(action)
     if data is None:
@@ -133,13 +143,24 @@ class SandboxDriver(_ComputerDriverBase):
         self.last_error: str | None = None
         self.screenshots_sent = 0
         self._input_since_capture = False
-        self.before_step: Callable[[bool], None] | None = None
+        self.before_step: Callable[[bool], bool | None] | None = None
         """Called before each action (``False``) and before each screenshot the SDK asks for
-        (``True``): the web console's take-over gate (:meth:`controller.run.live.LiveRun.checkpoint`)."""
+        (``True``): the web console's take-over gate (:meth:`controller.run.live.LiveRun.checkpoint`);
+        True when it paused (a person had the desktop), so the screen must be captured anew."""
         self.before_capture: Callable[[], bool] | None = None
         """Called before each capture, after the settle ``wait``: the run's wait for pending origin
         requests (:func:`controller.run.origins.wait_for_origins`). True when it waited: the screen is
-        then let settle once more, so the image shows the page after the decision."""
+        then let settle once more, so the image shows the page after the decision (an image taken with
+        the call's last action is then dropped and a new one taken)."""
+        self.capture_with_last_action = True
+        """Send the last action of a planned computer_call (:meth:`plan_calls`) together with the call's
+        screenshot capture, in one request (``POST /v1/actions?screenshot=``: one round trip a step;
+        the settle ``wait`` goes in it too): the action's method returns once it ran and the screen was
+        captured, and :meth:`screenshot` then hands that image over. Turn it off when something must
+        run between the last action and the screenshot (an approval gate that asks before the
+        screenshot: ``controller.run.approvals.ActionGate``)."""
+        self._plan: list[int] = []  # driver actions left in each planned call, in order
+        self._taken: tuple[ScreenshotPolicy, Any] | None = None  # the image taken with the last action
 
     # -- helpers -------------------------------------------------------------------------------
     def _space(self) -> ModelSpace:
@@ -179,9 +200,31 @@ class SandboxDriver(_ComputerDriverBase):
             parsed = parsed.with_points([space.to_screen(x, y) for x, y in points])
         return parsed.to_wire()
 
+    def plan_calls(self, calls: list[int]) -> None:
+        """The computer_calls of the model's latest response, in order, as the number of driver actions
+        each holds (its actions that are not ``screenshot``): it tells which action is a call's last, to
+        be sent with the call's capture (:attr:`capture_with_last_action`). Replaces any earlier plan.
+        Only an optimisation: with no plan, or a wrong one, every action still runs alone or with a
+        capture that a later action voids, and every screenshot shows the screen after the last action."""
+        self._plan = [max(0, int(n)) for n in calls]
+
+    def _last_of_call(self) -> bool:
+        """Count one action against the plan; True when it is the last of its call."""
+        while self._plan and self._plan[0] == 0:  # calls with no driver action are done
+            self._plan.pop(0)
+        if not self._plan:
+            return False
+        self._plan[0] -= 1
+        if self._plan[0] == 0:
+            self._plan.pop(0)
+            return True
+        return False
+
     def _act(self, action: Any) -> None:
-        """Map one action and send it; ``last_error`` says why when either step fails."""
+        """Map one action and send it (the last one of a planned call with the call's capture);
+        ``last_error`` says why when either step fails."""
         self.last_error = None
+        self._taken = None  # an image taken before this action no longer shows the screen
         if self.before_step is not None:
             self.before_step(False)
         try:
@@ -189,7 +232,22 @@ class SandboxDriver(_ComputerDriverBase):
         except Exception as exc:
             self.last_error = str(exc)
             raise
-        self._send([mapped])
+        last = self._last_of_call()
+        combined = getattr(self.agent, "actions_screenshot", None)
+        if not (last and self.capture_with_last_action and combined is not None):
+            self._send([mapped])
+            return
+        if self.on_forward is not None:
+            self.on_forward([mapped])
+        policy = self.policy
+        actions = [mapped, {"type": "wait"}] if policy.settle else [mapped]
+        try:
+            step = combined(actions, **self._shot_args(policy))
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+        self._input_since_capture = False
+        self._taken = (policy, step.screenshot)
 
     # -- ComputerDriver ----------------------------------------------------------------------
     def click(self, action: Any) -> None:
@@ -229,37 +287,45 @@ class SandboxDriver(_ComputerDriverBase):
 
         The model space is updated to the image actually sent.
         """
-        if self.before_step is not None:
-            self.before_step(True)
+        if self.before_step is not None and self.before_step(True):
+            self._taken = None  # a person had the desktop meanwhile: the image taken before is old
         shot = self.capture()
         return {"type": "computer_screenshot", "image_url": shot.data_url}
 
     # -- capture -------------------------------------------------------------------------------
+    @staticmethod
+    def _shot_args(p: ScreenshotPolicy) -> dict[str, Any]:
+        return dict(format=p.format, quality=p.quality, max_width=p.max_width, max_height=p.max_height, crop=p.crop)
+
     def capture(self) -> SentScreenshot:
-        """Take one screenshot under the policy, apply the size cap, and make it the model space."""
+        """Take one screenshot under the policy (or hand over the one taken with the call's last action,
+        :attr:`capture_with_last_action`), apply the size cap, and make it the model space."""
         self.last_error = None
+        taken, self._taken = self._taken, None
         try:
-            return self._capture()
+            return self._capture(taken[1] if taken is not None and taken[0] == self.policy else None)
         except Exception as exc:
             self.last_error = str(exc)
             raise
 
-    def _capture(self) -> SentScreenshot:
+    def _capture(self, raw: Any = None) -> SentScreenshot:
         p = self.policy
-        shot_args = dict(format=p.format, quality=p.quality, max_width=p.max_width, max_height=p.max_height,
-                         crop=p.crop)
-        # The settle wait and the screenshot in one request when the agent client offers it
-        # (AgentClient.actions_screenshot: one round trip, the image taken right after the wait).
-        combined = getattr(self.agent, "actions_screenshot", None) if self.before_capture is None else None
-        if combined is not None and p.settle and self._input_since_capture:
-            self._input_since_capture = False
-            raw = combined([{"type": "wait"}], **shot_args).screenshot
-        else:
-            if p.settle and self._input_since_capture:
+        shot_args = self._shot_args(p)
+        if raw is None:
+            # The settle wait and the screenshot in one request when the agent client offers it
+            # (AgentClient.actions_screenshot: one round trip, the image taken right after the wait).
+            combined = getattr(self.agent, "actions_screenshot", None) if self.before_capture is None else None
+            if combined is not None and p.settle and self._input_since_capture:
+                self._input_since_capture = False
+                raw = combined([{"type": "wait"}], **shot_args).screenshot
+            elif p.settle and self._input_since_capture:
                 self.agent.actions([{"type": "wait"}])
-            self._input_since_capture = False
-            if self.before_capture is not None and self.before_capture() and p.settle:
+        self._input_since_capture = False
+        if self.before_capture is not None and self.before_capture():
+            raw = None  # an origin request was pending: the image must show the page after the answer
+            if p.settle:
                 self.agent.actions([{"type": "wait"}])
+        if raw is None:
             raw = self.agent.screenshot(**shot_args)
         data: bytes = raw.data
         mime = sniff_mime(data)
@@ -300,7 +366,8 @@ class SandboxDriver(_ComputerDriverBase):
                 width, height = fit_size(width, height, int(width * 0.75), int(height * 0.75))
 
     def release(self) -> None:
-        """Release every key and button held in the guest."""
+        """Release every key and button held in the guest (an image taken with an action is dropped)."""
+        self._taken = None
         self.agent.release()
 
 
@@ -329,6 +396,7 @@ __all__ = [
     "ScreenshotPolicy",
     "SentScreenshot",
     "SandboxDriver",
+    "driver_actions",
     "sniff_mime",
     "wait_for_stable_screen",
 ]

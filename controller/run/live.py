@@ -196,16 +196,17 @@ class LiveRun:
                 self._last_action = {"by": by, "action": shown, "screen": list(self.screen or (0, 0))}
             self._emit("action", by=by, action=shown, screen=list(self.screen or (0, 0)))
 
-    def checkpoint(self, cancelled: Callable[[], bool], *, screenshot: bool) -> None:
+    def checkpoint(self, cancelled: Callable[[], bool], *, screenshot: bool) -> bool:
         """The loop's step boundary (the driver calls it before a screenshot, ``screenshot=True``,
         and before each action, ``False``). When a person asked to take over, the loop waits here --
         before the screenshot ending a call, never between a call's actions or before them (see the
-        module docstring) -- until :meth:`resume` or ``cancelled()``."""
+        module docstring) -- until :meth:`resume` or ``cancelled()``. True when it waited (the person
+        may have changed the screen), else False."""
         if not screenshot:
-            return
+            return False
         with self._cond:
             if not self._want_human:
-                return
+                return False
         with self._agent_lock:  # the person's actions start after the record says who has control
             if self._record_control is not None:
                 self._record_control("human")
@@ -220,6 +221,7 @@ class LiveRun:
                 self._record_control("model")
         if not cancelled():
             self._set_state("running", by="console")
+        return True
 
     def finish(self, status: str) -> None:
         """The run ended with ``status``; a waiting loop (none by then) and every view are released,

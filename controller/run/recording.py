@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from controller.gateway.policy import Decision
 from controller.run.approvals import Decision as ApprovalDecision
-from controller.run.driver import SandboxDriver, SentScreenshot
+from controller.run.driver import SandboxDriver, SentScreenshot, driver_actions
 from controller.run.entries import (
     MAX_MODEL_TEXT, Action, Approval, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted,
     TaskRef, Usage, problem,
@@ -247,11 +247,13 @@ class RecordingHooks:
                            total_tokens=usage.total_tokens)
         self.record.write(ModelResponse(response_id=_text(usage.response_id), http_status=usage.status, usage=tokens,
                                         text=model_text(body)))
+        planned: list[int] = []
         for item in (body.get("output") or []) if isinstance(body, dict) else []:
             if not isinstance(item, dict) or item.get("type") != "computer_call":
                 continue
             listed = item.get("actions") is not None
             actions = item.get("actions") if listed else [item.get("action")]
+            planned.append(driver_actions(actions if isinstance(actions, list) else [actions]))
             checks = item.get("pending_safety_checks")
             self.current_call = _text(item.get("call_id"))
             self.record.write(ComputerCall(
@@ -260,6 +262,9 @@ class RecordingHooks:
                          for a in (actions if isinstance(actions, list) else [actions])],
                 pending_checks=checks if isinstance(checks, list) else [],
             ))
+        plan = getattr(self.driver, "plan_calls", None)
+        if plan is not None:
+            plan(planned)
         self._poll()
 
     def on_diagnostic(self, event: dict[str, Any]) -> None:

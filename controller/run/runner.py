@@ -399,6 +399,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                                       message=f"--approve-safety-check {code}"))
             gate = ActionGate(confirm=options.confirm_actions, step=options.step, asker=asker, console=console,
                               on_decision=on_decision, registry=registry, screenshot=shown)
+            driver.capture_with_last_action = not gate.asks("screenshot")  # else the screenshot waits for it
             t = time.monotonic()
             try:
                 first = driver.capture()

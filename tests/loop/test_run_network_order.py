@@ -35,6 +35,12 @@ class _RequestingAgent:
             self._request("step")
         return self._agent.actions(actions, *args, **kwargs)
 
+    def actions_screenshot(self, actions: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call's last action with its capture (``SandboxDriver.plan_calls``): the same request first."""
+        if any(a.get("type") != "wait" for a in actions):
+            self._request("step")
+        return self._agent.actions_screenshot(actions, *args, **kwargs)
+
     def read_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
         self._request("check")
         return self._agent.read_file(path, *args, **kwargs)

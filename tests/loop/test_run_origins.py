@@ -36,6 +36,12 @@ class _OpeningAgent:
             self._sandbox.open_next()
         return self._agent.actions(actions, *args, **kwargs)
 
+    def actions_screenshot(self, actions: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call's last action with its capture (``SandboxDriver.plan_calls``): the same opening first."""
+        if any(a.get("type") != "wait" for a in actions):
+            self._sandbox.open_next()
+        return self._agent.actions_screenshot(actions, *args, **kwargs)
+
 
 class AskSandbox(LocalSandbox):
     """A local sandbox behind a real gateway in mode ask: its decision log, its control API
