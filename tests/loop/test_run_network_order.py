@@ -24,8 +24,8 @@ class _RequestingAgent:
     """The agent, with a request through the gateway before each batch of actions and each file read
     (what a guest app would send when clicked, or while it is being verified)."""
 
-    def __init__(self, agent: Any, request: Any) -> None:
-        self._agent, self._request = agent, request
+    def __init__(self, agent: Any, request: Any, calls: list[str]) -> None:
+        self._agent, self._request, self.calls = agent, request, calls
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._agent, name)
@@ -33,12 +33,14 @@ class _RequestingAgent:
     def actions(self, actions: Any, *args: Any, **kwargs: Any) -> Any:
         if any(a.get("type") != "wait" for a in actions):  # not the driver's own settle before a screenshot
             self._request("step")
+            self.calls.append("actions")
         return self._agent.actions(actions, *args, **kwargs)
 
     def actions_screenshot(self, actions: Any, *args: Any, **kwargs: Any) -> Any:
         """A call's last action with its capture (``SandboxDriver.plan_calls``): the same request first."""
         if any(a.get("type") != "wait" for a in actions):
             self._request("step")
+            self.calls.append("actions_screenshot")
         return self._agent.actions_screenshot(actions, *args, **kwargs)
 
     def read_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -53,6 +55,7 @@ class GatewayedSandbox(LocalSandbox):
         super().__init__()
         self.gateway = gateway
         self.sent: list[str] = []
+        self.calls: list[str] = []  # how the model's actions reached the agent
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({"http": f"http://{gateway.host}:{gateway.port}"}))
 
@@ -68,7 +71,7 @@ class GatewayedSandbox(LocalSandbox):
 
     @property
     def agent(self) -> Any:
-        return _RequestingAgent(LocalSandbox.agent.fget(self), self.request)
+        return _RequestingAgent(LocalSandbox.agent.fget(self), self.request, self.calls)
 
     def decision_log(self) -> list[dict[str, Any]]:
         from controller.sandbox import parse_decision_log
@@ -101,6 +104,7 @@ def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match
     stamps = [e["ts"] for e in entries]
     assert stamps == sorted(stamps), "ts went back"
     assert sb.sent == [f"http://step-{n}.example.test" for n in (1, 2, 3)] + ["http://check-4.example.test"]
+    assert sb.calls == ["actions_screenshot"] * 3  # each call's one action went with its capture
     # each decision right after the action it came with, the verification's one after the check
     flow = [(e["type"], e.get("action") or e.get("origin") or e.get("target"))
             for e in entries if e["type"] in ("action", "network", "check", "network_log")
