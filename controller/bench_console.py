@@ -50,6 +50,7 @@ from typing import Any
 
 from controller import chromium
 from controller.agent_client import AgentClient
+from controller.bench_sampling import percentiles
 from controller.chromium import launch as launch_chromium
 
 SCREEN = (1280, 800)
@@ -326,7 +327,6 @@ def run_console(iterations: int = 30, rounds: int = 3, window_s: float = 4.0, se
         return {"skipped": why}
     from playwright.sync_api import sync_playwright
 
-    from controller.bench import percentiles
     from controller.console.server import ConsoleServer
     from guest.localrun import AgentProcess, Xvfb, terminate
 

@@ -24,21 +24,20 @@ Rules (from the isolation model in ARCHITECTURE.md):
 * The gateway's own endpoints (its proxy, relay and control ports on any of its own addresses) are
   refused whatever the policy says: the gateway passes them in as ``own_endpoint`` (no rule lifts it).
 
-Over 400 lines: origins, their parsing from every field that names a destination, and the decision are
-one vocabulary; the address rules are in :mod:`controller.gateway.addresses`.
+Over 400 lines: the ``[network]`` model, its validation and the decision in every mode and tier are one
+unit. Origins and their canonical hosts are in :mod:`controller.gateway.origin` (re-exported here), the
+address rules in :mod:`controller.gateway.addresses`, the tier patterns in :mod:`controller.gateway.tiers`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import ipaddress
-import re
 import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator, model_serializer,
@@ -48,174 +47,14 @@ from pydantic import (
 from controller.gateway.addresses import (  # noqa: F401 - re-exported: the policy's address API
     METADATA_ADDRESSES, IPAddress, IPNetwork, PolicyError, _unmapped, classify_address, parse_ip_literal, parse_ipv4_literal,
 )
+from controller.gateway.origin import (  # noqa: F401 - re-exported: the policy's origin API
+    DEFAULT_PORTS, Origin, canonical_host, canonical_list,
+)
 from controller.gateway.tiers import (
     DEFAULT_ASK, DEFAULT_HOLD_TIMEOUT_S, DEFAULT_MAX_PENDING, DEFAULT_QUIET, MAX_HOLD_TIMEOUT_S, MAX_PENDING_LIMIT,
     canonical_patterns, first_match,
 )
 from controller.text import clean
-
-DEFAULT_PORTS: dict[str, int] = {"http": 80, "https": 443}
-"""Effective port per scheme when an origin names none (RFC 9110 sections 4.2.1 and 4.2.2)."""
-
-_LABEL_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
-
-
-
-
-# --------------------------------------------------------------------------------------------------
-# Origins
-
-
-def canonical_host(host: str) -> str:
-    """Canonical host text: IP literals in standard form (IPv6 without brackets), names IDNA-encoded
-    (UTS #46), lower-case, trailing dot stripped.
-
-    Raises PolicyError for empty hosts, whitespace, ``%``, ``@``, ``/``, ``\\`` or any other character a
-    host name cannot contain, and for labels IDNA rejects.
-    """
-    if not host or any(c.isspace() for c in host):
-        raise PolicyError(f"invalid host {host!r}")
-    literal = parse_ip_literal(host)
-    if literal is not None:
-        return str(literal)
-    name = host[:-1] if host.endswith(".") else host
-    if not name or name.endswith("."):
-        raise PolicyError(f"invalid host {host!r}")
-    if name.isascii():
-        name = name.lower()
-        labels = name.split(".")
-        if len(name) > 253 or not all(_LABEL_RE.match(label) for label in labels):
-            raise PolicyError(f"invalid host name {host!r}")
-        encoded = name
-    else:
-        import idna  # local import: only needed for non-ASCII names
-
-        try:
-            encoded = idna.encode(name, uts46=True).decode("ascii")
-        except idna.IDNAError as exc:
-            raise PolicyError(f"invalid internationalised host name {host!r}: {exc}") from exc
-        # UTS #46 maps other full stops (U+3002, U+FF0E, ...) to '.', so a trailing one shows up only now.
-        if encoded.endswith("."):
-            encoded = encoded[:-1]
-            if not encoded or encoded.endswith("."):
-                raise PolicyError(f"invalid host {host!r}")
-    # A name that ends in a number is read as an IPv4 literal by resolvers and URL parsers alike.
-    if parse_ipv4_literal(encoded.rsplit(".", 1)[-1]) is not None and parse_ipv4_literal(encoded) is None:
-        raise PolicyError(f"host {host!r} ends in a number but is not a valid IPv4 literal")
-    return encoded
-
-
-@dataclass(frozen=True, order=True)
-class Origin:
-    """An origin: (scheme, host, port), canonical. ``host`` is IDNA ASCII or a canonical IP text form.
-
-    Build with :meth:`parse` (policy entries) or :meth:`from_parts` (what a proxy saw); equality is the
-    only way origins are compared.
-    """
-
-    scheme: str
-    host: str
-    port: int
-
-    @property
-    def is_ip_literal(self) -> bool:
-        """True when the host is an IP address rather than a name."""
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            return False
-        return True
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        if DEFAULT_PORTS.get(self.scheme) == self.port:
-            return f"{self.scheme}://{host}"
-        return f"{self.scheme}://{host}:{self.port}"
-
-    @classmethod
-    def from_parts(cls, scheme: str, host: str, port: Optional[int] = None) -> "Origin":
-        """Canonical origin from separately known parts. ``port`` None means the scheme's default.
-
-        Raises PolicyError for unsupported schemes (only http and https), bad hosts and ports outside
-        1..65535.
-        """
-        scheme = scheme.lower()
-        if scheme not in DEFAULT_PORTS:
-            raise PolicyError(f"unsupported scheme {scheme!r} (http and https only)")
-        if port is None:
-            port = DEFAULT_PORTS[scheme]
-        if not isinstance(port, int) or not 1 <= port <= 65535:
-            raise PolicyError(f"port out of range: {port!r}")
-        return cls(scheme, canonical_host(host), port)
-
-    @classmethod
-    def parse(cls, text: str) -> "Origin":
-        """Parse a policy entry ``scheme://host[:port]`` (an optional single trailing ``/`` is allowed).
-
-        Raises PolicyError for user info, paths, queries, fragments, wildcards, empty or malformed ports.
-        """
-        if not isinstance(text, str) or any(c.isspace() for c in text):
-            raise PolicyError(f"invalid origin {text!r}")
-        match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)/?", text)
-        if not match:
-            raise PolicyError(f"invalid origin {text!r}: expected scheme://host[:port]")
-        scheme, authority = match.groups()
-        if "@" in authority or "*" in authority or "\\" in authority:
-            raise PolicyError(f"invalid origin {text!r}: user info and wildcards are not accepted")
-        host, port = _split_authority(authority, text)
-        return cls.from_parts(scheme, host, port)
-
-    @classmethod
-    def from_url(cls, url: str) -> "Origin":
-        """Origin of a full URL (user info ignored, as browsers do). Raises PolicyError when malformed."""
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise PolicyError(f"invalid URL {url!r}: {exc}") from exc
-        if parts.hostname is None:
-            raise PolicyError(f"URL has no host: {url!r}")
-        return cls.from_parts(parts.scheme, parts.hostname, port)
-
-    @classmethod
-    def from_authority(cls, scheme: str, authority: str) -> "Origin":
-        """The origin an authority ``host[:port]`` names for ``scheme`` (a Host header, HTTP/2
-        ``:authority``, a request target's authority); no port means the scheme's default.
-
-        Raises PolicyError for an empty authority, user info, whitespace, a path, query or fragment,
-        an IPv6 literal without brackets or anything else within them, an empty or malformed port and a
-        bad host.
-        """
-        if not isinstance(authority, str) or not authority or any(c in authority for c in "@/?#\\*"):
-            raise PolicyError(f"invalid authority {authority!r}")
-        if any(c.isspace() for c in authority):
-            raise PolicyError(f"invalid authority {authority!r}")
-        host, port = _split_authority(authority, authority)
-        if host.startswith("[") and ":" not in host:
-            raise PolicyError(f"invalid authority {authority!r}: only IPv6 literals are bracketed")
-        return cls.from_parts(scheme, host, port)
-
-
-def _split_authority(authority: str, text: str) -> tuple[str, Optional[int]]:
-    if authority.startswith("["):
-        end = authority.find("]")
-        if end < 0:
-            raise PolicyError(f"invalid origin {text!r}: unbalanced brackets")
-        host, rest = authority[: end + 1], authority[end + 1 :]
-        if rest and not rest.startswith(":"):
-            raise PolicyError(f"invalid origin {text!r}")
-        port_text = rest[1:] if rest else None
-    elif authority.count(":") > 1:
-        raise PolicyError(f"invalid origin {text!r}: IPv6 literals must be bracketed")
-    elif ":" in authority:
-        host, port_text = authority.split(":", 1)
-    else:
-        host, port_text = authority, None
-    if port_text is None:
-        return host, None
-    if not port_text.isdigit() or not port_text.isascii():
-        raise PolicyError(f"invalid origin {text!r}: bad port {port_text!r}")
-    return host, int(port_text)
 
 
 def destination_mismatch(
@@ -350,6 +189,14 @@ Memory = Callable[[Origin], Optional[tuple[str, Optional[str]]]]
 """What the gateway remembers of an origin: ``("approved" | "denied", request id or None)``, or None."""
 
 
+def _network_text(entry: object) -> str:
+    """An ``allow_addresses`` entry as canonical network text. Raises ValueError naming the entry."""
+    try:
+        return str(ipaddress.ip_network(str(entry).strip("[]"), strict=True))
+    except ValueError as exc:
+        raise ValueError(f"invalid address rule {entry!r}: {exc}") from exc
+
+
 class NetworkPolicy(BaseModel):
     """The task's ``[network]`` table.
 
@@ -399,17 +246,7 @@ class NetworkPolicy(BaseModel):
     def _canonical_origins(cls, value: object) -> tuple[str, ...]:
         if value is None:
             return ()
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ValueError("allow must be a list of origins")
-        out: list[str] = []
-        for entry in value:
-            try:
-                origin = str(Origin.parse(entry))
-            except PolicyError as exc:
-                raise ValueError(str(exc)) from exc
-            if origin not in out:
-                out.append(origin)
-        return tuple(out)
+        return canonical_list(value, "allow must be a list of origins", lambda entry: str(Origin.parse(entry)))
 
     @field_validator("ask", "quiet", mode="before")
     @classmethod
@@ -423,16 +260,8 @@ class NetworkPolicy(BaseModel):
     def _canonical_networks(cls, value: object) -> tuple[str, ...]:
         if value is None:
             return ()
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ValueError("allow_addresses must be a list of addresses or networks")
-        out: list[str] = []
-        for entry in value:
-            try:
-                network = ipaddress.ip_network(str(entry).strip("[]"), strict=True)
-            except ValueError as exc:
-                raise ValueError(f"invalid address rule {entry!r}: {exc}") from exc
-            out.append(str(network))
-        return tuple(out)
+        return canonical_list(value, "allow_addresses must be a list of addresses or networks", _network_text,
+                              unique=False)
 
     @model_validator(mode="after")
     def _mode_rules(self) -> "NetworkPolicy":

@@ -3,14 +3,14 @@
 Pure module (no proxy import). A pattern is one of:
 
 * ``*`` -- any origin (http or https, any host, any port);
-* ``scheme://host[:port]`` -- exactly that origin, as :class:`~controller.gateway.policy.Origin` parses it;
+* ``scheme://host[:port]`` -- exactly that origin, as :class:`~controller.gateway.origin.Origin` parses it;
 * ``scheme://*.suffix[:port]`` -- every host with one or more whole labels in front of ``suffix``:
   ``https://*.example.test`` matches ``https://a.example.test`` and ``https://a.b.example.test``, never
   ``https://example.test`` itself, ``https://badexample.test`` or ``https://example.test.evil.test``;
 * a port of ``*`` (``https://*.example.test:*``) matches every port; no port means the scheme's default.
 
 Matching compares the canonical (IDNA, lower-case, no trailing dot) host label by label, so spelling
-tricks that :class:`~controller.gateway.policy.Origin` canonicalises away cannot slip past it. IP
+tricks that :class:`~controller.gateway.origin.Origin` canonicalises away cannot slip past it. IP
 literals never match a wildcard (they have no labels to speak of); they match an exact pattern only.
 
 Rule source: ARCHITECTURE.md, contract 2 (``[network]``).
@@ -21,12 +21,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from controller.gateway.addresses import PolicyError, parse_ip_literal
-
-if TYPE_CHECKING:  # pragma: no cover
-    from controller.gateway.policy import Origin
+from controller.gateway.origin import DEFAULT_PORTS, Origin, canonical_list
 
 DEFAULT_HOLD_TIMEOUT_S = 25.0
 """Seconds the gateway holds a connection to an ``ask``-tier origin while it waits for a person.
@@ -84,7 +82,6 @@ refused without asking anyone (logged with reason ``quiet``), so that an idle br
 The image's Firefox policies and default preferences (images/firefox/) turn most of it off; this list
 holds what is left and what it would lead to."""
 
-_SCHEMES = {"http": 80, "https": 443}
 _PATTERN_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)/?")
 
 
@@ -106,7 +103,7 @@ class OriginPattern:
         host = f"*.{self.host}" if self.wildcard else (f"[{self.host}]" if ":" in self.host else self.host)
         if self.port is None:
             return f"{self.scheme}://{host}:*"
-        if _SCHEMES[self.scheme] == self.port:
+        if DEFAULT_PORTS[self.scheme] == self.port:
             return f"{self.scheme}://{host}"
         return f"{self.scheme}://{host}:{self.port}"
 
@@ -116,10 +113,8 @@ class OriginPattern:
 
         Raises PolicyError for anything else: a ``*`` anywhere but as the whole first label or the whole
         port, user info, paths, queries, schemes other than http and https, wildcard IP literals and hosts
-        or ports :class:`~controller.gateway.policy.Origin` refuses.
+        or ports :class:`~controller.gateway.origin.Origin` refuses.
         """
-        from controller.gateway.policy import Origin
-
         if not isinstance(text, str) or not text or any(c.isspace() for c in text):
             raise PolicyError(f"invalid origin pattern {text!r}")
         if text == "*":
@@ -129,7 +124,7 @@ class OriginPattern:
             raise PolicyError(f"invalid origin pattern {text!r}: expected *, scheme://host[:port] or "
                               "scheme://*.domain[:port]")
         scheme, authority = match.group(1).lower(), match.group(2)
-        if scheme not in _SCHEMES:
+        if scheme not in DEFAULT_PORTS:
             raise PolicyError(f"invalid origin pattern {text!r}: unsupported scheme (http and https only)")
         if "@" in authority or "\\" in authority:
             raise PolicyError(f"invalid origin pattern {text!r}: user info is not accepted")
@@ -153,7 +148,7 @@ class OriginPattern:
             raise PolicyError(f"invalid origin pattern {text!r}: IP literals take no wildcard")
         return cls(scheme=scheme, host=probe.host, wildcard=wildcard, port=None if any_port else probe.port)
 
-    def matches(self, origin: "Origin") -> bool:
+    def matches(self, origin: Origin) -> bool:
         """True when ``origin`` (canonical) is one this pattern names: same scheme, port (or any port),
         and host equal to ``host`` or, for a wildcard, ending in ``.`` + ``host`` (whole labels)."""
         if self.any_origin:
@@ -170,17 +165,8 @@ def canonical_patterns(value: object, field: str) -> tuple[str, ...]:
 
     Raises ValueError naming ``field`` and the entry when ``value`` is not a list or an entry does not
     parse."""
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"{field} must be a list of origin patterns")
-    out: list[str] = []
-    for entry in value:
-        try:
-            text = str(OriginPattern.parse(entry))
-        except PolicyError as exc:
-            raise ValueError(str(exc)) from exc
-        if text not in out:
-            out.append(text)
-    return tuple(out)
+    return canonical_list(value, f"{field} must be a list of origin patterns",
+                          lambda entry: str(OriginPattern.parse(entry)))
 
 
 @lru_cache(maxsize=4096)
@@ -188,7 +174,7 @@ def _parsed(text: str) -> OriginPattern:
     return OriginPattern.parse(text)
 
 
-def first_match(patterns: tuple[str, ...], origin: "Origin") -> Optional[str]:
+def first_match(patterns: tuple[str, ...], origin: Origin) -> Optional[str]:
     """The first of ``patterns`` (canonical texts, as :func:`canonical_patterns` gives them) that
     matches ``origin``, or None."""
     for text in patterns:

@@ -184,9 +184,9 @@ class Decision:
 class _Asking:
     """What both callbacks share: the registry, the terminal, the views, and asking one request."""
 
-    def __init__(self, *, asker: Asker | None, console: Console | None,
-                 on_decision: Callable[[Decision], None] | None, registry: ApprovalRegistry | None,
-                 screenshot: Callable[[], str | None] | None) -> None:
+    def __init__(self, *, asker: Asker | None, console: Console | None = None,
+                 on_decision: Callable[[Decision], None] | None = None, registry: ApprovalRegistry | None = None,
+                 screenshot: Callable[[], str | None] | None = None) -> None:
         self.asker = asker
         self.console = console or Console(stderr=True, emoji=False)
         self.on_decision = on_decision
@@ -243,18 +243,8 @@ class SafetyCheckApprover(_Asking):
     exactly True only on an explicit approval by a person or a full opt-in match.
     """
 
-    def __init__(
-        self,
-        *,
-        asker: Asker | None,
-        auto_codes: Iterable[str] = (),
-        console: Console | None = None,
-        on_decision: Callable[[Decision], None] | None = None,
-        registry: ApprovalRegistry | None = None,
-        screenshot: Callable[[], str | None] | None = None,
-    ) -> None:
-        super().__init__(asker=asker, console=console, on_decision=on_decision, registry=registry,
-                         screenshot=screenshot)
+    def __init__(self, *, auto_codes: Iterable[str] = (), **asking: Any) -> None:
+        super().__init__(**asking)  # asker (required), console, on_decision, registry, screenshot
         self.auto_codes = set(auto_codes)
 
     def __call__(self, call: Any, cancelled: Callable[[], bool] | None = None) -> bool:
@@ -309,19 +299,8 @@ class ActionGate(_Asking):
     ``screenshot``: as for :class:`SafetyCheckApprover`.
     """
 
-    def __init__(
-        self,
-        *,
-        confirm: Iterable[str] = (),
-        step: bool = False,
-        asker: Asker | None,
-        console: Console | None = None,
-        on_decision: Callable[[Decision], None] | None = None,
-        registry: ApprovalRegistry | None = None,
-        screenshot: Callable[[], str | None] | None = None,
-    ) -> None:
-        super().__init__(asker=asker, console=console, on_decision=on_decision, registry=registry,
-                         screenshot=screenshot)
+    def __init__(self, *, confirm: Iterable[str] = (), step: bool = False, **asking: Any) -> None:
+        super().__init__(**asking)  # as SafetyCheckApprover's
         self.confirm = set(confirm)
         self.step = step
 

@@ -71,11 +71,12 @@ def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-_ORIGIN_ID = re.compile(r"oreq_[A-Za-z0-9_-]{1,128}")
+ORIGIN_ID = re.compile(r"oreq_[A-Za-z0-9_-]{1,128}")
+"""An origin request's id as the gateway makes it: ``oreq_`` and up to 128 URL-safe characters."""
 _DECIDED = ("approved", "denied", "cancelled", "expired", "withdrawn")
 
 
-def _parse_time(text: Any) -> _dt.datetime:
+def parse_time(text: Any) -> _dt.datetime:
     """An ISO-8601 time with its offset, as UTC; ValueError otherwise (a naive time included)."""
     if not isinstance(text, str) or len(text) > 64:
         raise ValueError("a time must be an ISO-8601 string")
@@ -253,12 +254,12 @@ class ApprovalRegistry:
         ``deadline_at``: the gateway's times (UTC ISO-8601; latency counts from ``created_at``, the
         deadline is ``deadline_at``); ``forward``: how answers reach the gateway (:data:`Forward`).
         Raises ValueError for an id of another form or unparseable times."""
-        if not isinstance(request_id, str) or not _ORIGIN_ID.fullmatch(request_id):
+        if not isinstance(request_id, str) or not ORIGIN_ID.fullmatch(request_id):
             raise ValueError("an origin request id must be oreq_ and up to 128 URL-safe characters")
         now_wall, now_mono = _dt.datetime.now(_dt.timezone.utc), time.monotonic()
-        created = _parse_time(created_at) if created_at is not None else now_wall
+        created = parse_time(created_at) if created_at is not None else now_wall
         age = max(0.0, (now_wall - created).total_seconds()) if created is not None else 0.0
-        deadline = _parse_time(deadline_at) if deadline_at is not None else None
+        deadline = parse_time(deadline_at) if deadline_at is not None else None
         request = Request(
             id=request_id, kind=ORIGIN, question=clean(f"Let the guest connect to {origin}?", 1000),
             origin=clean(origin, 300), origin_reason=clean(reason or "", 500), via=clean(via, 20) if via else None,

@@ -31,10 +31,8 @@ Rule source: ARCHITECTURE.md, "Isolation model (Docker)".
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 import shlex
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -44,25 +42,10 @@ import docker.errors
 from docker.models.containers import Container
 
 from controller.sandbox import (
-    DECISIONS_READ_MAX_BYTES,
-    parse_decision_lines,
-    LABEL_DETACHED,
-    LABEL_OWNER,
-    LABEL_OWNER_ID,
-    LABEL_ROLE,
-    LABEL_SANDBOX,
-    BackendUnavailable,
-    ExecResult,
-    NetworkTopology,
-    Sandbox,
-    SandboxError,
-    SandboxSpec,
-    parse_decision_log,
-    signals_deferred,
-    wait_agent_ready,
-    wait_control_ready,
-    with_timeout,
+    DECISIONS_READ_MAX_BYTES, BackendUnavailable, ExecResult, NetworkTopology, Sandbox, SandboxError, SandboxSpec,
+    parse_decision_lines, parse_decision_log, signals_deferred, wait_agent_ready, wait_control_ready, with_timeout,
 )
+from controller.sandbox.backend_setup import decisions_since_argv, owner_labels, sandbox_labels
 from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the backend's cleanup API
     _remove,
     list_sandboxes,
@@ -81,7 +64,6 @@ from controller.sandbox.docker_hardening import (
 )
 from controller.agent_client import direct_client
 from controller.gateway.relay import interface_addresses
-from controller.sandbox.owner import owner_id
 from controller.text import clean_lines
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
@@ -136,10 +118,6 @@ class DockerOptions:
     apps_file: str = ""
     agent_args: list[str] = field(default_factory=list)
     extra_labels: dict[str, str] = field(default_factory=dict)
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def engine() -> docker.DockerClient:
@@ -320,10 +298,8 @@ class DockerSandbox(Sandbox):
         the next read."""
         if self.gateway is None:
             return []
-        script = 'tail -n +"$1" "$2" 2>/dev/null | head -n "$3" | head -c "$4"'
-        result = self._exec(self.gateway, ["sh", "-c", script, "sh", str(start + 1), DECISION_LOG, str(max_lines),
-                                           str(max_bytes)], user=f"{GATEWAY_UID}:{GATEWAY_UID}", timeout=30,
-                            max_bytes=max_bytes + 4096)
+        result = self._exec(self.gateway, decisions_since_argv(start, max_lines, max_bytes, DECISION_LOG),
+                            user=f"{GATEWAY_UID}:{GATEWAY_UID}", timeout=30, max_bytes=max_bytes + 4096)
         return parse_decision_lines(result.stdout)
 
     def logs(self, role: str = "desktop", tail: int = 200) -> str:
@@ -347,11 +323,7 @@ class DockerSandbox(Sandbox):
     # -- start sequence -----------------------------------------------------------------------------
 
     def _labels(self, role: str, options: DockerOptions) -> dict[str, str]:
-        labels = {LABEL_SANDBOX: self.id, LABEL_ROLE: role, LABEL_OWNER: _owner(), LABEL_OWNER_ID: owner_id(),
-                  **options.extra_labels}
-        if options.detached:
-            labels[LABEL_DETACHED] = "1"
-        return labels
+        return sandbox_labels(self.id, role, options, owner_labels())
 
     def _start(self, spec: SandboxSpec, options: DockerOptions) -> None:
         """The start sequence. Runs under ``_start_or_close``: a signal is acted on only at the

@@ -3,7 +3,9 @@
 
 A backend's module is imported the first time its class is looked up, so importing the registry (or
 listing its names for ``--backend``) imports neither the Docker SDK nor the QEMU code. Adding a backend
-is one module with a ``Sandbox`` subclass plus one line in :data:`_ENTRIES`.
+is one module with a ``Sandbox`` subclass plus one line in :data:`_ENTRIES`; what every backend writes
+the same way (the labels naming a sandbox, its role and its starter, the decision-log read) it takes
+from :mod:`controller.sandbox.backend_setup`.
 """
 
 from __future__ import annotations

@@ -62,10 +62,6 @@ from typing import Any, Callable, Sequence
 
 from controller.gateway import gateway_python
 from controller.sandbox import (
-    LABEL_DETACHED,
-    LABEL_OWNER,
-    LABEL_OWNER_ID,
-    LABEL_SANDBOX,
     ExecResult,
     NetworkTopology,
     Sandbox,
@@ -78,7 +74,7 @@ from controller.sandbox import (
     wait_agent_ready,
     with_timeout,
 )
-from controller.sandbox.owner import owner_id
+from controller.sandbox.backend_setup import owner_labels, sandbox_labels
 from controller.text import clean_lines
 from controller.sandbox.vm_image import (  # noqa: F401 - re-exported: the backend's image API
     BUILD_SCRIPT,
@@ -215,8 +211,7 @@ class VMSandbox(Sandbox):
         workdir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-"))
         sandbox = cls(sandbox_id, workdir)
         sandbox._keep_dir = options.keep_dir
-        sandbox._labels = {LABEL_SANDBOX: sandbox_id, LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
-                           LABEL_OWNER_ID: owner_id(), **({LABEL_DETACHED: "1"} if options.detached else {})}
+        sandbox._labels = sandbox_labels(sandbox_id, None, options, owner_labels())
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
 

@@ -166,7 +166,7 @@ def test_a_dropped_event_stream_reconnects_and_loses_or_repeats_nothing(gateway,
     each is in the registry once, reported once."""
     import controller.run.origins as origins
 
-    monkeypatch.setattr(origins, "BACKOFF_S", (2.0, 2.0))
+    monkeypatch.setattr(origins.watcher, "BACKOFF_S", (2.0, 2.0))
     watch = Watch(gateway).start()
     try:
         first = gateway.fetch_later(gateway.url("ask"))

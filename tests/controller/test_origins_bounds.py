@@ -217,7 +217,7 @@ def test_a_flood_of_decided_requests_is_mirrored_up_to_the_total_cap(hostile, mo
     """Requests the gateway reports already decided prompt nobody, but each would be a registry entry
     and an ``approval`` line: past :data:`MAX_MIRRORED` (lowered here to keep the test short) no more
     are mirrored, and that is said once; a request already known is still updated."""
-    monkeypatch.setattr(origins, "MAX_MIRRORED", 50)
+    monkeypatch.setattr(origins.watcher, "MAX_MIRRORED", 50)
     watch = Watch(hostile)
     try:
         taken = [watch.watcher.take(item(f"oreq_d{i}", state="denied")) for i in range(200)]

@@ -1,0 +1,420 @@
+"""The Kubernetes backend's objects (:mod:`controller.sandbox.kubernetes`) as manifests: the names and
+paths they share, the backend's options, the desktop container's session files, and
+:func:`render_manifests`, which writes every object of one sandbox (JSON-ready dicts) in the order the
+backend creates them; :func:`render_for_task` is ``desktop-sandbox render --backend kubernetes``.
+
+Pure: no cluster is contacted and the official client is not imported (PyYAML only for
+:func:`render_yaml`). The backend's isolation promises (module docstring of
+:mod:`controller.sandbox.kubernetes`) are read here, in one place: about 400 lines, because the
+manifests of one sandbox refer to each other (names, labels, selectors, volumes, ports) and split apart
+they could no longer be checked side by side.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, LABEL_ROLE, LABEL_SANDBOX, SandboxSpec
+from controller.sandbox.backend_setup import sandbox_labels
+from controller.sandbox.docker_hardening import DESKTOP_TMPFS_MIB
+
+NAMESPACE_ENV = "DESKTOP_SANDBOX_K8S_NAMESPACE"
+"""The namespace sandboxes go in (else the kubeconfig context's namespace)."""
+IMAGE_ENV = "DESKTOP_SANDBOX_K8S_IMAGE"
+"""The guest image as the cluster pulls it (a registry reference), when ``--image`` is not given."""
+CONTEXT_ENV = "DESKTOP_SANDBOX_K8S_CONTEXT"
+"""The kubeconfig context to use (default: the current one); ``KUBECONFIG`` names the file as usual."""
+PULL_SECRET_ENV = "DESKTOP_SANDBOX_K8S_PULL_SECRET"
+"""Name of an image pull Secret in the namespace, when the registry needs one."""
+
+DEFAULT_IMAGE = "desktop-sandbox:latest"
+ID_PREFIX = "dk-"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"
+MANAGED_BY = "desktop-sandbox"
+
+AGENT_PORT = 8000
+PROXY_PORT = 3128
+GATEWAY_HOSTNAME = "gateway"
+DESKTOP_UID, GATEWAY_UID, AGENT_UID = 1000, 1001, 1002
+SRC = "/opt/desktop-sandbox/src"
+PYTHON = "/opt/desktop-sandbox/bin/python"
+SECRETS_DIR = "/run/desktop-sandbox-secrets"
+SESSION_DIR = "/etc/desktop-sandbox/session"
+POLICY_DIR = "/etc/desktop-sandbox/policy"
+LAUNCH_DIR = "/run/desktop-sandbox-launch"
+AGENT_DIR = "/run/desktop-sandbox"
+DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
+
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
+                  "127.0.0.0/8", "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4")
+"""IPv4 ranges the gateway's egress NetworkPolicy excludes from ``0.0.0.0/0`` (the gateway refuses them
+too; this keeps the Pod network from reaching them should the proxy be wrong)."""
+
+SESSION_CONF = f"""\
+; The desktop container's session on Kubernetes (controller/sandbox/kubernetes.py): everything runs as
+; the desktop user, the container's own uid; no program switches users. The agent runs in a container of
+; its own and reaches the display through the shared X socket directory and this container's launch
+; broker through the shared {LAUNCH_DIR}.
+[supervisord]
+nodaemon=true
+logfile=/dev/null
+logfile_maxbytes=0
+pidfile=/tmp/supervisord.pid
+childlogdir=/tmp
+
+[program:xvfb]
+command={PYTHON} {SRC}/images/session/xserver.py
+environment=XSERVER_AUTH="/home/sandbox/.Xauthority"
+priority=10
+autorestart=true
+startsecs=1
+stdout_logfile=/dev/fd/1
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+
+[program:openbox]
+command={PYTHON} {SRC}/images/session/await.py --display -- openbox
+priority=20
+autorestart=true
+startsecs=0
+stdout_logfile=/dev/fd/1
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+
+[program:launcher]
+command={PYTHON} {SESSION_DIR}/broker.py --socket {LAUNCH_DIR}/launch.sock --client agent --user sandbox --apps %(ENV_AGENT_APPS_FILE)s
+priority=25
+autorestart=true
+startsecs=0
+stdout_logfile=/dev/fd/1
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+
+[program:pickup]
+command={PYTHON} {SRC}/images/session/pickup.py
+priority=40
+autorestart=unexpected
+exitcodes=0
+startsecs=0
+stdout_logfile=/dev/fd/1
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+"""
+"""supervisord configuration of the desktop container (ConfigMap ``<id>-session``)."""
+
+BROKER_PY = '''\
+"""The launch broker of the desktop container on Kubernetes: guest.launch.serve_broker (same allowlist,
+same peer check: only the agent's uid may ask), run as the desktop user itself, so an app is started
+without switching users (which would need capabilities this container does not have)."""
+import subprocess
+import sys
+
+import guest.launch as launch
+
+_popen = subprocess.Popen
+
+
+def _as_self(argv, **kwargs):
+    for key in ("user", "group", "extra_groups"):
+        kwargs.pop(key, None)
+    return _popen(argv, **kwargs)
+
+
+launch.subprocess.Popen = _as_self
+sys.argv[0] = "launcher"
+sys.path.insert(0, "/opt/desktop-sandbox/src/images/session")
+import launcher  # noqa: E402
+
+sys.exit(launcher.main())
+'''
+"""The broker wrapper (ConfigMap ``<id>-session``, ``broker.py``)."""
+
+
+@dataclass
+class KubernetesOptions:
+    """Where and how sandboxes run on the cluster.
+
+    ``image``: the guest image as the cluster pulls it (push ``desktop-sandbox:latest`` to a registry:
+    README, operators). ``namespace``: required (``$DESKTOP_SANDBOX_K8S_NAMESPACE`` or the kubeconfig
+    context's). ``context``: kubeconfig context (None: current). ``image_pull_policy``, ``pull_secret``
+    (an image pull Secret's name or None). Requests and limits (Kubernetes quantities): ``desktop_memory``
+    (limit = request, as Docker's ``mem_limit``), ``desktop_cpu`` / ``desktop_cpu_limit``,
+    ``agent_memory``, ``gateway_memory``, ``gateway_cpu`` / ``gateway_cpu_limit``. ``detached``: outlives
+    its starter, never reaped. ``apps_file``: the agent's allowlist in the image; ``agent_args``: extra
+    ``python -m guest serve`` options; ``extra_labels``: more labels on every object (valid label values);
+    ``netpol_probe_s``: see :func:`probe_network_policy`.
+    """
+
+    image: str = DEFAULT_IMAGE
+    namespace: str = ""
+    context: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    pull_secret: str | None = None
+    desktop_memory: str = "2Gi"
+    desktop_cpu: str = "500m"
+    desktop_cpu_limit: str = "2"
+    agent_memory: str = "256Mi"
+    gateway_memory: str = "512Mi"
+    gateway_cpu: str = "100m"
+    gateway_cpu_limit: str = "1"
+    detached: bool = False
+    apps_file: str = ""
+    agent_args: list[str] = field(default_factory=list)
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    netpol_probe_s: float = 30.0
+    """Seconds the enforcement probe waits for the network plugin to block the API server."""
+
+
+def labels(sandbox_id: str, role: str, options: KubernetesOptions) -> dict[str, str]:
+    """The labels of one object: sandbox id, role, the app's name and manager, extras, ``detached``."""
+    return sandbox_labels(sandbox_id, role, options, {LABEL_NAME: "desktop-sandbox", LABEL_MANAGED: MANAGED_BY})
+
+
+def _meta(name: str, sandbox_id: str, role: str, options: KubernetesOptions, owner: Mapping[str, str]) -> dict:
+    return {"name": name, "namespace": options.namespace, "labels": labels(sandbox_id, role, options),
+            "annotations": dict(owner)}
+
+
+def _select(sandbox_id: str, role: str) -> dict[str, Any]:
+    return {"matchLabels": {LABEL_SANDBOX: sandbox_id, LABEL_ROLE: role}}
+
+
+def _security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+            "privileged": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _empty_dir(name: str, mib: int) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": f"{mib}Mi"}}
+
+
+def _origin_ports(origins: Sequence[str]) -> list[int]:
+    ports = set()
+    for origin in origins:
+        parsed = urllib.parse.urlsplit(origin)
+        port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
+        if port:
+            ports.add(port)
+    return sorted(ports)
+
+
+ASK_REFUSED = ("[network] mode \"ask\" is not available on the kubernetes backend: its gateway Pod runs the "
+               "proxy without the control API through which a person answers origin requests (every held "
+               "connection would be refused at its deadline); use --backend docker or vm, or mode allowlist")
+"""Why a task in mode ``ask`` is refused here (render and start alike)."""
+
+
+def gateway_egress(policy: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The gateway NetworkPolicy's egress rules for ``policy`` (the task's ``[network]`` table as a
+    mapping): ``[]`` (nothing out) for ``deny-all``; for ``allowlist``: DNS (UDP and TCP 53) to the
+    cluster's resolver (``kube-system`` Pods ``k8s-app=kube-dns``), then TCP to public IPv4 addresses
+    (``0.0.0.0/0`` except :data:`PRIVATE_RANGES`) on the allowed origins' ports, and to each
+    ``allow_addresses`` network on those ports. Raises ValueError for mode ``ask`` (:data:`ASK_REFUSED`)."""
+    mode = policy.get("mode", "deny-all")
+    if mode == "deny-all":
+        return []
+    if mode == "ask":
+        raise ValueError(ASK_REFUSED)
+    ports = set(_origin_ports(policy.get("allow") or ()))
+    if not ports:
+        return []
+    dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                   "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+           "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    tcp = [{"protocol": "TCP", "port": p} for p in sorted(ports)]
+    rules = [dns, {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_RANGES)}}], "ports": tcp}]
+    blocks = []
+    for address in policy.get("allow_addresses") or ():
+        net = ipaddress.ip_network(address, strict=False)
+        blocks.append({"ipBlock": {"cidr": str(net)}})
+    if blocks:
+        rules.append({"to": blocks, "ports": tcp})
+    return rules
+
+
+def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOptions, *, token: str,
+                     x_cookie: str, gateway_ip: str, owner: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every object of one sandbox as a Kubernetes manifest (JSON-ready dicts), in the order the backend
+    creates them: Secret, the two ConfigMaps, the two NetworkPolicies, the gateway Pod, its Service, the
+    desktop Pod. ``token``: the agent's bearer token; ``x_cookie``: 32 hex digits; ``gateway_ip``: the
+    gateway Service's cluster IP (the desktop's ``hostAliases``); ``owner``: annotations naming the
+    starter. Raises ValueError for a policy whose ``allow_addresses`` are not addresses, or in mode
+    ``ask`` (:data:`ASK_REFUSED`)."""
+    owner = dict(owner or {})
+    policy = json.loads(spec.policy_json())
+    if policy.get("mode") == "ask":
+        raise ValueError(ASK_REFUSED)
+    pull = [{"name": options.pull_secret}] if options.pull_secret else []
+    tmpfs = DESKTOP_TMPFS_MIB
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": _meta(f"{sandbox_id}-agent", sandbox_id, "secret", options, owner),
+              "stringData": {"token": token, "xcookie": x_cookie}}
+    policy_cm = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": _meta(f"{sandbox_id}-policy", sandbox_id, "policy", options, owner),
+                 "data": {"policy.json": spec.policy_json()}}
+    session_cm = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": _meta(f"{sandbox_id}-session", sandbox_id, "session", options, owner),
+                  "data": {"session.conf": SESSION_CONF, "broker.py": BROKER_PY}}
+    desktop_np = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                  "metadata": _meta(f"{sandbox_id}-desktop", sandbox_id, "desktop", options, owner),
+                  "spec": {"podSelector": _select(sandbox_id, "desktop"), "policyTypes": ["Ingress", "Egress"],
+                           "ingress": [],
+                           "egress": [{"to": [{"podSelector": _select(sandbox_id, "gateway")}],
+                                       "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}]}}
+    gateway_np = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                  "metadata": _meta(f"{sandbox_id}-gateway", sandbox_id, "gateway", options, owner),
+                  "spec": {"podSelector": _select(sandbox_id, "gateway"), "policyTypes": ["Ingress", "Egress"],
+                           "ingress": [{"from": [{"podSelector": _select(sandbox_id, "desktop")}],
+                                        "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}],
+                           "egress": gateway_egress(policy)}}
+    pod_common = {"automountServiceAccountToken": False, "enableServiceLinks": False, "restartPolicy": "Never",
+                  "terminationGracePeriodSeconds": 5, **({"imagePullSecrets": pull} if pull else {})}
+    gateway_pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": _meta(f"{sandbox_id}-gateway", sandbox_id, "gateway", options, owner),
+        "spec": {**pod_common,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": GATEWAY_UID, "runAsGroup": GATEWAY_UID,
+                                     "fsGroup": GATEWAY_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{
+                     "name": "gateway", "image": options.image, "imagePullPolicy": options.image_pull_policy,
+                     "command": [f"{SRC}/images/session/gateway.sh"],
+                     "env": [{"name": "HOME", "value": "/home/gateway"},
+                             {"name": "GATEWAY_POLICY_FILE", "value": f"{POLICY_DIR}/policy.json"},
+                             {"name": "GATEWAY_PROXY_PORT", "value": str(PROXY_PORT)},
+                             {"name": "GATEWAY_DECISION_LOG", "value": DECISION_LOG}],
+                     "ports": [{"name": "proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}],
+                     "securityContext": _security(),
+                     "resources": {"requests": {"cpu": options.gateway_cpu, "memory": options.gateway_memory},
+                                   "limits": {"cpu": options.gateway_cpu_limit, "memory": options.gateway_memory}},
+                     "volumeMounts": [{"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
+                                      {"name": "tmp", "mountPath": "/tmp"},
+                                      {"name": "run", "mountPath": "/run/desktop-sandbox"},
+                                      {"name": "log", "mountPath": "/var/log/desktop-sandbox"},
+                                      {"name": "home", "mountPath": "/home/gateway"}],
+                 }],
+                 "volumes": [{"name": "policy", "configMap": {"name": f"{sandbox_id}-policy", "defaultMode": 0o444}},
+                             _empty_dir("tmp", 64), _empty_dir("run", 16), _empty_dir("log", 64),
+                             _empty_dir("home", 64)]},
+    }
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": _meta(f"{sandbox_id}-gateway", sandbox_id, "gateway", options, owner),
+               "spec": {"type": "ClusterIP", "selector": {LABEL_SANDBOX: sandbox_id, LABEL_ROLE: "gateway"},
+                        "ports": [{"name": "proxy", "port": PROXY_PORT, "targetPort": PROXY_PORT, "protocol": "TCP"}]}}
+    proxy = f"http://{GATEWAY_HOSTNAME}:{PROXY_PORT}"
+    apps = options.apps_file or f"{SRC}/images/apps.json"
+    display_env = [{"name": "DISPLAY", "value": ":99"},
+                   {"name": "SCREEN_WIDTH", "value": str(spec.screen_width)},
+                   {"name": "SCREEN_HEIGHT", "value": str(spec.screen_height)},
+                   {"name": "SCREEN_DEPTH", "value": "24"},
+                   {"name": "AGENT_APPS_FILE", "value": apps}]
+    desktop_cmd = (f"{PYTHON} {SRC}/images/session/xauth.py /home/sandbox/.Xauthority < {SECRETS_DIR}/xcookie && "
+                   f"exec /usr/bin/supervisord --nodaemon --configuration {SESSION_DIR}/session.conf")
+    agent_serve = [PYTHON, "-m", "guest", "serve", "--display", ":99", "--bind", f"0.0.0.0:{AGENT_PORT}",
+                   "--token-file", f"{SECRETS_DIR}/token", "--apps", apps, *options.agent_args]
+    agent_cmd = (f"{PYTHON} {SRC}/images/session/xauth.py {AGENT_DIR}/xauthority < {SECRETS_DIR}/xcookie && "
+                 f"exec {PYTHON} {SRC}/images/session/await.py --display --file {SECRETS_DIR}/token -- "
+                 + shlex.join(agent_serve))
+    desktop_pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": _meta(f"{sandbox_id}-desktop", sandbox_id, "desktop", options, owner),
+        "spec": {**pod_common,
+                 "hostname": "desktop",
+                 "hostAliases": [{"ip": gateway_ip, "hostnames": [GATEWAY_HOSTNAME]}],
+                 "dnsPolicy": "None", "dnsConfig": {"nameservers": ["127.0.0.1"]},
+                 "securityContext": {"runAsNonRoot": True, "fsGroup": DESKTOP_UID, "supplementalGroups": [DESKTOP_UID],
+                                     "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [
+                     {"name": "desktop", "image": options.image, "imagePullPolicy": options.image_pull_policy,
+                      "command": ["/bin/sh", "-c", desktop_cmd],
+                      "env": [{"name": "HOME", "value": "/home/sandbox"}, {"name": "USER", "value": "sandbox"},
+                              {"name": "XAUTHORITY", "value": "/home/sandbox/.Xauthority"},
+                              *display_env,
+                              *({"name": k, "value": v} for k, v in (
+                                  ("HTTP_PROXY", proxy), ("HTTPS_PROXY", proxy), ("http_proxy", proxy),
+                                  ("https_proxy", proxy), ("NO_PROXY", "127.0.0.1,localhost"),
+                                  ("no_proxy", "127.0.0.1,localhost")))],
+                      "securityContext": {**_security(), "runAsUser": DESKTOP_UID, "runAsGroup": DESKTOP_UID},
+                      "resources": {"requests": {"cpu": options.desktop_cpu, "memory": options.desktop_memory},
+                                    "limits": {"cpu": options.desktop_cpu_limit, "memory": options.desktop_memory}},
+                      "volumeMounts": [
+                          {"name": "home", "mountPath": "/home/sandbox"},
+                          {"name": "tmp", "mountPath": "/tmp"},
+                          {"name": "var-tmp", "mountPath": "/var/tmp"},
+                          {"name": "shm", "mountPath": "/dev/shm"},
+                          {"name": "x11", "mountPath": "/tmp/.X11-unix"},
+                          {"name": "launch", "mountPath": LAUNCH_DIR},
+                          {"name": "session", "mountPath": SESSION_DIR, "readOnly": True},
+                          {"name": "cookie", "mountPath": SECRETS_DIR, "readOnly": True}]},
+                     {"name": "agent", "image": options.image, "imagePullPolicy": options.image_pull_policy,
+                      "command": ["/bin/sh", "-c", agent_cmd],
+                      "env": [{"name": "HOME", "value": "/home/sandbox"}, {"name": "USER", "value": "agent"},
+                              {"name": "XAUTHORITY", "value": f"{AGENT_DIR}/xauthority"},
+                              {"name": "AGENT_LAUNCH_SOCKET", "value": f"{LAUNCH_DIR}/launch.sock"},
+                              *display_env],
+                      "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+                      "securityContext": {**_security(), "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID},
+                      "resources": {"requests": {"cpu": "100m", "memory": options.agent_memory},
+                                    "limits": {"cpu": "1", "memory": options.agent_memory}},
+                      "volumeMounts": [
+                          {"name": "home", "mountPath": "/home/sandbox", "readOnly": True},
+                          {"name": "agent-run", "mountPath": AGENT_DIR},
+                          {"name": "agent-tmp", "mountPath": "/tmp"},
+                          {"name": "x11", "mountPath": "/tmp/.X11-unix", "readOnly": True},
+                          {"name": "launch", "mountPath": LAUNCH_DIR, "readOnly": True},
+                          {"name": "agent-secrets", "mountPath": SECRETS_DIR, "readOnly": True}]},
+                 ],
+                 "volumes": [
+                     _empty_dir("home", tmpfs["/home/sandbox"]), _empty_dir("tmp", tmpfs["/tmp"]),
+                     _empty_dir("var-tmp", tmpfs["/var/tmp"]), _empty_dir("shm", 256),
+                     _empty_dir("x11", 1), _empty_dir("launch", 1),
+                     _empty_dir("agent-run", tmpfs["/run/desktop-sandbox"]), _empty_dir("agent-tmp", 16),
+                     {"name": "session", "configMap": {"name": f"{sandbox_id}-session", "defaultMode": 0o444}},
+                     {"name": "cookie", "secret": {"secretName": f"{sandbox_id}-agent", "defaultMode": 0o440,
+                                                   "items": [{"key": "xcookie", "path": "xcookie"}]}},
+                     {"name": "agent-secrets", "secret": {"secretName": f"{sandbox_id}-agent", "defaultMode": 0o440,
+                                                          "items": [{"key": "token", "path": "token"},
+                                                                    {"key": "xcookie", "path": "xcookie"}]}},
+                 ]},
+    }
+    return [secret, policy_cm, session_cm, desktop_np, gateway_np, gateway_pod, service, desktop_pod]
+
+
+def render_yaml(manifests: Sequence[Mapping[str, Any]], header: str = "") -> str:
+    """The manifests as one YAML stream (``---`` between documents), ``header`` as comment lines first."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:  # an object used twice is written out twice: no &id001
+            return True
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> Any:  # multi-line text (a ConfigMap's files) as a block
+        style = "|" if "\n" in value and all(c.isprintable() or c == "\n" for c in value) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    _Dumper.add_representer(str, _str)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comments + yaml.dump_all([dict(m) for m in manifests], Dumper=_Dumper, sort_keys=False,
+                                    default_flow_style=False, allow_unicode=False)
+
+
+RENDER_NOTE = """\
+desktop-sandbox render --backend kubernetes: the objects of one sandbox, as `up` / `run-task --backend
+kubernetes` creates them (in this order; every object labelled desktop-sandbox.sandbox=<id>).
+Filled in at start, shown here as placeholders: the Secret's token and X cookie (random per sandbox),
+the desktop Pod's hostAliases address (the gateway Service's cluster IP, 192.0.2.1 here), the owner
+annotations. Apply only on a cluster whose network plugin enforces NetworkPolicy (README, operators)."""
+
+
+def render_for_task(spec: SandboxSpec, options: KubernetesOptions, sandbox_id: str = f"{ID_PREFIX}00000000") -> str:
+    """What ``desktop-sandbox render --backend kubernetes TASK`` prints: :func:`render_manifests` with
+    placeholders for what a start generates (:data:`RENDER_NOTE`), as YAML."""
+    manifests = render_manifests(sandbox_id, spec, options, token="GENERATED-AT-START", x_cookie="0" * 32,
+                                 gateway_ip="192.0.2.1",
+                                 owner={LABEL_OWNER: "HOST:PID", LABEL_OWNER_ID: "set at start"})
+    return render_yaml(manifests, RENDER_NOTE)
