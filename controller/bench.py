@@ -20,24 +20,34 @@ Baseline, the way many tools do it: one ``xdotool`` process per action (``mousem
 ``type`` with its default per-character delay) and ImageMagick ``import -window root png:-`` /
 ``jpeg:-`` per screenshot. ``ratio`` = baseline p50 / agent p50.
 
-**Docker sandbox** (skipped, with the reason on one line, without a Docker engine or the image): a
-sandbox from ``--image`` with the demo app's page in the browser and a terminal, as ``tasks/pickup.toml``
-lays them out, the page's input unfocused so nothing blinks (an idle screen). Measured through the
-controller's real path, driver -> ``AgentClient`` -> gateway relay -> agent (the relay at the gateway's
-egress address where the host routes there, as the sandbox's own client does; else the published port):
+**Sandbox** (``--backend docker``, the default, or ``vm``; skipped, with the reason on one line, without
+the engine, QEMU or the image): a sandbox from ``--image`` with the demo app's page in the browser and a
+terminal, as ``tasks/pickup.toml`` lays them out, the page's input unfocused so nothing blinks (an idle
+screen). Measured through the controller's real path, driver -> ``AgentClient`` -> (Docker: the gateway's
+relay at its egress address where the host routes there, as the sandbox's own client does, else the
+published port; VM: QEMU's forwarded port) -> agent, and at each hop on the way, all with the request a
+driver step makes (``POST /v1/actions?screenshot=png`` holding one click):
 
 - ``in-guest floor``: grab + PNG encode inside the guest, no HTTP (a script run in the guest with
   ``exec_in_guest``, the same :class:`guest.capture.Capture` and screenshot size the driver asks for);
 - ``in-guest click+screenshot, no HTTP``: the same script, each shot after the driver's click run by
   the agent's own :class:`guest.actions.Executor` in that process: what a step costs in the guest with
-  no transport at all, the browser's reaction to the click included (not a target; it shows how much
-  of the driver's time is the guest's and how much the way there);
-- ``driver click+screenshot``: ``SandboxDriver.click`` then ``SandboxDriver.screenshot`` (no settle);
-- ``settled step``: the same with the driver's settle (``wait`` before the screenshot).
+  no transport at all, the browser's reaction to the click included (the floor of the path target);
+- ``hop: agent HTTP, in the guest`` (Docker): :data:`HOP_SCRIPT` (``http.client``, one kept-alive
+  connection) in the desktop container as the agent's user, to the agent on 127.0.0.1: the agent's HTTP;
+- ``hop: gateway -> agent`` (Docker): the same script in the gateway container, over the internal network;
+- ``hop: host -> relay`` / ``hop: host -> published port`` (Docker), ``hop: host -> forwarded port``
+  (VM): the same script on the host;
+- ``hop: AgentClient`` : the controller's client (httpx, caps and deadlines) on the sandbox's own route;
+- ``driver click+screenshot``: ``SandboxDriver.click`` then ``SandboxDriver.screenshot`` (no settle),
+  the call planned as the run's recording hooks plan it from the model's answer
+  (``SandboxDriver.plan_calls``): the click goes with the call's capture in one request;
+- ``settled step``: the same with the driver's settle (the click, a ``wait`` and the screenshot).
 
 ``settle cost`` = settled step p50 - click+screenshot p50 (same path), what the settle adds per step;
 ``path cost`` = driver click+screenshot p50 - in-guest click+screenshot p50, what the way from the
-driver to the guest (client, relay, HTTP) adds per step.
+driver to the guest (client, relay, HTTP) adds per step; each hop's cost is its p50 less the p50 of the
+hop before it.
 
 **Web console** (:mod:`controller.bench_console`; skipped, with the reason, without Xvfb, Debian's chromium
 or Playwright): action-to-pixels in the console's page beside its floor (the same click straight to the
@@ -49,11 +59,13 @@ in blocks between rounds of driver samples. p50 is the median; p95 is the neares
 (the ceil(0.95 n)-th smallest sample).
 
 Targets checked: loopback click+screenshot PNG p50 <= 20 ms and >= 10x the baseline; settled step p50
-< 150 ms (loopback, and through the relay); driver click+screenshot through the relay <= 3x the
-in-guest floor (p50s); console action-to-pixels p50 < 150 ms; the browser receives the live view's 5 fps.
+< 150 ms (loopback, and in the sandbox); driver click+screenshot p50 <= in-guest click+screenshot (no
+HTTP) p50 + 1.5 ms (the path costs at most 1.5 ms a step); console action-to-pixels p50 < 150 ms; the
+browser receives the live view's 5 fps.
 
-One module (about 490 lines): the two sections share the sampling, the percentiles and the report, and
-each target sits beside the measurement it judges; the console's section, with its browser, is its own.
+One module (about 490 lines): the two sections share the report, and each target sits beside the
+measurement it judges; the console's section, with its browser, is its own; the sampling and the
+percentiles both take are :mod:`controller.bench_sampling`.
 """
 
 from __future__ import annotations
@@ -62,7 +74,6 @@ import argparse
 import json
 import math
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -70,6 +81,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.agent_client import AgentClient
+from controller.bench_sampling import interleave, percentiles
 from controller.bench_console import checks as console_checks, render_lines as console_lines, run_console
 from controller.text import clean, clean_lines
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
@@ -84,7 +96,7 @@ UNICODE_100 = UNICODE_100[:100]
 TARGET_P50_MS = 20.0
 TARGET_RATIO = 10.0
 TARGET_SETTLED_MS = 150.0
-TARGET_FLOOR_RATIO = 3.0
+TARGET_PATH_MS = 1.5
 DEFAULT_IMAGE = "desktop-sandbox:latest"
 GUEST_PYTHON = "/opt/desktop-sandbox/bin/python"
 SETTLE_RULE = (f"wait settles once the X server reported no drawing for {WAIT_QUIET_S * 1000:g} ms "
@@ -120,36 +132,37 @@ for i in range(n + 2):
 print(json.dumps(out[2:]))
 """
 
+#: Runs at each hop of the path: ``python -c HOP_SCRIPT HOST PORT N W H X Y`` prints the times (ms) of N
+#: ``POST /v1/actions?screenshot=png`` requests, each holding one click near (X, Y) (the driver's step),
+#: on one kept-alive connection, as a JSON list, after two unmeasured ones. The bearer token comes from
+#: ``$AGENT_TOKEN`` or else the agent's token file (never from argv, which other users can read).
+HOP_SCRIPT = """\
+import http.client, json, os, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+n, w, h, x, y = (int(a) for a in sys.argv[3:8])
+token = os.environ.get("AGENT_TOKEN") or open("/run/desktop-sandbox/agent-token").read().strip()
+conn = http.client.HTTPConnection(host, port, timeout=30)
+headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+path = "/v1/actions?screenshot=png&max_width=%d&max_height=%d" % (w, h)
+out = []
+for i in range(n + 2):
+    body = json.dumps({"actions": [{"type": "click", "x": x + i % 40, "y": y + i % 40, "button": "left"}]})
+    t = time.perf_counter()
+    conn.request("POST", path, body, headers)
+    answer = conn.getresponse()
+    data = answer.read()
+    out.append((time.perf_counter() - t) * 1000.0)
+    if answer.status != 200 or not data.startswith(b"\\x89PNG"):
+        sys.exit("hop: HTTP %d" % answer.status)
+print(json.dumps(out[2:]))
+"""
+
 #: Screen px of a spot on the demo page with nothing on it (a click there unfocuses the page's input).
 BLANK_SPOT = (1100, 520)
 DEMO_URL = "http://127.0.0.1:8080/"
 PAGE_LOADED = "~/.local/share/pickup/page-loaded"
 TERMINAL_ARGS = ["-T", "Terminal", "-fa", "DejaVu Sans Mono", "-fs", "11", "-e", "bash", "-c",
                  'mkdir -p ~/.cache && touch ~/.cache/terminal-ready && cd && exec env PS1="sandbox:\\w\\$ " bash --norc -i']
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    """p50 (median) and p95 (nearest rank: the ceil(0.95 n)-th smallest) of ``samples`` in ms, rounded
-    to 0.01 ms; ``n`` the number of samples."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(0.95 * len(ordered)))
-    return {"p50": round(statistics.median(ordered), 2), "p95": round(ordered[rank - 1], 2), "n": len(ordered)}
-
-
-def interleave(cases: dict[Any, tuple[Callable[[int], Any], int]], warmup: int = 1) -> dict[Any, list[float]]:
-    """Time ``fn(i)`` of every case round-robin: ``warmup`` unmeasured rounds, then sample i of each case
-    (that wants more than i samples) before sample i + 1 of any. Returns the samples (ms) per case."""
-    for i in range(warmup):
-        for fn, _ in cases.values():
-            fn(i)
-    samples: dict[Any, list[float]] = {key: [] for key in cases}
-    for i in range(max((n for _, n in cases.values()), default=0)):
-        for key, (fn, n) in cases.items():
-            if i < n:
-                start = time.perf_counter()
-                fn(i)
-                samples[key].append((time.perf_counter() - start) * 1000.0)
-    return samples
 
 
 def measure(fn: Callable[[int], Any], iterations: int, warmup: int = 2) -> dict[str, float]:
@@ -216,6 +229,7 @@ def run_loopback(iterations: int = 50, baseline_iterations: int = 20, type_itera
             run(["xdotool", "mousemove", str(c["x"]), str(c["y"]), "click", "1"])
 
         def settled_step(i: int) -> None:
+            driver.plan_calls([1])  # a computer_call of one click, as the run's hooks plan it
             driver.click(_click(i))
             driver.screenshot()
 
@@ -305,20 +319,96 @@ def _ready(agent: AgentClient, path: str, timeout: float) -> None:
             time.sleep(0.5)  # poll interval of a condition wait (the file appearing), bounded by the deadline
 
 
+def _unavailable(backend: str, image: str | None) -> tuple[str | None, Any]:
+    """Why the sandbox section cannot run here on ``backend`` (no engine, QEMU or image), and the
+    backend's options when it can."""
+    if backend == "docker":
+        why = _docker_unavailable(image or DEFAULT_IMAGE)
+        if why:
+            return why, None
+    from controller.sandbox import SandboxError
+    from controller.sandbox.registry import get_backend
+
+    try:
+        cls = get_backend(backend)
+        options = cls.make_options(image=image if backend != "docker" or image else DEFAULT_IMAGE)
+        options = cls.ensure_image(options, lambda _m: None) if backend != "docker" else options
+    except Exception as exc:  # noqa: BLE001 - any failure (unknown backend, no QEMU, no image): cannot run here
+        return f"{backend}: {' '.join(str(exc).split())[:200]}", None
+    return None, options
+
+
+def _hop(run: Callable[[list[str]], Any], host: str, port: int, n: int) -> list[float]:
+    """``n`` step times (ms) of :data:`HOP_SCRIPT` run through ``run(argv)`` (an exec in a container, or a
+    host process) against the agent at ``host``:``port``."""
+    width, height = POLICY.max_width or 1280, POLICY.max_height or 800
+    result = run(["-c", HOP_SCRIPT, host, str(port), str(n), str(width), str(height), *map(str, BLANK_SPOT)])
+    code = getattr(result, "exit_code", getattr(result, "returncode", 1))
+    if code != 0:
+        err = result.stderr.decode("utf-8", "replace") if isinstance(result.stderr, bytes) else str(result.stderr)
+        raise RuntimeError(f"hop script failed: {clean_lines(err, 400)}")
+    return [float(v) for v in json.loads(result.stdout)]
+
+
+def _hops(sandbox: Any, backend: str, per: int) -> dict[str, Callable[[], list[float]]]:
+    """The hop rows this backend can measure: name -> a function giving ``per`` samples."""
+    from urllib.parse import urlsplit
+
+    token = sandbox.agent_token
+
+    def host_run(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, *argv], capture_output=True, timeout=120, check=False,
+                              env={"AGENT_TOKEN": token, "PATH": "/usr/bin:/bin"})
+
+    def url_hop(url: str) -> Callable[[], list[float]]:
+        parts = urlsplit(url)
+        return lambda: _hop(host_run, parts.hostname or "127.0.0.1", parts.port or 80, per)
+
+    hops: dict[str, Callable[[], list[float]]] = {}
+    if backend == "docker":
+        from controller.sandbox.docker import AGENT_PORT, AGENT_UID, DESKTOP_ALIAS, GATEWAY_UID
+
+        def in_guest(argv: list[str]) -> Any:  # as the agent's user, who alone reads the token file
+            return sandbox._exec(sandbox.desktop, [GUEST_PYTHON, *argv], user=f"{AGENT_UID}:{AGENT_UID}", timeout=120)
+
+        def in_gateway(argv: list[str]) -> Any:
+            return sandbox._exec(sandbox.gateway, ["env", f"AGENT_TOKEN={token}", GUEST_PYTHON, *argv],
+                                 user=f"{GATEWAY_UID}:{GATEWAY_UID}", timeout=120)
+
+        hops["hop: agent HTTP, in the guest"] = lambda: _hop(in_guest, "127.0.0.1", AGENT_PORT, per)
+        hops["hop: gateway -> agent"] = lambda: _hop(in_gateway, DESKTOP_ALIAS, AGENT_PORT, per)
+        if sandbox.agent.base_url != sandbox.agent_url:
+            hops["hop: host -> relay"] = url_hop(sandbox.agent.base_url)
+        hops["hop: host -> published port"] = url_hop(sandbox.agent_url)
+    else:
+        hops["hop: host -> forwarded port"] = url_hop(sandbox.agent_url)
+    return hops
+
+
 def run_docker(image: str, iterations: int = 50, rounds: int = 5) -> dict[str, Any]:
-    """The Docker section (module doc): ``{"image", "rows", "idle_wait_settled"}``, or ``{"skipped": why}``."""
-    why = _docker_unavailable(image)
+    """The sandbox section on Docker (module doc): see :func:`run_sandbox`."""
+    return run_sandbox("docker", image, iterations, rounds)
+
+
+def run_sandbox(backend: str, image: str | None, iterations: int = 50, rounds: int = 5) -> dict[str, Any]:
+    """The sandbox section (module doc) on ``backend`` with ``image`` (None: the backend's default):
+    ``{"backend", "image", "rows", "idle_wait_settled"}``, or ``{"skipped": why}``. Every row is sampled
+    in each of ``rounds`` rounds (``iterations / rounds`` samples a round), so load spreads over all."""
+    why, options = _unavailable(backend, image)
     if why:
         return {"skipped": why}
+    from controller.agent_client import AgentClient
     from controller.sandbox import SandboxSpec
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from controller.sandbox.registry import get_backend
 
-    with DockerSandbox.start(SandboxSpec(), DockerOptions(image=image)) as sandbox:
+    cls = get_backend(backend)
+    spec = SandboxSpec(ready_timeout=cls.default_ready_timeout)
+    with cls.start(spec, options) as sandbox:
         agent = sandbox.agent
         home = "/home/sandbox"
         agent.launch("terminal", TERMINAL_ARGS)
         agent.launch("browser", [DEMO_URL])
-        _ready(agent, PAGE_LOADED.replace("~", home, 1), 90)
+        _ready(agent, PAGE_LOADED.replace("~", home, 1), 90 * sandbox.time_scale)
         plain = SandboxDriver(agent, ScreenshotPolicy(settle=False))
         settling = SandboxDriver(agent, POLICY)
         plain.capture()
@@ -332,23 +422,33 @@ def run_docker(image: str, iterations: int = 50, rounds: int = 5) -> dict[str, A
 
         def step(driver: SandboxDriver) -> Callable[[int], Any]:
             def run(i: int) -> None:
+                driver.plan_calls([1])  # a computer_call of one click, as the run's hooks plan it
                 driver.click(_click(i, *BLANK_SPOT))
                 driver.screenshot()
             return run
 
+        width, height = POLICY.max_width, POLICY.max_height
         per = max(1, math.ceil(iterations / rounds))
+        hops = _hops(sandbox, backend, per)
         samples: dict[tuple[str, str], list[float]] = {}
         for r in range(rounds):
             samples.setdefault(("in-guest floor: grab+encode png", "agent"), []).extend(_guest_floor(sandbox, per))
             samples.setdefault(("in-guest click+screenshot, no HTTP", "agent"), []).extend(
                 _guest_floor(sandbox, per, BLANK_SPOT))
+            for name, measure_hop in hops.items():
+                samples.setdefault((name, "agent"), []).extend(measure_hop())
             cases = {
+                ("hop: AgentClient", "agent"): (
+                    lambda i: agent.actions_screenshot([_click(i, *BLANK_SPOT)], "png", max_width=width,
+                                                       max_height=height), per),
                 ("driver click+screenshot", "agent"): (step(plain), per),
                 ("settled step (driver)", "agent"): (step(settling), per),
             }
             for key, values in interleave(cases, warmup=1 if r == 0 else 0).items():
                 samples.setdefault(key, []).extend(values)
-        return {"image": image, "rows": _rows(samples), "idle_wait_settled": settled}
+        assert isinstance(agent, AgentClient)
+        return {"backend": backend, "image": image or str(getattr(options, "image", "")), "rows": _rows(samples),
+                "idle_wait_settled": settled}
 
 
 def _wait_settled(sandbox: Any) -> bool | None:
@@ -368,11 +468,11 @@ def _p50(rows: dict[str, dict[str, Any]], name: str) -> float | None:
 
 def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
               baseline: bool = True, image: str | None = DEFAULT_IMAGE,
-              console_iterations: int | None = 30) -> dict[str, Any]:
-    """Every section (module doc; ``image`` None skips the Docker one, ``console_iterations`` None the
-    console); returns the report dict."""
+              console_iterations: int | None = 30, backend: str | None = "docker") -> dict[str, Any]:
+    """Every section (module doc; ``backend`` None skips the sandbox one, ``console_iterations`` None the
+    console; ``image`` None: the backend's default); returns the report dict."""
     results = run_loopback(iterations, baseline_iterations, type_iterations, baseline)
-    docker = run_docker(image, iterations) if image else {"skipped": "--no-docker"}
+    sandbox = run_sandbox(backend, image, iterations) if backend else {"skipped": "--no-docker"}
     console = run_console(console_iterations) if console_iterations else {"skipped": "--no-console"}
     derived: dict[str, float] = {}
     checks: dict[str, bool] = {}
@@ -385,27 +485,31 @@ def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iteratio
     if settled is not None and shot is not None:
         derived["loopback settle cost per step (ms)"] = round(settled - shot, 2)
         checks[f"loopback settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
-    if "rows" in docker:
-        rows = docker["rows"]
+    if "rows" in sandbox:
+        name = sandbox["backend"]
+        rows = sandbox["rows"]
         floor = _p50(rows, "in-guest floor: grab+encode png")
         step = _p50(rows, "driver click+screenshot")
         settled = _p50(rows, "settled step (driver)")
-        assert floor is not None and step is not None and settled is not None
-        if floor > 0:
-            for name in ("driver click+screenshot", "settled step (driver)", "in-guest click+screenshot, no HTTP"):
-                if name in rows:
-                    rows[name]["x_floor"] = round(rows[name]["agent"]["p50"] / floor, 2)
-        derived["docker settle cost per step (ms)"] = round(settled - step, 2)
         in_guest = _p50(rows, "in-guest click+screenshot, no HTTP")
-        if in_guest is not None:  # driver, client, relay, HTTP: what the way to the guest adds to a step
-            derived["docker path cost per step (ms)"] = round(step - in_guest, 2)
-        checks[f"docker driver click+screenshot p50 <= {TARGET_FLOOR_RATIO:g}x in-guest floor p50"] = (
-            step <= TARGET_FLOOR_RATIO * floor)
-        checks[f"docker settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
-        checks["docker idle-screen waits settled"] = all(v is True for v in docker["idle_wait_settled"])
+        assert floor is not None and step is not None and settled is not None and in_guest is not None
+        if floor > 0:
+            for row in rows.values():
+                row["x_floor"] = round(row["agent"]["p50"] / floor, 2)
+        previous = in_guest
+        for row_name, row in rows.items():  # each hop's cost: its p50 less the one before it on the path
+            if row_name.startswith("hop: ") or row_name == "driver click+screenshot":
+                row["adds"] = round(row["agent"]["p50"] - previous, 2)
+                previous = row["agent"]["p50"]
+        derived[f"{name} settle cost per step (ms)"] = round(settled - step, 2)
+        derived[f"{name} path cost per step (ms)"] = round(step - in_guest, 2)
+        checks[f"{name} driver click+screenshot p50 <= in-guest click+screenshot (no HTTP) p50 + "
+               f"{TARGET_PATH_MS:g} ms"] = step <= in_guest + TARGET_PATH_MS
+        checks[f"{name} settled step p50 < {TARGET_SETTLED_MS:g} ms (idle screen)"] = settled < TARGET_SETTLED_MS
+        checks[f"{name} idle-screen waits settled"] = all(v is True for v in sandbox["idle_wait_settled"])
     checks.update(console_checks(console))
     return {"screen": "1280x800x24", "iterations": iterations, "settle_rule": SETTLE_RULE,
-            "results": results, "docker": docker, "console": console, "derived": derived, "checks": checks}
+            "results": results, "docker": sandbox, "console": console, "derived": derived, "checks": checks}
 
 
 def _fmt(value: float | None, width: int) -> str:
@@ -429,21 +533,29 @@ def render(report: dict[str, Any]) -> str:
     if "skipped" in docker:
         lines.append(f"docker sandbox: skipped ({clean(docker['skipped'], 400)})")
     else:
-        lines.append(f"docker sandbox {docker['image']}: driver -> AgentClient -> relay -> agent, demo page, idle screen")
-        lines.append(f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8}")
+        lines.append(f"{docker.get('backend', 'docker')} sandbox {docker['image']}: {_path(docker)}, demo page, "
+                     "idle screen")
+        lines.append(f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8} {'adds':>8}")
         for name, row in docker["rows"].items():
             a = row["agent"]
             lines.append(f"{name:36} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4} "
-                         f"{(str(row['x_floor']) + 'x') if 'x_floor' in row else '-':>8}")
+                         f"{(str(row['x_floor']) + 'x') if 'x_floor' in row else '-':>8} {_fmt(row.get('adds'), 8)}")
     if "console" in report:
         lines += ["", *console_lines(report["console"])]
     for name, value in report["derived"].items():
         lines.append(f"{name}: {value:.2f}")
     lines.append("times in ms; p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; "
-                 "x floor = p50 / in-guest floor p50")
+                 "x floor = p50 / in-guest floor p50; adds = p50 less the p50 of the hop before it")
     for check, ok in report["checks"].items():
         lines.append(f"{'PASS' if ok else 'FAIL'}  {check}")
     return "\n".join(lines)
+
+
+def _path(section: dict[str, Any]) -> str:
+    """The route the section measured, in words."""
+    if section.get("backend", "docker") == "docker":
+        return "driver -> AgentClient -> relay -> agent"
+    return "driver -> AgentClient -> forwarded port -> agent"
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -468,20 +580,22 @@ def _print(report: dict[str, Any]) -> None:
         console.print(f"docker sandbox: skipped ({clean(docker['skipped'], 400)})", markup=False, emoji=False,
                       highlight=False)
     else:
-        table = Table(title=f"docker sandbox {docker['image']} — driver -> relay -> agent, demo page, idle screen")
-        for col in ("operation", "p50 ms", "p95 ms", "n", "x floor"):
+        table = Table(title=f"{docker.get('backend', 'docker')} sandbox {docker['image']} — {_path(docker)}, "
+                            "demo page, idle screen")
+        for col in ("operation", "p50 ms", "p95 ms", "n", "x floor", "adds ms"):
             table.add_column(col, justify="left" if col == "operation" else "right", no_wrap=True)
         for name, row in docker["rows"].items():
             a = row["agent"]
             table.add_row(name, f"{a['p50']:.2f}", f"{a['p95']:.2f}", str(a["n"]),
-                          f"{row['x_floor']:.2f}x" if "x_floor" in row else "-")
+                          f"{row['x_floor']:.2f}x" if "x_floor" in row else "-",
+                          f"{row['adds']:.2f}" if "adds" in row else "-")
         console.print(table)
     for line in console_lines(report["console"]) if "console" in report else ():
         console.print(line, markup=False, emoji=False, highlight=False)
     for name, value in report["derived"].items():
         console.print(f"{name}: {value:.2f}", highlight=False)
-    console.print("p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; x floor = p50 / in-guest floor p50",
-                  highlight=False)
+    console.print("p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; x floor = p50 / in-guest floor "
+                  "p50; adds = p50 less the p50 of the hop before it on the path", highlight=False)
     for check, ok in report["checks"].items():
         console.print(f"[{'green' if ok else 'red'}]{'PASS' if ok else 'FAIL'}[/] {check}")
 
@@ -494,14 +608,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--type-iterations", type=int, default=10, help="baseline xdotool type runs")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="guest image of the Docker section")
-    parser.add_argument("--no-docker", action="store_true", help="skip the Docker sandbox section")
+    parser.add_argument("--no-docker", action="store_true", help="skip the sandbox section")
+    parser.add_argument("--backend", default="docker", help="backend of the sandbox section (docker | vm)")
     parser.add_argument("--console-iterations", type=int, default=30, help="action-to-pixels samples in the console")
     parser.add_argument("--no-console", action="store_true", help="skip the web console section")
     parser.add_argument("--json", help="also write the report to this file")
     ns = parser.parse_args(argv)
     report = run_bench(ns.iterations, ns.baseline_iterations, ns.type_iterations, baseline=not ns.no_baseline,
-                       image=None if ns.no_docker else ns.image,
-                       console_iterations=None if ns.no_console else ns.console_iterations)
+                       image=ns.image if ns.backend == "docker" or ns.image != DEFAULT_IMAGE else None,
+                       console_iterations=None if ns.no_console else ns.console_iterations,
+                       backend=None if ns.no_docker else ns.backend)
     _print(report)
     if ns.json:
         with open(ns.json, "w", encoding="utf-8") as fh:
