@@ -3,7 +3,8 @@
 Commands: ``build`` (controller.sandbox.image), ``up`` / ``down`` (a backend of
 controller.sandbox.registry), ``run-task`` (controller.run.runner), ``report`` (controller.run.record),
 ``audit`` (controller.audit), ``bench`` (controller.bench; ``--suite``: controller.bench_suite), ``run-suite``
-(controller.suite), ``render`` (controller.sandbox.kubernetes). ``--backend`` names a backend of the registry.
+(controller.suite), ``render`` (controller.sandbox.kubernetes), ``serve`` (controller.agents_api). ``--backend``
+names a backend of the registry.
 
 Over 400 lines: every command's options, help text and refusals (one line, exit 2) are here and nowhere
 else, so what a user can type reads in one place; the work itself lives in the modules above.
@@ -732,12 +733,20 @@ def bench(ctx: typer.Context) -> None:
     idle and a busy sandbox, sandbox start and run-task wall time with 1, 2, 4 and 8 runs at once, the
     largest N at which every run passed (--levels 1,2,4,8, --task FILE, --image TAG, --idle-samples N,
     --runs-dir DIR, --json FILE). Exit 0 when the task passed alone.
+
+    With --agents-api first: the local Agents API (controller.agents_api.bench): session create to first
+    screenshot event, and each step's screenshot from the guest to the SSE event, beside run-task's own
+    step time (--steps 20, --sessions 3, --image TAG, --runs-dir DIR, --json FILE).
     """
     args = list(ctx.args)
     if args[:1] == ["--suite"]:
         from controller.bench_suite import main as suite_main
 
         report = suite_main(args[1:])
+    elif args[:1] == ["--agents-api"]:
+        from controller.agents_api.bench import main as agents_main
+
+        report = agents_main(args[1:])
     else:
         from controller.bench import main as bench_main
 
@@ -895,6 +904,55 @@ def console_cmd(
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.stop()
+
+
+@app.command("serve")
+def serve_cmd(
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
+    key_file: Optional[Path] = typer.Option(None, "--key-file", help="The API key: read from this file, or a "
+                                            "new one written there (0600) when it does not exist. Default: "
+                                            "RUNS_DIR/agents-api.key."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run records (and agents.db) go."),
+    db: Optional[Path] = typer.Option(None, "--db", help="The sessions' database (default RUNS_DIR/agents.db)."),
+    approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
+                                           help="Seconds a safety check waits for an answer before it is denied."),
+    ui: bool = typer.Option(False, "--ui", help="Also serve the web console (prints 'console: URL'): every turn "
+                                                  "is a live run there, its approvals answerable beside the API."),
+    attach_network: list[str] = typer.Option([], "--attach-network", help="A Docker network each session's "
+                                             "gateway joins (repeatable; docker backend): origins of yours on it, "
+                                             "as a task's network policy allows them."),
+    max_sessions: int = typer.Option(8, "--max-sessions", min=1, max=256,
+                                     help="Sessions holding a sandbox at once (one more is refused: 429)."),
+) -> None:
+    """Serve the Agents API's sessions (client.beta.agents.sessions of the openai SDK) on 127.0.0.1.
+
+    A program using OpenAI(base_url="http://127.0.0.1:PORT/v1", api_key=KEY) creates sessions (each a
+    sandbox), sends messages (each a turn of run-task's model loop: live with OPENAI_API_KEY, or
+    agent.model "offline:TASK_FILE"), follows the events, answers approvals, lists items, deletes.
+    Prints one line on stderr once it accepts requests: agents-api: URL key-file: PATH. Ctrl-C or
+    SIGTERM stops it and removes every session's sandbox. Exit 2 for a bad option, key file or a
+    database another server uses.
+    """
+    from controller.agents_api.server import KeyFileError, ServeOptions, serve_forever
+    from controller.agents_api.sessions import HubOptions
+    from controller.agents_api.store import StoreBusy
+
+    _backend(backend)
+    _writable_runs_dir(runs_dir)
+    if attach_network and backend != "docker":
+        _refuse("--attach-network needs the docker backend")
+    options = ServeOptions(port=port, key_file=key_file, db=db,
+                           hub=HubOptions(runs_dir=runs_dir, backend=backend, image=image_tag,
+                                          approval_timeout_s=approval_timeout, attach_networks=list(attach_network),
+                                          max_sessions=max_sessions))
+    try:
+        serve_forever(options, ui=ui, say=lambda line: typer.echo(line, err=True))
+    except (KeyFileError, StoreBusy) as exc:
+        _refuse(str(exc))
+    except (OSError, RuntimeError) as exc:  # the port is taken
+        _refuse(f"cannot serve: {exc}")
 
 
 if __name__ == "__main__":

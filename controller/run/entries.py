@@ -26,13 +26,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 3
+FORMAT = 4
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
 origin access: ``approval`` lines for origin requests (``what`` origin_access, ``origin``, decisions
 ``cancelled`` and ``timeout``), ``request_id`` and ``held_ms`` on ``network`` and ``waited_for_origin_ms`` on
-``screenshot``. Records of formats 1 and 2 read unchanged."""
+``screenshot``. Format 4 added ``agents_event`` (a run that is a turn of a local Agents API session).
+Records of formats 1 to 3 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -297,6 +298,21 @@ class Expectation(_Entry):
     unmet: list[UnmetExpectation] = Field(default_factory=list)
 
 
+class AgentsEvent(_Entry):
+    """An event the local Agents API (``desktop-sandbox serve``, contract 7) sent for the session this run
+    is a turn of, written as it was sent (the events sent for the turn before the run began -- the turn
+    and the user's message -- when the run began): `event_id` (its SSE id, `evt_N`), `event` (its type,
+    e.g. `agent.session.turn.item.done`), `session_id`, `turn_id`, `item_id` (the item it carries, if any).
+    The event itself is in the server's database."""
+
+    type: Literal["agents_event"] = "agents_event"
+    event_id: str
+    event: str
+    session_id: str
+    turn_id: Optional[str] = None
+    item_id: Optional[str] = None
+
+
 RunStatus = Literal["passed", "failed", "cancelled", "error"]
 
 
@@ -314,7 +330,7 @@ class RunFinished(_Entry):
 
 Entry = Annotated[
     Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, RunFinished],
+          NetworkLog, Check, Expectation, AgentsEvent, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
@@ -322,7 +338,7 @@ Entry = Annotated[
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
     for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, RunFinished)
+                NetworkLog, Check, Expectation, AgentsEvent, RunFinished)
 }
 """Entry model per ``type``."""
 
@@ -377,7 +393,7 @@ def reference_markdown() -> str:
 
 
 __all__ = [
-    "ENTRY_TYPES", "FORMAT", "Action", "Approval", "Check", "ComputerCall", "Entry", "EntryError", "Expectation",
+    "ENTRY_TYPES", "FORMAT", "Action", "AgentsEvent", "Approval", "Check", "ComputerCall", "Entry", "EntryError", "Expectation",
     "HumanAction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
     "UnmetExpectation", "Usage", "as_entry", "entry_format", "problem", "reference_markdown",

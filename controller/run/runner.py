@@ -113,6 +113,12 @@ class RunOptions:
     request), ``max_steps``, ``approver``, ``before_action`` (None when inactive), ``cancelled``, ``hooks``,
     ``meter``, ``base_url`` (the scripted server's; None live) and ``console``; returns the model's final
     message, raises ``ComputerUseError`` when it stops short (after a denial: the run fails)."""
+    on_record: Callable[[RunRecord], None] | None = None
+    """Called once with the run's record right after its ``run_started`` line (``desktop-sandbox serve``
+    writes the events of its session's turn into it)."""
+    before_finish: Callable[[str, str, str | None, list[dict[str, Any]]], None] | None = None
+    """Called with the run's final ``(status, reason, final_message, checks)`` after teardown, just before
+    ``run_finished`` is written (the record still takes entries); its exceptions are ignored."""
 
 
 @dataclass
@@ -322,6 +328,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         record.write(run_started_entry(task, sb, mode=mode, model=model if live else "scripted", legacy=legacy,
                                        max_steps=max_steps, script=script,
                                        sandbox_start_s=timings.get("sandbox_start"), runner=options.runner or ("sdk" if options.loop is None else "custom")))
+        if options.on_record is not None:  # after run_started: the record's first line stays the first
+            options.on_record(record)
 
     try:
         with cancel.installed(console):
@@ -465,7 +473,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 write_started(sandbox)
                 try:
                     _finish(record, sandbox, server, client, status, reason, timings, final_message, console,
-                            run_t0, cancel, network, origins)
+                            run_t0, cancel, network, origins, before_finish=options.before_finish, checks=checks)
                 finally:
                     registry.close("run ended")
                     if view is not None:
@@ -474,7 +482,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     write_started(sandbox)
     try:
         status, outcome_reason = _finish(record, sandbox, server, client, status, reason, timings, final_message,
-                                         console, run_t0, cancel, network, origins)
+                                         console, run_t0, cancel, network, origins,
+                                         before_finish=options.before_finish, checks=checks)
     finally:
         registry.close("run ended")
         if view is not None:
@@ -540,10 +549,13 @@ def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: st
 def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, client: Any, status: str,
             reason: str, timings: dict[str, float], final_message: str | None, console: Console,
             run_t0: float, cancel: _Cancel | None = None,
-            network: DecisionTail | None = None, origins: OriginAccess | None = None) -> tuple[str, str]:
+            network: DecisionTail | None = None, origins: OriginAccess | None = None,
+            before_finish: Callable[..., None] | None = None,
+            checks: list[dict[str, Any]] | None = None) -> tuple[str, str]:
     """Origin requests still pending withdrawn (``origins``), the network decisions not yet recorded
     (``network``: the run's tail of the gateway's log) and the origin requests it names reconciled with
-    the ``approval`` lines, teardown, ``run_finished``, summary. Returns the final status and reason:
+    the ``approval`` lines, teardown, the caller's ``before_finish(status, reason, final_message,
+    checks)`` (:attr:`RunOptions.before_finish`), ``run_finished``, summary. Returns the final status and reason:
     ``cancelled`` when a signal came (``cancel``) before ``run_finished``, whatever the run had reached."""
     if origins is not None:
         cancelled = status == "cancelled" or (cancel is not None and cancel.is_set)
@@ -573,6 +585,11 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
     timings["teardown"] = round(time.monotonic() - t, 3)
     if cancel is not None and cancel() and status != "cancelled":
         status, reason = "cancelled", f"cancelled by {cancel.signal} after the run had {status}: {reason}"
+    if before_finish is not None:  # the caller's last entries, before run_finished
+        try:
+            before_finish(status, reason, final_message, list(checks or []))
+        except Exception:  # noqa: BLE001 - a caller's hook never keeps the record from finishing
+            pass
     record.finish(status, reason, final_message=final_message, timings=timings,
                   wall_s=round(time.monotonic() - run_t0, 3))
     record.close()

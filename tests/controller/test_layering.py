@@ -1,7 +1,7 @@
 """The tree reads as the design (docs/ARCHITECTURE.md, Layout): imports go one way.
 
-``wire`` imports neither side; the guest never imports the controller; nothing below the top imports
-the CLI or the runner; the sandboxes, the gateway, the offline model and the audit do not import the
+``wire`` imports neither side; the guest never imports the controller; nothing below the top (the CLI,
+the benchmark, the Agents API server) imports the CLI or the runner, and only the CLI the server; the sandboxes, the gateway, the offline model and the audit do not import the
 run loop. Checked on the source (every ``import``/``from`` statement, also inside functions), so a
 new module that breaks the layering fails here."""
 
@@ -61,8 +61,11 @@ def test_imports_go_one_way(folders, forbidden):
 
 
 def test_nothing_below_the_top_imports_the_cli_or_the_runner():
-    top = {ROOT / "controller" / "cli.py", ROOT / "controller" / "bench.py"}
+    # the top: the CLI, the benchmark and the Agents API server (it runs each turn with the runner)
+    top = {ROOT / "controller" / "cli.py", ROOT / "controller" / "bench.py", *_modules("controller/agents_api")}
     wrong = [f"{p.relative_to(ROOT)} imports {n}" for p in _modules("controller", "guest", "wire") if p not in top
              for n in _imports(p) if n == "controller.cli" or n.startswith("controller.cli.")
-             or (n.startswith("controller.run.runner") and p.parent.name != "run")]
+             or (n.startswith("controller.run.runner") and p.parent.name != "run")
+             or ((n == "controller.agents_api" or n.startswith("controller.agents_api."))
+                 and p != ROOT / "controller" / "cli.py")]
     assert not wrong, "\n".join(wrong)

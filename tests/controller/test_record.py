@@ -119,8 +119,8 @@ GOOD_LINES = [
 
 
 @pytest.mark.parametrize("change, needles", [
-    ((0, GOOD_LINES[0].replace('"format": 1', '"format": 4')),
-     ["record.jsonl:1:", "format 4 is newer", "format 3"]),
+    ((0, GOOD_LINES[0].replace('"format": 1', '"format": 5')),
+     ["record.jsonl:1:", "format 5 is newer", "format 4"]),
     ((2, GOOD_LINES[2].replace('"type": "run_finished"', '"type": "run_finished", "extra_field": 1')),
      ["record.jsonl:3:", "run_finished entry", "extra_field"]),
     ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": "slow"}'),

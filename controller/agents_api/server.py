@@ -1,0 +1,191 @@
+"""``desktop-sandbox serve``: the local Agents API on 127.0.0.1, until SIGINT / SIGTERM.
+
+::
+
+    with AgentsServer(ServeOptions(port=0, key_file=None)) as server:
+        print(server.line)   # agents-api: http://127.0.0.1:PORT/v1 key-file: PATH
+
+The key: read from ``key_file`` when it exists (one line; refused when group or others may read it),
+else a new random one written there with mode 0600 (default file: ``<runs-dir>/agents-api.key``). The
+state: :class:`controller.agents_api.store.Store` (``<runs-dir>/agents.db`` by default). At start the
+sessions a previous server left behind are marked failed and their sandboxes removed
+(:meth:`controller.agents_api.sessions.SessionHub.recover`); at stop every live session's sandbox is
+removed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from controller.agents_api.app import create_app
+from controller.agents_api.sessions import HubOptions, SessionHub
+from controller.agents_api.store import Store
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 10.0
+
+
+class KeyFileError(ValueError):
+    """A key file that cannot be used (unreadable, empty, readable by others)."""
+
+
+def load_or_make_key(path: Path) -> str:
+    """The key in ``path``; a new one (``sk-local-`` + 256 random bits, urlsafe) written there 0600 when
+    the file does not exist. Raises :class:`KeyFileError`."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            mode = path.stat().st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
+            text = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeyFileError(f"cannot read the key file {path}: {exc}") from None
+        if not text or len(text) > 512 or any(not (33 <= ord(c) < 127) for c in text):
+            raise KeyFileError(f"{path} must hold one key: 1 to 512 printable ASCII characters, no spaces")
+        return text
+    except OSError as exc:
+        raise KeyFileError(f"cannot create the key file {path}: {exc}") from None
+    key = "sk-local-" + secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(key + "\n")
+    return key
+
+
+@dataclass
+class ServeOptions:
+    """``port`` (0: a free one), ``key_file`` (None: ``<runs_dir>/agents-api.key``), ``db`` (None:
+    ``<runs_dir>/agents.db``), and the sessions' :class:`HubOptions` fields."""
+
+    port: int = 0
+    key_file: Path | None = None
+    db: Path | None = None
+    hub: HubOptions = field(default_factory=HubOptions)
+
+
+class _Uvicorn(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
+class AgentsServer:
+    """The server (see the module docstring). :meth:`start` returns once it accepts requests;
+    ``url`` (``http://127.0.0.1:PORT/v1``), ``key``, ``key_file``, ``line`` are set then."""
+
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        runs = Path(options.hub.runs_dir)
+        self.key_file = Path(options.key_file or runs / "agents-api.key")
+        self.db_path = Path(options.db or runs / "agents.db")
+        self.key = ""
+        self.port: int | None = None
+        self.closing = threading.Event()
+        self.store: Store | None = None
+        self.hub: SessionHub | None = None
+        self.recovered: list[str] = []
+        self._server: _Uvicorn | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    @property
+    def line(self) -> str:
+        """The one line ``serve`` prints once it accepts requests."""
+        return f"agents-api: {self.url} key-file: {self.key_file}"
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> "AgentsServer":
+        """Open the store (StoreBusy when another server holds it), recover what a previous server left,
+        listen. KeyFileError for a bad key file; RuntimeError when uvicorn did not listen in time."""
+        Path(self.options.hub.runs_dir).mkdir(parents=True, exist_ok=True)
+        self.key = load_or_make_key(self.key_file)
+        self.store = Store(self.db_path)
+        self.hub = SessionHub(self.store, self.options.hub)
+        self.recovered = self.hub.recover()
+        config = uvicorn.Config(create_app(self.hub, self.key, closing=self.closing), host=HOST,
+                                port=self.options.port, lifespan="off", log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=3, server_header=False)
+        self._server = server = _Uvicorn(config)
+
+        def serve() -> None:
+            try:
+                server.run()
+            finally:
+                server.ready.set()
+
+        self._thread = threading.Thread(target=serve, name="agents-api", daemon=True)
+        self._thread.start()
+        if not server.ready.wait(timeout) or not server.started:
+            self.stop()
+            raise RuntimeError(f"the agents API did not start listening on {HOST}:{self.options.port} "
+                               f"within {timeout:g} s")
+        sockets = [s for listener in server.servers for s in (listener.sockets or ())]
+        self.port = sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        """Stop: streams end, every live session's sandbox is removed, the store closed."""
+        self.closing.set()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+        if self.hub is not None:
+            self.hub.shutdown()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def __enter__(self) -> "AgentsServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_forever(options: ServeOptions, *, ui: bool = False, say=print) -> None:  # noqa: ANN001
+    """Run the server until SIGINT or SIGTERM: ``say(line)`` gets :attr:`AgentsServer.line` once it
+    accepts requests (and, with ``ui``, the web console's ``console: URL`` line first: every turn is
+    a live run there, its approvals answerable beside this API). Every sandbox is removed at the end.
+    Raises :class:`KeyFileError`, :class:`controller.agents_api.store.StoreBusy`, RuntimeError."""
+    import signal
+
+    console_server = None
+    if ui:
+        from controller.console.server import ConsoleServer
+
+        console_server = ConsoleServer(Path(options.hub.runs_dir)).start()
+        options.hub.on_live = console_server.add_run
+        say(f"console: {console_server.url}")
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    server = AgentsServer(options)
+    try:
+        server.start()
+        say(server.line)
+        while not stop.wait(3600):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.stop()
+        if console_server is not None:
+            console_server.stop()

@@ -1,0 +1,819 @@
+"""Sessions: each one a sandbox, its turns run by ``run-task``'s runner, its events and items stored.
+
+:class:`SessionHub` owns every live session of the server. A session (:class:`LiveSession`):
+
+* **create** stores it and starts its sandbox on a thread of its own (``agent.session.created``,
+  ``agent.session.environment.pending``, then ``…environment.ready`` or ``…environment.failed`` with
+  the reason and ``agent.session.failed``). The sandbox is the backend's (``--backend``), started from
+  the session's task: for ``agent.model = "offline:TASK_FILE"`` that task (screen, apps, network
+  policy, checks, offline script); otherwise a desktop with the browser, its network from
+  ``environment.network.access`` (``disabled``: the gateway's deny-all; ``enabled``: mode ``ask`` with
+  every origin in the ask tier, so each new origin becomes a ``browser_origin_access`` request).
+* **a user message** queues a turn; the session's thread runs turns one at a time with
+  :func:`controller.run.runner.run_task` on the session's sandbox (held by the session: the runner's
+  teardown leaves it alone; the task's apps are launched on the first turn only), the live model with
+  ``OPENAI_API_KEY`` or the task's offline script. Each turn writes its own run record
+  (``runs/<id>/record.jsonl``, named in the session's metadata); what the record gains while the turn
+  goes on becomes events (:class:`_TurnPump`): screenshots and computer calls as ``computer_use_call``
+  items, approvals as ``agent.session.requires_action``; the end as the answer's text (with the task's
+  checks for an offline task) and ``agent.session.turn.completed`` | ``failed`` | ``cancelled``.
+* **approvals**: the turn's approval registry (:class:`controller.run.registry.ApprovalRegistry`) is
+  the one every view answers in -- this API (``by: agents-api``), the web console when the server has
+  one -- so the first answer counts and every other gets 409.
+* **delete** (and the server's shutdown) cancels the turn under way and removes the sandbox.
+
+Threads: one per session (sandbox start, then its turns), one pump per turn; routes call in from
+uvicorn's threads. Events are stored, then announced (:class:`Notifier`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from controller.agents_api import shapes
+from controller.agents_api.errors import ApiError, invalid
+from controller.agents_api.requests import SessionParams, offline_task_path
+from controller.agents_api.store import Store, now, owner_label
+from controller.run.live import LiveRun
+from controller.run.registry import AnswerRefused
+from controller.text import clean
+
+BY = "agents-api"
+"""Who decided, in the registry and the record, for an answer that came through this API."""
+ANSWER_KIND = {"origin_access": "browser_origin_access", "safety_check": "safety_check", "action": "safety_check"}
+"""The response ``type`` an answer to each kind of registry request must carry."""
+MAX_SHOT_BYTES = 16 * 1024 * 1024
+"""Largest screenshot file read back from a run record for an event (bytes)."""
+DEFAULT_APPS = [{"app": "browser", "args": ["about:blank"]}]
+
+
+class Notifier:
+    """Wakes the event streams waiting on a session: :meth:`notify` from any thread, :meth:`wait`
+    in the stream's event loop. A stream takes :meth:`version` before it reads the store, then waits
+    for a version above it: an event stored in between is never missed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions: dict[str, int] = {}
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def version(self, session_id: str) -> int:
+        """How many notifications the session has had."""
+        with self._lock:
+            return self._versions.get(session_id, 0)
+
+    def notify(self, session_id: str) -> None:
+        with self._lock:
+            self._versions[session_id] = self._versions.get(session_id, 0) + 1
+            waiters = list(self._waiters.get(session_id, ()))
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # a loop already closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, session_id: str, since: int, timeout: float) -> None:
+        """Return once the session's version is above ``since``, or after ``timeout`` seconds."""
+        event = asyncio.Event()
+        key = (asyncio.get_running_loop(), event)
+        with self._lock:
+            if self._versions.get(session_id, 0) > since:
+                return
+            self._waiters.setdefault(session_id, set()).add(key)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            with self._lock:
+                self._waiters.get(session_id, set()).discard(key)
+
+
+class _Held:
+    """The session's sandbox as a run sees it: everything but ``close`` (the session removes it)."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self._sandbox = sandbox
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sandbox, name)
+
+    def close(self) -> None:
+        """Nothing: the sandbox outlives the turn."""
+
+
+@dataclass
+class Turn:
+    """One user message and its run: ``id``, ``text``, ``status`` (the ``Turn`` statuses), times,
+    ``view`` (the run's LiveRun while it goes on), ``cancelled`` (asked before it started), ``record``
+    (the run's record), ``before`` (the events sent for it before its run began: they land in the record
+    when it does), ``ended`` (its last event was sent)."""
+
+    id: str
+    text: str
+    created_at: int
+    status: str = "queued"
+    started_at: int | None = None
+    completed_at: int | None = None
+    error: dict[str, str] | None = None
+    view: LiveRun | None = None
+    cancelled: bool = False
+    record: Any = None
+    before: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    ended: bool = False
+
+    def as_json(self, session_id: str) -> dict[str, Any]:
+        return shapes.turn(self.id, session_id, status=self.status, created_at=self.created_at,
+                           started_at=self.started_at, completed_at=self.completed_at, error=self.error)
+
+
+@dataclass
+class HubOptions:
+    """How sessions run: ``runs_dir`` (run records), ``backend`` (a name of the backends registry),
+    ``image`` (None: the backend's default), ``extra_labels`` (added to every sandbox, Docker),
+    ``approval_timeout_s`` (a safety check unanswered this long is denied), ``on_live`` (also given
+    each turn's LiveRun: the web console's ``add_run``), ``attach_networks`` (Docker networks each
+    session's gateway joins, only the gateway: origins of the operator's on them can be asked for, as
+    the task's policy allows), ``max_sessions`` (sessions holding a sandbox at once: not failed, not
+    deleted; one more is 429 ``too_many_sessions``)."""
+
+    runs_dir: Path = Path("runs")
+    backend: str = "docker"
+    image: str | None = None
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    approval_timeout_s: float = 300.0
+    on_live: Callable[[LiveRun], None] | None = None
+    attach_networks: list[str] = field(default_factory=list)
+    max_sessions: int = 8
+
+
+class SessionHub:
+    """Every session of this server (see the module docstring) over ``store``."""
+
+    def __init__(self, store: Store, options: HubOptions) -> None:
+        self.store = store
+        self.options = options
+        self.notifier = Notifier()
+        self.live: dict[str, LiveSession] = {}
+        self._lock = threading.Lock()
+        self._shots: OrderedDict[str, str] = OrderedDict()
+        self._shots_lock = threading.Lock()
+        self.owner = owner_label()
+
+    # -- events ----------------------------------------------------------------------------------------
+    def emit(self, session_id: str, event: dict[str, Any]) -> int:
+        """Store ``event`` for the session and wake its streams; returns its number."""
+        seq = self.store.add_event(session_id, {**event, "session_id": session_id}
+                                   if "session" not in event else event)
+        self.notifier.notify(session_id)
+        return seq
+
+    def screenshot_url(self, path: str) -> str | None:
+        """A record's screenshot as ``data:image/jpeg;base64,…`` (PNG re-encoded; a few kept in memory);
+        None when the file is gone or too large."""
+        with self._shots_lock:
+            if path in self._shots:
+                return self._shots[path]
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SHOT_BYTES + 1)
+        except OSError:
+            return None
+        if len(data) > MAX_SHOT_BYTES:
+            return None
+        if not data.startswith(b"\xff\xd8\xff"):
+            from PIL import Image
+
+            try:
+                with Image.open(io.BytesIO(data)) as image:
+                    out = io.BytesIO()
+                    image.convert("RGB").save(out, format="JPEG", quality=80)
+                    data = out.getvalue()
+            except (OSError, ValueError, Image.DecompressionBombError):
+                return None
+        url = "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
+        with self._shots_lock:
+            self._shots[path] = url
+            while len(self._shots) > 8:
+                self._shots.popitem(last=False)
+        return url
+
+    # -- sessions --------------------------------------------------------------------------------------
+    def create(self, params: SessionParams) -> dict[str, Any]:
+        """Store a new session, start its sandbox (on its thread) and queue ``params.input`` as the first
+        turn; returns the session. :class:`ApiError` 400 for an offline task that does not load, or a
+        live model without ``OPENAI_API_KEY``."""
+        task, task_file = self._task_for(params)
+        session_id = shapes.new_id("sess")
+        session = LiveSession(self, session_id, params, task, task_file)
+        with self._lock:
+            holding = sum(1 for s in self.live.values() if s.status != "failed" and not s.deleted)
+            if holding >= self.options.max_sessions:
+                raise ApiError(429, "too_many_sessions", f"{holding} sessions hold a sandbox (at most "
+                               f"{self.options.max_sessions}, serve --max-sessions): delete one first")
+            self.live[session_id] = session
+        self.store.add_session(session_id, session.settings(), owner=self.owner, backend=self.options.backend)
+        self.emit(session_id, {"type": "agent.session.created", "session": session.as_json()})
+        self.emit(session_id, {"type": "agent.session.environment.pending",
+                               "environment": shapes.environment_state(session.env_id, "pending")})
+        if params.input is not None:
+            session.add_turn(params.input)
+        session.start()
+        return session.as_json()
+
+    def _task_for(self, params: SessionParams) -> tuple[Any, str | None]:
+        from controller.offline.scripted_server import ScriptError, load_script
+        from controller.run.tasks import TaskError, load_task
+
+        task_file = offline_task_path(params.model)
+        if task_file is not None:
+            try:
+                task = load_task(task_file)
+                load_script(task.offline_script_path())
+            except (TaskError, ScriptError, OSError) as exc:
+                raise invalid(f"agent.model {params.model!r}: cannot use this offline task: {exc}",
+                              "agent.model") from None
+            return task, task_file
+        if not os.environ.get("OPENAI_API_KEY"):
+            raise ApiError(400, "model_unavailable", f"agent.model {params.model!r} needs OPENAI_API_KEY on the "
+                           "server; without it use \"offline:TASK_FILE\" (e.g. offline:tasks/pickup.toml)",
+                           "agent.model")
+        return live_task(params), None
+
+    def get(self, session_id: str) -> "LiveSession | None":
+        with self._lock:
+            return self.live.get(session_id)
+
+    def session_json(self, session_id: str) -> dict[str, Any]:
+        """The session as the API shows it (live, or as stored); 404 when unknown or deleted."""
+        live = self.get(session_id)
+        if live is not None and not live.deleted:
+            return live.as_json()
+        row = self.store.session(session_id) if isinstance(session_id, str) and len(session_id) < 100 else None
+        if row is None or row["deleted"]:
+            raise ApiError(404, "session_not_found", "no session with this id")
+        return stored_json(row)
+
+    def delete(self, session_id: str) -> dict[str, Any]:
+        """Cancel the session's turn, remove its sandbox, mark it deleted; 404 when unknown."""
+        self.session_json(session_id)
+        live = self.get(session_id)
+        if live is not None:
+            live.shut("session deleted")
+            with self._lock:
+                self.live.pop(session_id, None)
+        self.store.update_session(session_id, deleted=True)
+        self.notifier.notify(session_id)
+        return shapes.session_deleted(session_id)
+
+    def shutdown(self) -> None:
+        """The server stops: every live session's turn cancelled and sandbox removed; each is then
+        ``failed`` (its sandbox is gone)."""
+        with self._lock:
+            sessions = list(self.live.values())
+        for session in sessions:
+            session.shut("the server stopped", fail=True)
+
+    def recover(self) -> list[str]:
+        """At start: sessions a previous server left running (its process is gone) are ``failed`` (their
+        sandbox died with it), with ``agent.session.failed``; their sandboxes are removed. Returns the
+        sandbox ids removed."""
+        from controller.sandbox.registry import get_backend
+
+        removed: list[str] = []
+        for row in self.store.sessions(include_deleted=True):
+            if row["status"] == "failed" and not row["sandbox_id"]:
+                continue
+            if row["owner"] == self.owner:
+                continue
+            if row["sandbox_id"]:
+                try:
+                    removed += get_backend(row["backend"]).remove(row["sandbox_id"])
+                    self.store.update_session(row["id"], sandbox_id="")
+                except Exception:  # noqa: BLE001 - the backend cannot be asked now: the next start tries again
+                    pass
+            if row["status"] != "failed":
+                data = dict(row["data"], error="the server that ran this session stopped; its sandbox is gone")
+                self.store.update_session(row["id"], status="failed", data=data)
+                row = self.store.session(row["id"]) or row
+                self.store.add_event(row["id"], {"type": "agent.session.failed", "session": stored_json(row)})
+        return removed
+
+
+def live_task(params: SessionParams) -> Any:
+    """The task of a live session: a desktop with the browser, the network from ``environment.network``
+    (``enabled``: every origin asks; ``restricted``: the ``allowed_domains`` (http and https, default
+    ports) ask, nothing else; ``disabled``: deny-all -- the gateway's hard refusals always hold), the
+    instructions the agent's; no checks (nothing to verify: a turn ends with the model's answer).
+    :class:`ApiError` 400 for a domain the gateway's policy refuses."""
+    from controller.gateway.policy import NetworkPolicy
+    from controller.run.tasks import FileCheck, Launch, Task
+
+    if params.network == "enabled":
+        policy = NetworkPolicy.model_validate({"mode": "ask", "ask": ["*"]})
+    elif params.network == "restricted":
+        origins = [f"{scheme}://{domain}" for domain in params.domains for scheme in ("https", "http")]
+        try:
+            policy = NetworkPolicy.model_validate({"mode": "ask", "ask": origins})
+        except ValueError as exc:
+            raise invalid(f"environment.network.allowed_domains: {exc}", "environment.network.allowed_domains") from None
+    else:
+        policy = NetworkPolicy()
+    placeholder = FileCheck(kind="file", path="~/.desktop-sandbox-none", match="exact", value="")
+    task = Task(name="agents-session", instructions=params.instructions or "Use the computer.", network=policy,
+                launch=[Launch(**app) for app in DEFAULT_APPS], checks=[placeholder])
+    return task.model_copy(update={"checks": []})
+
+
+def stored_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A session as the database holds it (no live state: no required actions)."""
+    data = row["data"]
+    return {"id": row["id"], "object": "agent.session", "created_at": row["created_at"],
+            "last_active_at": data.get("last_active_at", row["created_at"]), "agent": data["agent"],
+            "environment": data["environment"], "error": data.get("error"), "metadata": data.get("metadata", {}),
+            "required_actions": [], "status": row["status"], "usage": None, "vault_ids": []}
+
+
+class LiveSession:
+    """One session of this server process (see the module docstring)."""
+
+    def __init__(self, hub: SessionHub, session_id: str, params: SessionParams, task: Any,
+                 task_file: str | None) -> None:
+        self.hub, self.id, self.params, self.task, self.task_file = hub, session_id, params, task, task_file
+        self.env_id = "env_" + session_id[len("sess_"):]
+        self.created_at = self.last_active_at = now()
+        self.status = "idle"
+        self.error: str | None = None
+        self.metadata = dict(params.metadata)
+        self.sandbox: Any = None
+        self.deleted = False
+        self.turns: dict[str, Turn] = {}
+        self.current: Turn | None = None
+        self.requests: dict[str, tuple[Any, str]] = {}  # request id -> (registry, turn id)
+        self._queue: queue.Queue[Turn | None] = queue.Queue()
+        self._lock = threading.RLock()
+        self._thread = threading.Thread(target=self._main, name=f"agents-{session_id}", daemon=True)
+        self._stopped = threading.Event()
+        self._turns_run = 0
+        self._record: Any = None  # the run record of the turn under way, while its run goes on
+
+    # -- what the API shows ------------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """What the database keeps of the session (the API's fields that do not change with each step)."""
+        return {"created_at": self.created_at, "last_active_at": self.last_active_at,
+                "agent": shapes.agent(self.params.model, self.params.instructions, self.params.include_screenshots),
+                "environment": shapes.environment(self.env_id, self.params.network if self.task_file is None
+                                                  else ("enabled" if self.task.network.mode == "ask" else "disabled"),
+                                                  self.params.domains if self.task_file is None else []),
+                "metadata": self.metadata, "error": self.error, "task": self.task_file}
+
+    def required_actions(self) -> list[dict[str, Any]]:
+        with self._lock:
+            pending = [(reg.get(rid), turn_id) for rid, (reg, turn_id) in self.requests.items()]
+        return [shapes.approval_action(r, t) for r, t in pending if r.pending]
+
+    def as_json(self) -> dict[str, Any]:
+        """``AgentSession``."""
+        settings = self.settings()
+        actions = self.required_actions() if self.status != "failed" else []
+        status = "requires_action" if actions else self.status
+        return {"id": self.id, "object": "agent.session", "created_at": self.created_at,
+                "last_active_at": self.last_active_at, "agent": settings["agent"],
+                "environment": settings["environment"], "error": self.error, "metadata": dict(self.metadata),
+                "required_actions": actions, "status": status, "usage": None, "vault_ids": []}
+
+    def _save(self) -> None:
+        self.hub.store.update_session(self.id, status=self.status, data=self.settings())
+
+    def _emit(self, event: dict[str, Any]) -> int:
+        seq = self.hub.emit(self.id, event)
+        self._land(seq, event)
+        return seq
+
+    def _session_event(self, kind: str) -> None:
+        self._emit({"type": kind, "session": self.as_json()})
+
+    # -- input ---------------------------------------------------------------------------------------------
+    def add_turn(self, text: str) -> Turn:
+        """Queue a turn for ``text``. 409 ``turn_in_progress`` while one is queued or running, 409
+        ``session_failed`` after the session failed."""
+        with self._lock:
+            if self.status == "failed" or self.deleted:
+                raise ApiError(409, "session_failed", f"the session failed: {self.error or 'its sandbox is gone'}")
+            if self.current is not None or not self._queue.empty():
+                raise ApiError(409, "turn_in_progress", "a turn is in progress: wait for it to end, or cancel it")
+            turn = Turn(id=shapes.new_id("turn"), text=text, created_at=now())
+            self.turns[turn.id] = turn
+            self.current = turn
+            self.status = "in_progress"
+            self.last_active_at = now()
+        for event in ({"type": "agent.session.turn.created", "turn": turn.as_json(self.id), "turn_id": turn.id},
+                      {"type": "agent.session.turn.item.added", "output_index": None, "turn_id": turn.id,
+                       "item": shapes.user_message(shapes.new_id("msg"), turn.id, clean(text, 20000))}):
+            if "item" in event:
+                self.hub.store.put_item(self.id, event["item"])
+            turn.before.append((self.hub.emit(self.id, event), event))
+        self._save()
+        self._queue.put(turn)
+        return turn
+
+    def cancel(self) -> None:
+        """Cancel the turn under way (as Ctrl-C does a run: its pending approvals withdrawn, inputs
+        released); nothing to cancel is 409 ``no_turn``."""
+        with self._lock:
+            turn = self.current
+            if turn is None:
+                raise ApiError(409, "no_turn", "no turn is in progress")
+            turn.cancelled = True
+            view = turn.view
+        if view is not None:
+            with contextlib.suppress(Exception):
+                view.cancel(BY)
+
+    def answer(self, request_id: str, response_type: str, decision: str) -> None:
+        """Answer an approval request of this session; 404 ``unknown_request`` (also for another
+        session's), 400 when the response type does not fit the request, the registry's refusals
+        (409 ``already_decided`` / ``withdrawn`` / ``expired``, 502) passed through."""
+        with self._lock:
+            known = self.requests.get(request_id)
+        if known is None:
+            raise ApiError(404, "unknown_request", "no approval request with this id in this session",
+                           "request_id")
+        registry, _turn_id = known
+        request = registry.get(request_id)
+        wanted = ANSWER_KIND.get(request.kind)
+        if wanted != response_type:
+            raise invalid(f"request {request_id} is a {wanted} request: answer with response.type {wanted}",
+                          "response.type")
+        try:
+            registry.answer(request_id, decision, by=BY)
+        except AnswerRefused as exc:
+            raise ApiError(exc.status, exc.code, exc.message, "request_id") from None
+
+    # -- the session's thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._open_sandbox()
+        except Exception as exc:  # noqa: BLE001 - any start failure fails the session, with its reason
+            self._fail(f"the sandbox did not start: {type(exc).__name__}: {clean(exc, 800)}", environment=True)
+            return
+        while not self._stopped.is_set() and self.status != "failed":
+            turn = self._queue.get()
+            if turn is None:
+                break
+            self._run_turn(turn)
+        if self.status == "failed":  # the sandbox stopped answering: what is left of it goes now
+            with self._lock:
+                sandbox, self.sandbox = self.sandbox, None
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    sandbox.close()
+                self.hub.store.update_session(self.id, sandbox_id="")
+
+    def _open_sandbox(self) -> None:
+        from controller.sandbox import SandboxSpec
+        from controller.sandbox.registry import get_backend
+
+        cls = get_backend(self.hub.options.backend)
+        options = cls.make_options(image=self.hub.options.image)
+        if hasattr(options, "extra_labels"):
+            options.extra_labels = {**options.extra_labels, **self.hub.options.extra_labels,
+                                    "desktop-sandbox.agents-session": self.id}
+        t = self.task
+        spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
+                           policy=t.network.model_dump(mode="json"), ready_timeout=cls.default_ready_timeout)
+        sandbox = cls.start(spec, options)
+        try:
+            for network in self.hub.options.attach_networks:
+                sandbox.attach_gateway(network)
+        except Exception:
+            sandbox.close()
+            raise
+        with self._lock:
+            if self.deleted:
+                sandbox.close()
+                return
+            self.sandbox = sandbox
+        self.hub.store.update_session(self.id, sandbox_id=sandbox.id)
+        self._emit({"type": "agent.session.environment.ready",
+                    "environment": shapes.environment_state(self.env_id, "ready")})
+
+    def _fail(self, reason: str, *, environment: bool) -> None:
+        with self._lock:
+            self.status, self.error = "failed", clean(reason, 1000)
+            for turn in [self.current] if self.current else []:
+                self._end_turn(turn, "failed", error={"code": "sandbox_error", "message": self.error})
+        self._save()
+        if environment:
+            self._emit({"type": "agent.session.environment.failed",
+                        "environment": shapes.environment_state(self.env_id, "failed", self.error)})
+        self._session_event("agent.session.failed")
+        while True:  # turns queued meanwhile end failed too
+            try:
+                queued = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if queued is not None and queued.status == "queued":
+                self._end_turn(queued, "failed", error={"code": "sandbox_error", "message": self.error})
+
+    def _end_turn(self, turn: Turn, status: str, error: dict[str, str] | None = None) -> None:
+        turn.status, turn.error, turn.completed_at = status, error, now()
+        self._emit({"type": f"agent.session.turn.{status}", "turn": turn.as_json(self.id), "turn_id": turn.id,
+                    "usage": None})
+        with self._lock:
+            if self.current is turn:
+                self.current = None
+
+    def _run_turn(self, turn: Turn) -> None:
+        from controller.run.runner import RunOptions, run_task
+
+        if turn.cancelled or self.sandbox is None:
+            self._end_turn(turn, "cancelled")
+            if self.status != "failed":
+                self.status = "idle"
+                self._save()
+                self._session_event("agent.session.idle")
+            return
+        task = self.task
+        if self.task_file is None:
+            text = f"{self.params.instructions}\n\n{turn.text}" if self.params.instructions else turn.text
+            task = task.model_copy(update={"instructions": text})
+        if self._turns_run:
+            task = task.model_copy(update={"launch": [], "ready": []})  # the desktop is up from the first turn
+        self._turns_run += 1
+        pump = _TurnPump(self, turn)
+
+        def on_live(view: LiveRun) -> None:
+            turn.view = view
+            pump.start(view)
+            if self.hub.options.on_live is not None:
+                with contextlib.suppress(Exception):
+                    self.hub.options.on_live(view)
+            if turn.cancelled:
+                view.cancel(BY)
+
+        def on_record(record: Any) -> None:  # the run began: the turn's events land in its record from now
+            turn.record = record
+            with self._lock:
+                self._record = record
+            for seq, event in turn.before:
+                self._land(seq, event)
+            turn.status, turn.started_at = "in_progress", now()
+            self._emit({"type": "agent.session.turn.in_progress", "turn": turn.as_json(self.id), "turn_id": turn.id})
+            self._session_event("agent.session.in_progress")
+
+        def before_finish(status: str, reason: str, final_message: str | None, checks: list[dict[str, Any]]) -> None:
+            if turn.view is not None:
+                pump.drain(turn.view.last_seq)  # every call and screenshot of the run first
+            try:
+                self._finish_turn(turn, status, reason, final_message, checks, pump.outputs)
+            finally:
+                with self._lock:
+                    self._record = None
+
+        options = RunOptions(runs_dir=self.hub.options.runs_dir, live=self.task_file is None,
+                             model=self.params.model if self.task_file is None else None, asker=None,
+                             approval_timeout_s=self.hub.options.approval_timeout_s, on_live=on_live,
+                             on_record=on_record, before_finish=before_finish)
+        quiet = Console(file=open(os.devnull, "w"), force_terminal=False)  # noqa: SIM115 - the record says it all
+        failure = None
+        try:
+            run_task(task, lambda _t: _Held(self.sandbox), options, console=quiet)
+        except Exception as exc:  # noqa: BLE001 - run_task returns its outcome; anything else fails the turn
+            failure = f"{type(exc).__name__}: {clean(exc, 500)}"
+        finally:
+            quiet.file.close()
+            with self._lock:
+                self._record = None
+        pump.finish()
+        if not turn.ended:  # the run never reached its end (it raised): the turn fails here
+            self._finish_turn(turn, "error", failure or "the run ended without an outcome", None, [], pump.outputs)
+
+    def _land(self, seq: int, event: dict[str, Any]) -> None:
+        """Write the event sent as ``seq`` into the run record of the turn under way (if one is open)."""
+        from controller.run.entries import AgentsEvent
+        from controller.agents_api.store import event_id
+
+        with self._lock:
+            record = self._record
+        if record is None:
+            return
+        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        turn = event.get("turn") if isinstance(event.get("turn"), dict) else {}
+        try:
+            record.write(AgentsEvent(event_id=event_id(seq), event=event["type"], session_id=self.id,
+                                     turn_id=event.get("turn_id") or turn.get("id"),
+                                     item_id=item.get("id") or event.get("item_id")))
+        except ValueError:  # the record was closed meanwhile
+            pass
+
+    def _finish_turn(self, turn: Turn, status: str, reason: str, final_message: str | None,
+                     checks: list[dict[str, Any]], index: int) -> None:
+        """The turn's end: the answer (with the task's checks for an offline task), the turn's last event,
+        the session idle -- or failed, when the sandbox stopped answering."""
+        turn.ended = True
+        if turn.record is not None:
+            self.metadata["desktop_sandbox.record"] = clean(str(turn.record.path), 512)
+        reason = clean(reason, 500)
+        text = final_message or ""
+        if self.task_file is not None and status != "cancelled":
+            passed = sum(1 for c in checks if c.get("passed"))
+            verdict = f"checks: {passed} of {len(checks)} passed; run {status}"
+            lines = [f"- {'passed' if c.get('passed') else 'FAILED'}: {c.get('kind')} {c.get('target')}"
+                     for c in checks]
+            text = "\n".join([text, "", verdict, *lines]).strip()
+            self.metadata["desktop_sandbox.task"] = clean(self.task_file, 512)
+            self.metadata["desktop_sandbox.verdict"] = status
+            self.metadata["desktop_sandbox.checks"] = f"{passed}/{len(checks)}"
+        elif status not in ("passed", "failed"):
+            text = text or reason
+        if text:
+            item = shapes.assistant_message(shapes.new_id("msg"), turn.id, clean_text(text))
+            self.hub.store.put_item(self.id, item)
+            self._emit({"type": "agent.session.turn.item.done", "item": item, "output_index": index,
+                        "turn_id": turn.id})
+            self._emit({"type": "agent.session.turn.output_text.done", "item_id": item["id"],
+                        "output_index": index, "content_index": 0, "text": item["content"][0]["text"],
+                        "turn_id": turn.id})
+        alive = self._sandbox_alive()
+        if status == "cancelled" or turn.cancelled:
+            self._end_turn(turn, "cancelled")
+        elif status == "error":
+            self._end_turn(turn, "failed", error={"code": "sandbox_error" if not alive else "internal_error",
+                                                  "message": reason})
+        else:  # passed, or failed: the loop ran to its end (the verdict is in the text and the metadata)
+            self._end_turn(turn, "completed")
+        self.last_active_at = now()
+        if not alive and not self.deleted:
+            self._fail(f"the sandbox stopped answering: {reason}", environment=True)
+            return
+        if self.status != "failed":
+            self.status = "idle"
+        self._save()
+        self._session_event("agent.session.idle")
+
+    def _sandbox_alive(self) -> bool:
+        if self.sandbox is None:
+            return False
+        try:
+            return bool(self.sandbox.agent.livez())
+        except Exception:  # noqa: BLE001 - whatever the guest answered, it is not alive for us
+            return False
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def shut(self, reason: str, *, fail: bool = False) -> None:
+        """Cancel the turn under way, wait for the session's thread (bounded), remove the sandbox."""
+        with self._lock:
+            self.deleted = not fail
+            turn = self.current
+        if turn is not None:
+            turn.cancelled = True
+            if turn.view is not None:
+                with contextlib.suppress(Exception):
+                    turn.view.cancel(BY)
+        self._stopped.set()
+        self._queue.put(None)
+        if self._thread.is_alive():
+            self._thread.join(120)
+        with self._lock:
+            sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            with contextlib.suppress(Exception):
+                sandbox.close()
+            self.hub.store.update_session(self.id, sandbox_id="")
+        if fail and self.status != "failed":
+            self._fail(reason, environment=False)
+
+
+def clean_text(text: str) -> str:
+    """The answer's text with control characters escaped line by line (newlines kept)."""
+    return "\n".join(clean(line, 20000) for line in text.split("\n"))[:40000]
+
+
+class _TurnPump:
+    """Turns what a run's :class:`LiveRun` reports into the session's events, on a thread of its own:
+    each record entry as it is written (screenshots and computer calls become ``computer_use_call``
+    items) and each change of the approval registry (``agent.session.requires_action`` while
+    something is pending, ``agent.session.in_progress`` once nothing is)."""
+
+    def __init__(self, session: LiveSession, turn: Turn) -> None:
+        self.session, self.turn = session, turn
+        self.view: LiveRun | None = None
+        self._thread: threading.Thread | None = None
+        self._calls: dict[str, dict[str, Any]] = {}
+        self.outputs = 0
+        self._waiting = False
+        self._seq_done = 0
+        self._done = threading.Condition()
+
+    def start(self, view: LiveRun) -> None:
+        self.view = view
+        self._thread = threading.Thread(target=self._pump, name=f"agents-pump-{self.turn.id}", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Wait for the pump to end (the run has finished by then)."""
+        if self._thread is not None:
+            self._thread.join(60)
+
+    def drain(self, seq: int, timeout: float = 30.0) -> None:
+        """Wait (at most ``timeout`` seconds) until the pump has handled the view's events up to ``seq``."""
+        deadline = time.monotonic() + timeout
+        with self._done:
+            while self._seq_done < seq and self._thread is not None and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._done.wait(left)
+
+    def _pump(self) -> None:
+        assert self.view is not None
+        seq = 0
+        while True:
+            events = self.view.events_after(seq, timeout=1.0)
+            for event in events:
+                seq = event["seq"]
+                try:
+                    self._handle(event)
+                except Exception:  # noqa: BLE001 - one odd entry never stops the events that follow
+                    pass
+                with self._done:
+                    self._seq_done = seq
+                    self._done.notify_all()
+            if not events and self.view.state == "finished" and self.view.last_seq <= seq:
+                return
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        session, turn_id = self.session, self.turn.id
+        if kind == "approvals":
+            changed = event["changed"]
+            registry = self.view.registry if self.view is not None else None
+            if registry is not None and changed.get("id"):
+                with session._lock:
+                    session.requests.setdefault(changed["id"], (registry, turn_id))
+            pending = session.required_actions()
+            if pending:
+                self._waiting = True
+                session._session_event("agent.session.requires_action")
+            elif self._waiting:
+                self._waiting = False
+                session._session_event("agent.session.in_progress")
+            return
+        if kind != "record":
+            return
+        entry = event["entry"]
+        etype = entry.get("type")
+        if etype == "computer_call":
+            item = shapes.computer_call(shapes.new_id("cu"), turn_id, title=call_title(entry.get("actions") or []),
+                                        status="in_progress")
+            self._calls[entry.get("call_id") or ""] = item
+            session.hub.store.put_item(session.id, item)
+            session._emit({"type": "agent.session.turn.item.added", "item": item, "output_index": self.outputs,
+                           "turn_id": turn_id})
+        elif etype == "screenshot":
+            call_id = entry.get("call_id")
+            item = self._calls.pop(call_id or "", None)
+            if item is None:  # the first look at the screen, before any call
+                item = shapes.computer_call(shapes.new_id("cu"), turn_id, title="screenshot", status="completed")
+            item = dict(item, status="completed")
+            session.hub.store.put_item(session.id, item)
+            shot = str(self.view.record_dir / entry["file"]) if self.view and entry.get("file") else None
+            if not session.params.include_screenshots:
+                shot = None
+            event_item = dict(item, _shot=shot) if shot else item
+            session._emit({"type": "agent.session.turn.item.done", "item": event_item, "output_index": self.outputs,
+                           "turn_id": turn_id})
+            self.outputs += 1
+
+
+def call_title(actions: list[dict[str, Any]]) -> str:
+    """A computer call's actions in a few words (``click (640, 261); type 12 characters``), at most
+    200 characters; coordinates in model px, typed text as its length (the record has no text)."""
+    parts = []
+    for action in actions[:8]:
+        kind = str(action.get("type", "?"))
+        if "x" in action and "y" in action:
+            parts.append(f"{kind} ({action.get('x')}, {action.get('y')})")
+        elif kind == "type":
+            parts.append(f"type {action.get('text_length', '?')} characters")
+        elif kind == "keypress":
+            parts.append("keypress " + "+".join(str(k) for k in action.get("keys") or []))
+        else:
+            parts.append(kind)
+    if len(actions) > 8:
+        parts.append(f"{len(actions) - 8} more")
+    return clean("; ".join(parts) or "computer call", 200)

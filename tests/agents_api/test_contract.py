@@ -1,0 +1,279 @@
+"""The local Agents API's contract without a sandbox: the real openai client (sync and async) against
+``serve``'s server on loopback. Its sessions' sandboxes fail to start (the image does not exist), which
+is itself part of the contract: ``environment.failed`` and ``agent.session.failed`` with the reason.
+Every answer is validated strictly against the SDK's own pydantic models."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+from openai.types.beta.agent_session import AgentSession
+from openai.types.beta.agent_session_event import AgentSessionEvent
+from pydantic import TypeAdapter
+
+from controller.agents_api.server import AgentsServer, KeyFileError, ServeOptions, load_or_make_key
+from controller.agents_api.sessions import HubOptions
+from controller.agents_api.store import StoreBusy
+
+from .conftest import ROOT
+
+EVENT = TypeAdapter(AgentSessionEvent)
+CREATE = {"agent": {"model": "offline:tasks/pickup.toml", "tools": [{"type": "computer_use", "include_screenshots": True}]},
+          "environment": {"type": "openai_hosted", "desktop": {"enabled": True}, "network": {"access": "disabled"}}}
+
+
+def client(server: AgentsServer) -> OpenAI:
+    return OpenAI(base_url=server.url, api_key=server.key, max_retries=0)
+
+
+def raw(server: AgentsServer) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"}, timeout=30)
+
+
+def error_of(exc: openai.APIStatusError) -> dict:
+    body = exc.body
+    assert isinstance(body, dict) and set(body) >= {"message", "type", "param", "code"}, body
+    return body
+
+
+def failed_session(server: AgentsServer) -> tuple[str, list]:
+    """A session whose sandbox failed to start, and its events to the end of its stream."""
+    c = client(server)
+    session = c.beta.agents.sessions.create(**CREATE)
+    with c.beta.agents.sessions.events.stream(session.id, extra_headers={"Last-Event-ID": "0"}) as stream:
+        events = list(stream)
+    return session.id, events
+
+
+def test_a_session_whose_sandbox_cannot_start_fails_with_the_reason_and_the_stream_ends(api):
+    session_id, events = failed_session(api)
+    assert [e.type for e in events] == ["agent.session.created", "agent.session.environment.pending",
+                                        "agent.session.environment.failed", "agent.session.failed"]
+    assert "desktop-sandbox-absent:none" in events[2].environment.error.message
+    assert len({e.event_id for e in events}) == 4
+    with raw(api) as http:
+        body = http.get(f"/agents/sessions/{session_id}").json()
+        AgentSession.model_validate(body, strict=False)
+        assert body["status"] == "failed" and "did not start" in body["error"]
+        with http.stream("GET", f"/agents/sessions/{session_id}/events", headers={"Last-Event-ID": "0"}) as resp:
+            lines = [line for line in resp.iter_lines() if line.startswith("data:")]
+        for line in lines:
+            EVENT.validate_json(line[5:])
+        resent = http.post(f"/agents/sessions/{session_id}/events", json={"events": [
+            {"type": "agent.session.input.message", "input": "hello"}]})
+        assert resent.status_code == 409 and resent.json()["error"]["code"] == "session_failed"
+    c = client(api)
+    assert [s.id for s in c.beta.agents.sessions.list()] == [session_id]
+    deleted = c.beta.agents.sessions.delete(session_id)
+    assert deleted.deleted and deleted.object == "agent.session.deleted"
+    with pytest.raises(openai.NotFoundError):
+        c.beta.agents.sessions.retrieve(session_id)
+    assert list(c.beta.agents.sessions.list()) == []
+
+
+def test_a_wrong_or_missing_key_is_401_in_the_api_error_shape(api):
+    with pytest.raises(openai.AuthenticationError) as caught:
+        OpenAI(base_url=api.url, api_key=api.key + "x", max_retries=0).beta.agents.sessions.list()
+    assert error_of(caught.value)["code"] == "invalid_api_key"
+    with httpx.Client(base_url=api.url) as http:
+        for resp in (http.get("/agents/sessions"), http.post("/agents/sessions", json=CREATE),
+                     http.get("/agents/sessions", headers={"Authorization": api.key})):
+            assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
+            assert resp.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_unknown_sessions_are_404_everywhere(api):
+    c = client(api)
+    for call in (lambda: c.beta.agents.sessions.retrieve("sess_nope"),
+                 lambda: c.beta.agents.sessions.delete("sess_nope"),
+                 lambda: list(c.beta.agents.sessions.items.list("sess_nope")),
+                 lambda: c.beta.agents.sessions.events.create("sess_nope", events=[{"type": "agent.session.input.cancel"}]),
+                 lambda: list(c.beta.agents.sessions.events.stream("sess_nope"))):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert error_of(caught.value)["code"] == "session_not_found"
+
+
+@pytest.mark.parametrize("body,code,words", [
+    (b"{not json", "invalid_request", "JSON"),
+    (b'{"events": [], "events": []}', "invalid_request", "JSON"),
+    (b'{"events": "x"}', "invalid_request", "events"),
+    (b'{"events": [{"type": "agent.session.input.nonsense"}]}', "invalid_request", "events[0].type"),
+    (b'{"events": [{"type": "agent.session.input.message", "input": [{"role": "user", "content": '
+     b'[{"type": "input_image", "image_url": "x"}]}]}]}', "unsupported", "input_image"),
+    (b'{"events": [{"type": "agent.session.input.computer_use_approval_request_result", "request_id": "r"}]}',
+     "invalid_request", "response"),
+    (b'{"events": [{"type": "agent.session.input.computer_use_approval_request_result", "request_id": "r", '
+     b'"response": {"type": "browser_origin_access", "decision": "maybe"}}]}', "invalid_request", "decision"),
+    (b'{"events": [{"type": "agent.session.input.tool_result", "call_id": "c", "turn_id": "t", "success": true}]}',
+     "unsupported", "tool_result"),
+    (b'{"events": [{"type": "agent.session.input.computer_use_approval_request_result", "request_id": "r", '
+     b'"response": {"type": "browser_authentication", "action": "cancel"}}]}', "unsupported", "browser_authentication"),
+    (b'{"events": [{"type": "agent.session.input.message", "input": "a"}, '
+     b'{"type": "agent.session.input.message", "input": "b"}]}', "unsupported", "more than one message"),
+    (b'[' * 5000 + b']' * 5000, "invalid_request", "JSON"),
+    (b'{"events": [{"type": "agent.session.input.message", "input": "a\\u0000b"}]}', "invalid_request", "NUL"),
+])
+def test_malformed_events_are_400_naming_the_field(api, body, code, words):
+    session_id, _ = failed_session(api)
+    with raw(api) as http:
+        resp = http.post(f"/agents/sessions/{session_id}/events", content=body,
+                         headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == code and words in error["message"] + str(error["param"]), error
+        assert error["type"] == "invalid_request_error"
+        assert http.get(f"/agents/sessions/{session_id}").status_code == 200  # still there
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"agent": {"model": "offline:tasks/pickup.toml", "tools": [{"type": "function", "name": "f"}]}}, "function"),
+    ({"agent": {"model": "offline:tasks/pickup.toml", "tools": [{"type": "web_search"}, {"type": "mcp"}]}}, "mcp, web_search"),
+    ({"environment": {"type": "none"}}, "environment.type"),
+    ({"environment": {"type": "openai_hosted", "files": [{"name": "a"}]}}, "environment.files"),
+    ({"environment": {"type": "openai_hosted", "network": {"access": "restricted", "blocked_domains": ["a.b"]}}},
+     "blocked_domains"),
+    ({"stream": True}, "stream"),
+    ({"vault_ids": ["v"]}, "vault_ids"),
+    ({"agent_id": "agent_x"}, "agent_id"),
+    ({"review": "auto_review"}, "review"),
+    ({"agent": {"model": "offline:tasks/pickup.toml", "reasoning": {"effort": "low"}}}, "agent.reasoning"),
+])
+def test_what_is_outside_the_subset_is_a_400_naming_it(api, change, words):
+    with raw(api) as http:
+        resp = http.post("/agents/sessions", json={**CREATE, **change})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "unsupported" and words in error["message"], error
+        assert http.get("/agents/sessions").json()["data"] == []  # nothing was created
+
+
+def test_other_endpoints_and_the_idempotency_header_are_refused_by_name(api):
+    c = client(api)
+    with pytest.raises(openai.NotFoundError) as caught:
+        c.beta.agents.sessions.update("sess_x", metadata={"a": "b"})
+    assert "POST /v1/agents/sessions/sess_x" in error_of(caught.value)["message"]
+    with pytest.raises(openai.NotFoundError) as caught:
+        c.beta.agents.environments.list()
+    assert error_of(caught.value)["code"] == "unsupported"
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.beta.agents.sessions.create(**CREATE, extra_headers={"Idempotency-Key": "k1"})
+    assert "Idempotency-Key" in error_of(caught.value)["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.beta.agents.sessions.list(limit=1000)
+    assert error_of(caught.value)["param"] == "limit"
+
+
+def test_an_oversized_body_is_413_declared_or_streamed(api):
+    session_id, _ = failed_session(api)
+    big = b'{"events": [{"type": "agent.session.input.message", "input": "' + b"a" * (2 * 1024 * 1024) + b'"}]}'
+    with raw(api) as http:
+        declared = http.post(f"/agents/sessions/{session_id}/events", content=big)
+        streamed = http.post(f"/agents/sessions/{session_id}/events",
+                             content=(big[i:i + 65536] for i in range(0, len(big), 65536)))
+        for resp in (declared, streamed):
+            assert resp.status_code == 413 and resp.json()["error"]["code"] == "body_too_large"
+        assert http.get(f"/agents/sessions/{session_id}").status_code == 200
+
+
+def test_the_async_client_sees_the_same_contract(api):
+    async def main() -> None:
+        c = AsyncOpenAI(base_url=api.url, api_key=api.key, max_retries=0)
+        session = await c.beta.agents.sessions.create(**CREATE, metadata={"who": "async"})
+        assert session.metadata == {"who": "async"} and session.object == "agent.session"
+        stream = await c.beta.agents.sessions.events.stream(session.id, extra_headers={"Last-Event-ID": "0"})
+        types = [e.type async for e in stream]
+        assert types[-1] == "agent.session.failed"
+        page = await c.beta.agents.sessions.list(order="asc", limit=1)
+        assert [s.id for s in page.data] == [session.id]
+        with pytest.raises(openai.AuthenticationError):
+            await AsyncOpenAI(base_url=api.url, api_key="wrong", max_retries=0).beta.agents.sessions.list()
+        await c.beta.agents.sessions.delete(session.id)
+        await c.close()
+
+    asyncio.run(main())
+
+
+def test_the_key_file_is_made_0600_reused_and_refused_when_others_may_read_it(tmp_path):
+    path = tmp_path / "key"
+    key = load_or_make_key(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and key.startswith("sk-local-") and len(key) > 40
+    assert load_or_make_key(path) == key
+    path.chmod(0o640)
+    with pytest.raises(KeyFileError, match="read by others"):
+        load_or_make_key(path)
+    path.chmod(0o600)
+    path.write_text("two words\n")
+    with pytest.raises(KeyFileError):
+        load_or_make_key(path)
+
+
+def test_one_database_one_server(tmp_path):
+    options = ServeOptions(hub=HubOptions(runs_dir=tmp_path, image="x:y"))
+    with AgentsServer(options):
+        with pytest.raises(StoreBusy):
+            AgentsServer(options).start()
+
+
+def test_serve_prints_its_one_line_on_stderr_and_stops_on_sigterm(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "serve", "--runs-dir", str(tmp_path),
+                             "--image", "x:none"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "200"})
+    try:
+        line = proc.stderr.readline().rstrip("\n")
+        match = re.fullmatch(r"agents-api: (http://127\.0\.0\.1:\d+/v1) key-file: (.+)", line)
+        assert match, line
+        key = Path(match.group(2)).read_text().strip()
+        assert Path(match.group(2)) == tmp_path / "agents-api.key"
+        listed = OpenAI(base_url=match.group(1), api_key=key, max_retries=0).beta.agents.sessions.list()
+        assert listed.data == []
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert out == "" and err == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_past_max_sessions_a_create_is_429_and_nothing_starts(tmp_path):
+    options = ServeOptions(hub=HubOptions(runs_dir=tmp_path, image="x:none", max_sessions=0))
+    with AgentsServer(options) as server:
+        with pytest.raises(openai.RateLimitError) as caught:
+            client(server).beta.agents.sessions.create(**CREATE)
+        assert error_of(caught.value)["code"] == "too_many_sessions"
+        assert list(client(server).beta.agents.sessions.list()) == []
+
+
+def test_a_first_turn_given_on_create_fails_with_the_sandbox_and_a_bad_task_is_400(api, monkeypatch):
+    c = client(api)
+    session = c.beta.agents.sessions.create(**CREATE, input="Book the pickup.")
+    with c.beta.agents.sessions.events.stream(session.id, extra_headers={"Last-Event-ID": "0"}) as stream:
+        events = list(stream)
+    assert [e.type for e in events] == [
+        "agent.session.created", "agent.session.environment.pending", "agent.session.turn.created",
+        "agent.session.turn.item.added", "agent.session.turn.failed", "agent.session.environment.failed",
+        "agent.session.failed"]
+    assert events[3].item.content[0].text == "Book the pickup." and events[4].turn.error.code == "sandbox_error"
+    [item] = c.beta.agents.sessions.items.list(session.id)
+    assert item.role == "user"
+    for model in ("offline:/dev/zero", "offline:/nonexistent.toml", "offline:tasks/pickup.offline.jsonl"):
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.beta.agents.sessions.create(**{**CREATE, "agent": {"model": model}})
+        assert error_of(caught.value)["param"] == "agent.model"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the server runs in this process
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.beta.agents.sessions.create(**{**CREATE, "agent": {"model": "gpt-live"}})
+    assert error_of(caught.value)["code"] == "model_unavailable"
