@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller import json_semantics
+from controller.asgi import BodyTooLarge, read_capped
 from controller.agents_api import shapes
 from controller.agents_api.errors import ApiError, invalid
 from controller.agents_api.requests import parse_create, parse_events
@@ -49,14 +50,10 @@ def _error(exc: ApiError) -> JSONResponse:
 
 async def read_body(request: Request) -> Any:
     """The body as strict JSON (no duplicate keys, no NaN), at most :data:`MAX_BODY` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
-        raise ApiError(413, "body_too_large", f"the request body must be at most {MAX_BODY} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(413, "body_too_large", f"the request body must be at most {MAX_BODY} bytes")
+    try:
+        body = await read_capped(request, MAX_BODY)
+    except BodyTooLarge:
+        raise ApiError(413, "body_too_large", f"the request body must be at most {MAX_BODY} bytes") from None
     try:
         return json_semantics.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

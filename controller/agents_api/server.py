@@ -25,6 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from controller.agents_api.app import create_app
+from controller.asgi import ThreadedUvicorn
 from controller.agents_api.sessions import HubOptions, SessionHub
 from controller.agents_api.store import Store
 
@@ -73,18 +74,6 @@ class ServeOptions:
     hub: HubOptions = field(default_factory=HubOptions)
 
 
-class _Uvicorn(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
-
-
 class AgentsServer:
     """The server (see the module docstring). :meth:`start` returns once it accepts requests;
     ``url`` (``http://127.0.0.1:PORT/v1``), ``key``, ``key_file``, ``line`` are set then."""
@@ -100,7 +89,7 @@ class AgentsServer:
         self.store: Store | None = None
         self.hub: SessionHub | None = None
         self.recovered: list[str] = []
-        self._server: _Uvicorn | None = None
+        self._server: ThreadedUvicorn | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -123,7 +112,7 @@ class AgentsServer:
         config = uvicorn.Config(create_app(self.hub, self.key, closing=self.closing), host=HOST,
                                 port=self.options.port, lifespan="off", log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=3, server_header=False)
-        self._server = server = _Uvicorn(config)
+        self._server = server = ThreadedUvicorn(config)
 
         def serve() -> None:
             try:

@@ -41,6 +41,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller.agent_client import AgentError
+from controller.asgi import BodyTooLarge, read_capped
 from controller.console import streams
 from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
@@ -115,14 +116,10 @@ class ConsoleState:
 
 async def read_json(request: Request) -> Any:
     """The request body as strict JSON, at most :data:`MAX_BODY` bytes (413 / 400 otherwise)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
-        raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes")
+    try:
+        body = await read_capped(request, MAX_BODY)
+    except BodyTooLarge:
+        raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes") from None
     try:
         return json_semantics.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

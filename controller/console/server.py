@@ -20,6 +20,7 @@ from pathlib import Path
 
 import uvicorn
 
+from controller.asgi import ThreadedUvicorn
 from controller.console.app import ConsoleState, create_app
 from controller.console.auth import Auth, Guard
 from controller.console.runs import valid_run_id
@@ -32,20 +33,6 @@ STOP_TIMEOUT_S = 10.0
 HOST = "127.0.0.1"
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server telling a thread when it listens (``ready``; also set when it gives up)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
-
-
 class ConsoleServer:
     """The console over ``runs_dir`` (see the module docstring). ``url``: the one-time login URL,
     set by :meth:`start`; ``port``: the port it listens on."""
@@ -54,7 +41,7 @@ class ConsoleServer:
         self.auth = Auth()
         self.state = ConsoleState(Path(runs_dir), self.auth)
         self.port: int | None = None
-        self._server: _Uvicorn | None = None
+        self._server: ThreadedUvicorn | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -87,7 +74,7 @@ class ConsoleServer:
         config = uvicorn.Config(Guard(create_app(self.state), self.auth), host=HOST, port=0, lifespan="off",
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=3,
                                 server_header=False)
-        self._server = server = _Uvicorn(config)
+        self._server = server = ThreadedUvicorn(config)
 
         def serve() -> None:
             try:
