@@ -476,12 +476,16 @@ class LiveSession:
                 break
             self._run_turn(turn)
         if self.status == "failed":  # the sandbox stopped answering: what is left of it goes now
-            with self._lock:
-                sandbox, self.sandbox = self.sandbox, None
-            if sandbox is not None:
-                with contextlib.suppress(Exception):
-                    sandbox.close()
-                self.hub.store.update_session(self.id, sandbox_id="")
+            self._remove_sandbox()
+
+    def _remove_sandbox(self) -> None:
+        """Close the session's sandbox, if it still has one, and forget it in the store."""
+        with self._lock:
+            sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            with contextlib.suppress(Exception):
+                sandbox.close()
+            self.hub.store.update_session(self.id, sandbox_id="")
 
     def _open_sandbox(self) -> None:
         from controller.sandbox import SandboxSpec
@@ -688,12 +692,7 @@ class LiveSession:
         self._queue.put(None)
         if self._thread.is_alive():
             self._thread.join(120)
-        with self._lock:
-            sandbox, self.sandbox = self.sandbox, None
-        if sandbox is not None:
-            with contextlib.suppress(Exception):
-                sandbox.close()
-            self.hub.store.update_session(self.id, sandbox_id="")
+        self._remove_sandbox()
         if fail and self.status != "failed":
             self._fail(reason, environment=False)
 
