@@ -1,7 +1,7 @@
 """HTTP client for the guest agent API (contract 1 in ARCHITECTURE.md).
 
-``AgentClient(base_url, token)`` wraps one keep-alive ``httpx.Client`` (its transport bounds every
-socket wait by the call's deadline: :mod:`controller.agent_transport`). Coordinates it sends are
+``AgentClient(base_url, token)`` speaks HTTP/1.1 to the agent over kept-alive connections, every
+socket wait bounded by the call's deadline (:mod:`controller.agent_transport`). Coordinates it sends are
 **screen pixels** (mapping from model space is the driver's job). Every non-2xx answer raises
 :class:`AgentError` carrying the HTTP status and the agent's ``code``, ``message`` and ``index``.
 
@@ -10,8 +10,9 @@ streamed and held to two limits (the rule is stated once, in ARCHITECTURE.md, co
 
 * a **size cap** per call -- :data:`JSON_MAX_BYTES` for the JSON endpoints and every error body,
   :func:`screenshot_cap` for ``GET /v1/screenshot`` and ``POST /v1/actions?screenshot=``,
-  ``max_file_bytes`` (default :data:`FILE_MAX_BYTES`) for ``GET /v1/files``; the status line and
-  headers of any answer at most 100 KiB (httpcore's limit on an incomplete head). A
+  ``max_file_bytes`` (default :data:`FILE_MAX_BYTES`) for ``GET /v1/files``; the status lines and
+  headers of any answer, interim 1xx answers included, at most
+  :data:`controller.agent_transport.HEAD_MAX_BYTES` (100 KiB). A
   ``Content-Length`` over the cap is refused before any of the body is read, and bytes are counted as
   they arrive, so a lying or absent ``Content-Length`` (chunked, close-delimited) is caught too:
   ``AgentError`` code ``too_large``.
@@ -33,11 +34,11 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
-from controller.agent_transport import Deadlines, DeadlineTransport
+from controller.agent_transport import AgentTransport, TransportError
 from controller.text import clean
 
 from guest.files import DEFAULT_MAX_BYTES as _AGENT_FILE_MAX_BYTES
@@ -180,21 +181,22 @@ _SETTLED = {"true": True, "false": False}
 
 
 class AgentClient:
-    """Synchronous client for one agent. Thread-safe as far as ``httpx.Client`` is (concurrent calls
-    use separate pooled connections).
+    """Synchronous client for one agent. Thread-safe: concurrent calls use separate kept-alive
+    connections (:class:`controller.agent_transport.AgentTransport`).
 
     ``base_url``: ``http://HOST:PORT`` of the agent (a path prefix is kept). ``timeout`` (seconds):
     the overall deadline of each call, from sending the request to the last byte of the answer; keep
     it above the agent's ``--request-timeout`` plus its ``--busy-timeout`` (20 + 5 s by default) for
     action calls, so the agent's own ``timeout`` or ``busy`` answer arrives first. ``max_file_bytes``:
     cap on a ``read_file`` answer (default :data:`FILE_MAX_BYTES`, the agent's default
-    ``--max-file-bytes``). ``transport``: for tests; a custom transport keeps the size caps and the
-    deadline checked between body chunks, but its socket waits are its own. Raises ValueError for a ``timeout`` or ``max_file_bytes`` that is not
-    positive, a ``base_url`` that is not ``http://HOST[:PORT]`` or a ``token`` that is not printable ASCII.
+    ``--max-file-bytes``). ``transport``: for tests, an object with the ``request`` and ``close``
+    methods of :class:`controller.agent_transport.AgentTransport` (which it replaces). Raises ValueError
+    for a ``timeout`` or ``max_file_bytes`` that is not positive, a ``base_url`` that is not
+    ``http://HOST[:PORT]`` or a ``token`` that is not printable ASCII.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0,
-                 max_file_bytes: int = FILE_MAX_BYTES, transport: httpx.BaseTransport | None = None) -> None:
+                 max_file_bytes: int = FILE_MAX_BYTES, transport: AgentTransport | None = None) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if max_file_bytes < 1:
@@ -211,16 +213,15 @@ class AgentClient:
             raise ValueError("the token must be printable ASCII (it goes into a header)")
         self.timeout = float(timeout)
         self.max_file_bytes = int(max_file_bytes)
-        self._deadlines = Deadlines()
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=self.timeout,
-            headers={"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"},
-            transport=transport if transport is not None else DeadlineTransport(self._deadlines),
-        )
+        self._prefix = quote(parts.path, safe="/%:@!$&'()*+,;=-._~")  # a path prefix, as sent
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        host_header = host if parts.port is None else f"{host}:{port}"
+        self._transport = transport if transport is not None else AgentTransport(
+            parts.hostname, port, host_header, {"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"})
 
     def close(self) -> None:
-        """Close the underlying connection pool."""
-        self._http.close()
+        """Close the kept-alive connections; later calls raise AgentError ``unreachable``."""
+        self._transport.close()
 
     def __enter__(self) -> "AgentClient":
         return self
@@ -237,26 +238,19 @@ class AgentClient:
         ``deadline``, ``too_large`` or ``bad_response``."""
         what = f"{method} {path}"
         deadline = time.monotonic() + self.timeout
-        kwargs: dict[str, Any] = {}
-        if params:
-            kwargs["params"] = params
+        target = self._prefix + path + ("?" + urlencode(params) if params else "")
+        body = None
         if json_body is not None:
-            kwargs["json"] = json_body
+            body = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         try:
-            with self._deadlines.until(deadline), self._http.stream(method, path, **kwargs) as resp:
-                ok = 200 <= resp.status_code < 300
-                body = self._read_body(resp, cap if ok else JSON_MAX_BYTES, deadline, what)
-                answer = Answer(resp.status_code, resp.headers, body)
-        except httpx.TimeoutException:
-            raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
-                                            "deadline of the call") from None
-        except httpx.RemoteProtocolError as exc:
-            # h11 refused the answer's framing (not HTTP/1.x, a malformed status or header line, a head
-            # over its limit, a body shorter than declared, the peer closing before it answered).
-            raise AgentError(0, "bad_response", f"{what}: not a complete HTTP/1.1 answer "
-                                                f"({clean(exc, MAX_GUEST_TEXT)})") from None
-        except httpx.TransportError as exc:
-            raise AgentError(0, "unreachable", f"{what}: {clean(exc, MAX_GUEST_TEXT)}") from None
+            reply = self._transport.request(method, target, body, deadline=deadline, cap=cap,
+                                            error_cap=JSON_MAX_BYTES)
+        except TransportError as exc:
+            if exc.code == "deadline":
+                raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
+                                                "deadline of the call") from None
+            raise AgentError(0, exc.code, f"{what}: {clean(exc.message, 2 * MAX_GUEST_TEXT)}") from None
+        answer = Answer(reply.status, httpx.Headers(reply.headers), reply.body)
         if 200 <= answer.status < 300:
             return answer
         body = answer.body
@@ -275,28 +269,6 @@ class AgentClient:
         index = err.get("index")
         index = index if isinstance(index, int) and not isinstance(index, bool) else None
         raise AgentError(answer.status, code, message, index, parsed)
-
-    def _read_body(self, resp: httpx.Response, cap: int, deadline: float, what: str) -> bytes:
-        """The raw body, refused past ``cap`` bytes (declared or counted) or past ``deadline``."""
-        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
-            raise AgentError(0, "bad_response", f"{what}: unexpected Content-Encoding {clean(encoding, 40)!s}")
-        declared = resp.headers.get("content-length", "").strip()
-        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
-            raise AgentError(0, "too_large", f"{what}: the answer declares {clean(declared, 40)} bytes; "
-                                             f"the cap for this call is {cap} bytes")
-        body = bytearray()  # one buffer: a peer sending 1-byte chunks costs no per-chunk object
-        total = 0
-        for chunk in resp.iter_raw():
-            total += len(chunk)
-            if total > cap:
-                raise AgentError(0, "too_large", f"{what}: the answer is larger than the {cap}-byte cap "
-                                                 "for this call")
-            if time.monotonic() > deadline:
-                raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
-                                                f"deadline of the call ({total} bytes received)")
-            body += chunk
-        return bytes(body)
 
     @staticmethod
     def _screenshot_params(quality: int | None, max_width: int | None, max_height: int | None,

@@ -1,22 +1,436 @@
-"""The agent client's transport: one deadline per call, enforced at the socket.
+"""The agent client's transport: HTTP/1.1 to one agent, one deadline per call enforced at the socket.
 
-:class:`DeadlineTransport` is an ``httpx`` transport over ``httpcore`` whose every connect, read and
-write waits at most the time left before the deadline of the call running in the same thread
-(:class:`Deadlines`, ``time.monotonic()`` seconds). A peer that trickles one byte just inside each
-read timeout, or stalls mid-answer, is cut off at the deadline instead of resetting a per-read timer.
-Timeouts surface as ``httpx`` timeout errors; :class:`controller.agent_client.AgentClient` turns them
-into ``AgentError`` code ``deadline`` (the rule: ARCHITECTURE.md, contract 1).
+:class:`AgentTransport` speaks HTTP/1.1 on the standard library: plain sockets kept alive between
+calls, ``http.client`` to parse each answer's status line and headers, and a body framing of its own
+(``Content-Length``, ``chunked`` or up to the close) held to the call's size cap. Every connect, send and
+receive waits at most the time left before the call's deadline (``time.monotonic()`` seconds), so a
+peer that trickles one byte just inside each read timeout, or stalls mid-answer, is cut off at the
+deadline instead of resetting a per-read timer. Failures raise :class:`TransportError`, whose ``code``
+:class:`controller.agent_client.AgentClient` passes on in ``AgentError`` (the rule: ARCHITECTURE.md,
+contract 1).
+
+:class:`Deadlines` and :class:`DeadlineBackend` give an ``httpcore`` pool the same per-call deadline
+(the gateway control client, :mod:`controller.run.origins`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import re
+import select
+import socket
 import threading
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
 
 import httpcore
-import httpx
+
+from controller.text import clean
+
+HEAD_MAX_BYTES = 100 * 1024
+"""Most bytes the status lines and headers of one answer may take, interim (1xx) answers included;
+also the most a chunk-size line or a chunked body's trailer may take. ``http.client`` adds its own
+limits inside it: a line at most 64 KiB, at most 100 header fields."""
+
+KEEPALIVE_EXPIRY_S = 240.0
+"""Seconds an idle connection is kept for the next call. Below the agent's own idle limit (uvicorn's
+``timeout_keep_alive``, 300 s in ``guest/serve.py``), so the client never sends on a connection the
+agent is about to close; long enough to outlast a live model's thinking time between steps."""
+
+MAX_IDLE_CONNECTIONS = 8
+"""Most idle connections kept per agent (one per caller that ran concurrently); more are closed."""
+
+_RECV_BYTES = 64 * 1024  # most bytes one receive into the read buffer asks for
+_PREALLOC_BYTES = 8 * 1024 * 1024  # a declared body up to this size is received into one buffer
+_BIG_RECV_BYTES = 1024 * 1024  # most bytes one receive of a larger body asks for
+_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # control characters no head line may hold (HTAB allowed)
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")  # size, extensions, line end
+_EOL = (b"\r\n", b"\n")
+_NO_BODY = (204, 304)
+
+
+class TransportError(Exception):
+    """A call that got no usable answer. ``code``: ``unreachable`` (no connection, or it broke),
+    ``deadline`` (no complete answer before the call's deadline), ``too_large`` (over the call's size
+    cap) or ``bad_response`` (not well-framed HTTP/1.1, or a ``Content-Encoding``). ``message`` is one
+    printable line; text from the peer in it is escaped (:func:`controller.text.clean`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+def _bad(message: str) -> TransportError:
+    return TransportError("bad_response", message)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A complete answer: ``status``, ``headers`` as ``(name, value)`` pairs in the order received,
+    and the whole ``body``."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class _Connection:
+    """One TCP connection to the agent, used by one call at a time; every wait on its socket ends by
+    ``self.deadline``. Also the file ``http.client.HTTPResponse`` reads a head from (``makefile``,
+    ``readline``, ``close``): lines are counted against :data:`HEAD_MAX_BYTES` and checked for control
+    characters on the way."""
+
+    __slots__ = ("sock", "buf", "deadline", "head_left", "head_ended", "idle_since", "reused", "sent")
+
+    def __init__(self, address: tuple[str, int], deadline: float) -> None:
+        self.deadline = deadline
+        self.sock = socket.create_connection(address, timeout=self._left())
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            self.sock.close()
+            raise
+        self.buf = bytearray()  # bytes received and not yet taken, from its start
+        self.head_left = HEAD_MAX_BYTES
+        self.head_ended = False
+        self.idle_since = 0.0
+        self.reused = False
+        self.sent = 0  # bytes of the current request the kernel took
+
+    # -- socket waits, each bounded by the deadline ---------------------------------------------
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline has passed")
+        return left
+
+    def send(self, data: bytes) -> None:
+        """Send all of ``data``; TimeoutError at the deadline, OSError when the connection broke."""
+        view = memoryview(data)
+        while view:
+            self.sock.settimeout(self._left())
+            n = self.sock.send(view)
+            self.sent += n
+            view = view[n:]
+
+    def _fill(self) -> bool:
+        """Receive more into the buffer; False when the peer closed its side."""
+        self.sock.settimeout(self._left())
+        data = self.sock.recv(_RECV_BYTES)
+        self.buf += data
+        return bool(data)
+
+    def _line(self, limit: int) -> bytes:
+        """The next line with its ``\\n``; at most ``limit`` bytes (cut there), or what is left at EOF."""
+        buf, scanned = self.buf, 0
+        while True:
+            end = buf.find(b"\n", scanned, limit)
+            if end >= 0:
+                end += 1
+                break
+            if len(buf) >= limit:
+                end = limit
+                break
+            scanned = len(buf)
+            if not self._fill():
+                end = len(buf)
+                break
+        line = bytes(buf[:end])
+        del buf[:end]
+        return line
+
+    # -- the file http.client reads a head from ---------------------------------------------------
+    def makefile(self, mode: str = "rb") -> "_Connection":
+        """This connection, as the file ``http.client.HTTPResponse`` reads status and headers from."""
+        return self
+
+    def readline(self, limit: int = -1) -> bytes:
+        """One head line for ``http.client`` (at most ``limit`` bytes). Raises TransportError
+        ``bad_response`` past :data:`HEAD_MAX_BYTES` for the answer or for a control character."""
+        allowed = self.head_left + 1
+        line = self._line(allowed if limit < 0 else min(limit, allowed))
+        self.head_left -= len(line)
+        if self.head_left < 0:
+            raise _bad(f"the status lines and headers are over {HEAD_MAX_BYTES} bytes")
+        self.head_ended = line in _EOL
+        eol = 2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0
+        if _CTL.search(line, 0, len(line) - eol):
+            raise _bad(f"a control character in the head: {clean(repr(line), 80)}")
+        return line
+
+    def close(self) -> None:
+        """Nothing: ``http.client`` closes its file when done with a head; the socket outlives it."""
+
+    # -- bodies -------------------------------------------------------------------------------------
+    def _fixed(self, length: int) -> bytes:
+        """Exactly ``length`` body bytes; ``bad_response`` when the peer closes first. A body up to
+        :data:`_PREALLOC_BYTES` is received straight into its buffer; a larger one grows as bytes
+        arrive, so a declared length alone never makes the client hold memory."""
+        got = min(len(self.buf), length)
+        if length > _PREALLOC_BYTES:
+            grown = bytearray(self.buf[:got])
+            del self.buf[:got]
+            while len(grown) < length:
+                self.sock.settimeout(self._left())
+                data = self.sock.recv(min(length - len(grown), _BIG_RECV_BYTES))
+                if not data:
+                    raise _bad(f"the answer ended after {len(grown)} of its {length} body bytes")
+                grown += data
+            return bytes(grown)
+        out = bytearray(length)
+        out[:got] = self.buf[:got]
+        del self.buf[:got]
+        with memoryview(out) as view:
+            while got < length:
+                self.sock.settimeout(self._left())
+                n = self.sock.recv_into(view[got:])
+                if not n:
+                    raise _bad(f"the answer ended after {got} of its {length} body bytes")
+                got += n
+        return bytes(out)
+
+    def _until_close(self, cap: int) -> bytes:
+        """The body up to the peer's close; ``too_large`` past ``cap`` bytes."""
+        out = bytearray(self.buf)
+        self.buf.clear()
+        while len(out) <= cap:
+            self.sock.settimeout(self._left())
+            data = self.sock.recv(_RECV_BYTES)
+            if not data:
+                return bytes(out)
+            out += data
+        raise _too_large(cap)
+
+    def _chunked(self, cap: int) -> bytes:
+        """A chunked body, its trailer read and dropped; ``too_large`` as soon as a chunk would take it
+        past ``cap`` bytes, ``bad_response`` for malformed framing."""
+        out = bytearray()
+        while True:
+            line = self._line(HEAD_MAX_BYTES + 1)
+            match = _CHUNK_SIZE.fullmatch(line)
+            if match is None:
+                if not line.endswith(b"\n") and len(line) <= HEAD_MAX_BYTES:
+                    raise _bad("the answer ended inside its chunked body")
+                raise _bad(f"a malformed chunk-size line: {clean(repr(line), 80)}")
+            size = int(match.group(1), 16)
+            if size == 0:
+                break
+            if len(out) + size > cap:
+                raise _too_large(cap)
+            while len(self.buf) < size:
+                if not self._fill():
+                    raise _bad("the answer ended inside a chunk")
+            out += self.buf[:size]
+            del self.buf[:size]
+            if self._line(2) not in _EOL:
+                raise _bad("a chunk not followed by CRLF")
+        budget = HEAD_MAX_BYTES
+        while True:
+            line = self._line(budget + 1)
+            budget -= len(line)
+            if budget < 0:
+                raise _bad(f"the chunked body's trailer is over {HEAD_MAX_BYTES} bytes")
+            if line in _EOL:
+                return bytes(out)
+            if not line.endswith(b"\n"):
+                raise _bad("the answer ended inside its trailer")
+
+    # -- one exchange -------------------------------------------------------------------------------
+    def answer(self, method: str, cap: int, error_cap: int) -> tuple[Reply, bool]:
+        """Read one answer to the request just sent: the reply and whether the connection may carry
+        another request. Interim 1xx answers are read through; the body of a 2xx answer is held to
+        ``cap`` bytes, any other's to ``error_cap``. Raises TransportError, TimeoutError (deadline),
+        OSError and ``http.client.HTTPException`` (its refusals of the head)."""
+        self.head_left = HEAD_MAX_BYTES
+        while True:
+            self.head_ended = False
+            resp = http.client.HTTPResponse(self, method=method)  # type: ignore[arg-type]
+            resp.begin()
+            resp.fp = None  # the head is read; the body is framed here
+            if not self.head_ended:
+                raise _bad("the answer ended inside its head")
+            if resp.status == 101:
+                raise _bad("101 Switching Protocols, which the request did not ask for")
+            if resp.status >= 200:
+                break
+        msg = resp.msg
+        if msg.defects or msg.get_payload():
+            raise _bad(f"a header line that is not NAME: VALUE ({clean(msg.defects, 80)})")
+        items = msg.items()
+        codings: list[str] | None = None
+        lengths: list[str] | None = None
+        for name, value in items:  # one pass for the framing headers
+            name = name.lower()
+            if name == "content-length":
+                lengths = [*(lengths or ()), value]
+            elif name == "transfer-encoding":
+                codings = [*(codings or ()), value]
+            elif name == "content-encoding" and value.strip().lower() != "identity":
+                raise _bad(f"unexpected Content-Encoding {clean(value, 40)}")
+        limit = cap if 200 <= resp.status < 300 else error_cap
+        keep = not resp.will_close
+        if resp.status in _NO_BODY or method == "HEAD":
+            body = b""
+        elif codings is not None:
+            if len(codings) != 1 or codings[0].strip().lower() != "chunked":
+                raise _bad(f"Transfer-Encoding {clean(', '.join(codings), 60)}; only chunked is read")
+            if lengths is not None:
+                raise _bad("both Transfer-Encoding and Content-Length")
+            body = self._chunked(limit)
+        elif lengths is not None:
+            values = {part.strip() for value in lengths for part in value.split(",")}
+            declared = values.pop() if len(values) == 1 else ""
+            if not (declared.isascii() and declared.isdigit()):
+                raise _bad(f"a malformed Content-Length ({clean(', '.join(lengths), 60)})")
+            if len(declared) > 18 or int(declared) > limit:
+                raise TransportError("too_large", f"the answer declares {declared} bytes; the cap for this "
+                                                  f"call is {limit} bytes")
+            body = self._fixed(int(declared))
+        else:
+            body = self._until_close(limit)
+            keep = False
+        return Reply(resp.status, items, body), keep and not self.buf
+
+    # -- pool bookkeeping ---------------------------------------------------------------------------
+    def stale(self, now: float) -> bool:
+        """True when the connection must not carry another request: idle past
+        :data:`KEEPALIVE_EXPIRY_S`, or readable while idle (the peer closed it, or sent bytes nobody
+        asked for). The same check httpcore makes before reusing a kept-alive connection."""
+        if now - self.idle_since >= KEEPALIVE_EXPIRY_S or self.buf:
+            return True
+        try:
+            fd = self.sock.fileno()
+            if fd < 0:
+                return True
+            if hasattr(select, "poll"):
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                return bool(poller.poll(0))
+            return bool(select.select([fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
+
+    def drop(self) -> None:
+        """Close the socket."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _too_large(cap: int) -> TransportError:
+    return TransportError("too_large", f"the answer is larger than the {cap}-byte cap for this call")
+
+
+class AgentTransport:
+    """HTTP/1.1 calls to one agent at ``host``:``port`` over kept-alive connections. Thread-safe: each
+    call takes an idle connection (or opens one) and gives it back when the answer was read in full and
+    the agent keeps it open; at most :data:`MAX_IDLE_CONNECTIONS` idle ones are kept, none longer than
+    :data:`KEEPALIVE_EXPIRY_S`.
+
+    ``headers`` (name to value, printable ASCII) go into every request after ``Host: host_header``.
+    Nothing is taken from the environment (no proxies). Raises ValueError for a header that is not
+    printable ASCII.
+    """
+
+    def __init__(self, host: str, port: int, host_header: str, headers: Mapping[str, str]) -> None:
+        lines = [("Host", host_header), *headers.items()]
+        for name, value in lines:
+            if not (f"{name}{value}".isascii() and f"{name}{value}".isprintable() and ":" not in name):
+                raise ValueError(f"a request header must be printable ASCII: {clean(name, 40)}")
+        self._address = (host, port)
+        self._fixed = "".join(f"{name}: {value}\r\n" for name, value in lines).encode("ascii")
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def request(self, method: str, target: str, body: bytes | None, *, deadline: float, cap: int,
+                error_cap: int, content_type: str = "application/json") -> Reply:
+        """Send ``method target`` (with ``body`` as ``content_type`` when given) and read the whole
+        answer by ``deadline`` (``time.monotonic()`` seconds): a 2xx body at most ``cap`` bytes, any
+        other at most ``error_cap``. A kept-alive connection is reused; when sending on one fails
+        before the kernel took a byte of the request (the agent had closed it), the request goes once
+        more on a fresh connection. Raises :class:`TransportError`."""
+        head = b"%s %s HTTP/1.1\r\n%s" % (method.encode("ascii"), target.encode("ascii"), self._fixed)
+        if body is None:
+            data = head + b"\r\n"
+        else:
+            data = b"%sContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+                head, content_type.encode("ascii"), len(body), body)
+        conn: _Connection | None = None
+        try:
+            conn = self._checkout(deadline)
+            try:
+                conn.send(data)
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                if not (conn.reused and conn.sent == 0):
+                    raise
+                conn.drop()
+                conn = None
+                conn = _Connection(self._address, deadline)
+                conn.send(data)
+            reply, keep = conn.answer(method, cap, error_cap)
+        except TimeoutError:
+            _drop(conn)
+            raise TransportError("deadline", "no complete answer before the call's deadline") from None
+        except TransportError:
+            _drop(conn)
+            raise
+        except http.client.HTTPException as exc:  # before OSError: RemoteDisconnected is both
+            _drop(conn)
+            raise _bad(f"not a complete HTTP/1.1 answer ({clean(f'{type(exc).__name__}: {exc}', 120)})") from None
+        except OSError as exc:
+            _drop(conn)
+            raise TransportError("unreachable", clean(str(exc) or type(exc).__name__, 120)) from None
+        except BaseException:
+            _drop(conn)
+            raise
+        if keep:
+            self._checkin(conn)
+        else:
+            conn.drop()
+        return reply
+
+    def _checkout(self, deadline: float) -> _Connection:
+        now = time.monotonic()
+        with self._lock:
+            if self._closed:
+                raise TransportError("unreachable", "the client is closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.stale(now):
+                    conn.drop()
+                    continue
+                conn.deadline, conn.reused, conn.sent = deadline, True, 0
+                return conn
+        return _Connection(self._address, deadline)
+
+    def _checkin(self, conn: _Connection) -> None:
+        conn.idle_since = time.monotonic()
+        with self._lock:
+            if not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.drop()
+
+    def close(self) -> None:
+        """Close the idle connections; a call in flight closes its own when it ends. Later calls raise
+        TransportError ``unreachable``."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.drop()
+
+
+def _drop(conn: _Connection | None) -> None:
+    if conn is not None:
+        conn.drop()
+
+
+# -- the same deadline for an httpcore pool (the gateway control client) ------------------------------
 
 class Deadlines:
     """The deadline (``time.monotonic()`` seconds) of the call running in each thread, if any."""
@@ -26,6 +440,7 @@ class Deadlines:
 
     @contextlib.contextmanager
     def until(self, deadline: float) -> Iterator[None]:
+        """Within the block, this thread's calls end by ``deadline`` (``time.monotonic()`` seconds)."""
         previous = getattr(self._local, "deadline", None)
         self._local.deadline = deadline
         try:
@@ -34,7 +449,7 @@ class Deadlines:
             self._local.deadline = previous
 
     def clamp(self, timeout: float | None, expired: type[Exception]) -> float | None:
-        """``timeout`` shortened to the time left; raises ``expired`` when none is left."""
+        """``timeout`` (seconds) shortened to the time left; raises ``expired`` when none is left."""
         deadline = getattr(self._local, "deadline", None)
         if deadline is None:
             return timeout
@@ -69,8 +484,9 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 class DeadlineBackend(httpcore.NetworkBackend):
     """httpcore's plain sockets, each connect and every later read and write bounded by the calling
-    thread's deadline in ``deadlines`` (for an ``httpcore.ConnectionPool``; also the gateway control
-    client's, :mod:`controller.run.origins`)."""
+    thread's deadline in ``deadlines`` (for an ``httpcore.ConnectionPool``; the gateway control
+    client's, :mod:`controller.run.origins`). Timeouts raise httpcore's ``ConnectTimeout``,
+    ``ReadTimeout`` or ``WriteTimeout``."""
 
     def __init__(self, deadlines: Deadlines) -> None:
         self._inner, self._deadlines = httpcore.SyncBackend(), deadlines
@@ -89,75 +505,3 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
-
-
-# httpcore's transport errors and the httpx ones they become, most specific first (isinstance order).
-_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.ProxyError, httpx.ProxyError),
-)
-
-
-def _to_httpx(exc: Exception) -> httpx.TransportError:
-    """The httpx error matching httpcore's ``exc`` by class (ReadTimeout -> httpx.ReadTimeout, ...);
-    ``httpx.TransportError`` for anything else."""
-    for core, mapped in _HTTPX_ERRORS:
-        if isinstance(exc, core):
-            return mapped(str(exc))
-    return httpx.TransportError(str(exc))
-
-
-class _CoreBody(httpx.SyncByteStream):
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._stream
-        except httpcore.TimeoutException as exc:
-            raise _to_httpx(exc) from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise _to_httpx(exc) from exc
-
-    def close(self) -> None:
-        close = getattr(self._stream, "close", None)
-        if close is not None:
-            close()
-
-
-class DeadlineTransport(httpx.BaseTransport):
-    """An HTTP/1.1 transport (httpcore's pool, no proxies from the environment) whose every socket
-    operation is bounded by the calling thread's deadline in ``deadlines``."""
-
-    def __init__(self, deadlines: Deadlines) -> None:
-        self._pool = httpcore.ConnectionPool(network_backend=DeadlineBackend(deadlines), max_connections=16,
-                                             max_keepalive_connections=8, keepalive_expiry=5.0)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        req = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
-                             target=request.url.raw_path),
-            headers=request.headers.raw, content=request.stream, extensions=request.extensions,
-        )
-        try:
-            resp = self._pool.handle_request(req)
-        except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise _to_httpx(exc) from exc
-        return httpx.Response(status_code=resp.status, headers=resp.headers, stream=_CoreBody(resp.stream),
-                              extensions=resp.extensions)
-
-    def close(self) -> None:
-        self._pool.close()

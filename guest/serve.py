@@ -242,7 +242,9 @@ def serve(ns: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     log.info("%s", start_line(bind.url(port), config.display, app.state.executor, apps, roots))
     asgi = AccessLog(app) if ns.access_log else app
+    # An idle connection stays open 300 s, past a live model's thinking time between steps; the
+    # controller's client gives it up sooner (controller.agent_transport.KEEPALIVE_EXPIRY_S, 240 s).
     server = uvicorn.Server(uvicorn.Config(asgi, http=http_protocol(), log_config=None, log_level=None,
-                                           access_log=False))
+                                           access_log=False, timeout_keep_alive=300))
     server.run(sockets=[sock])
     return 0

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import socket
+import struct
 import threading
 import time
 import unicodedata
@@ -35,6 +36,8 @@ from controller.agent_client import (
     AgentError,
     screenshot_cap,
 )
+from controller import agent_transport
+from controller.agent_transport import HEAD_MAX_BYTES, KEEPALIVE_EXPIRY_S
 
 GB = 1 << 30
 MiB = 1 << 20
@@ -402,6 +405,19 @@ def test_read_file_that_stalls_mid_body_ends_at_the_deadline(hostile):
     h.refused(lambda: h.client.read_file("/home/sandbox/a"), "deadline")
 
 
+def test_a_large_declared_length_alone_takes_no_memory(hostile):
+    """A length under the cap that the peer never sends: the call ends at the deadline and the client
+    did not set aside memory for the declared body."""
+    def behaviour(peer: Peer, req: Request) -> None:
+        peer.head(200, {"Content-Length": str(250 * MiB), **SHOT_HEADERS})
+        peer.send(b"\0" * 1000)
+        peer.hold()
+
+    assert 250 * MiB < screenshot_cap()
+    h = hostile(behaviour)
+    h.refused(lambda: h.client.screenshot(), "deadline")  # memory growth under MEMORY_BUDGET
+
+
 def test_actions_that_never_answer_end_at_the_deadline(hostile):
     h = hostile(lambda peer, req: peer.hold())
     h.refused(lambda: h.client.actions([{"type": "wait"}]), "deadline")
@@ -605,22 +621,62 @@ def test_an_agent_without_the_combined_request_gets_the_screenshot_fetched_after
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad_response"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 12, 13\r\n\r\n", "bad_response"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad_response"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n0\r\n\r\n", "bad_response"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad_response"),
-    (b"HTTP/1.1 101 Switching\r\n\r\n", "bad_response"),
-    # A head larger than httpcore's 100 KiB limit on an incomplete event (h11's max_incomplete_event_size).
+    (b"HTTP/1.1 101 Switching\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "bad_response"),
+    # Heads over the limit on the status lines and headers of an answer (HEAD_MAX_BYTES, 100 KiB).
     (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * (120 * 1024) + b"\r\n\r\n", "bad_response"),
     (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 20000 + b"\r\n", "bad_response"),
+    ((b"HTTP/1.1 100 Continue\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n") * 200, "bad_response"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}", "bad_response"),  # then the connection closes
     (b"", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XY0\r\n\r\n", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+     "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: \x1b[2J\r\n\r\n{}", "bad_response"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\n{}", "bad_response"),
 ], ids=["not-http", "status", "header-line", "two-lengths", "negative-length", "transfer-gzip", "chunk-size",
-        "switching", "long-header", "many-headers", "short-body", "closed"])
+        "switching", "long-header", "many-headers", "many-interim", "short-body", "closed", "negative-chunk",
+        "chunk-without-crlf", "chunked-and-length", "control-in-header", "space-before-colon"])
 def test_malformed_framing_is_refused_with_a_code(hostile, head, code):
+    """``livez`` needs only a 200: refused, these answers are refused for their framing alone."""
     def behaviour(peer: Peer, req: Request) -> None:
         peer.send(head)  # then the fake agent closes the connection
 
     h = hostile(behaviour)
-    h.refused(h.client.display, code)
+    h.refused(h.client.livez, code)
+
+
+def test_a_head_cut_short_is_bad_response(hostile):
+    """The peer closes after the status line: no blank line ends the head, so there is no answer, even
+    for a call that needs only the status."""
+    h = hostile(lambda peer, req: peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"))
+    err = h.refused(h.client.livez, "bad_response")
+    assert "head" in err.message
+
+
+@pytest.mark.parametrize("over", [0, 1], ids=["at-the-limit", "one-byte-over"])
+def test_the_head_limit_is_exact(hostile, over):
+    """Status lines and headers of HEAD_MAX_BYTES in all, an interim answer included, are read; one
+    byte more is bad_response."""
+    body = json.dumps({"width": 1280, "height": 800, "depth": 24}).encode()
+    head = (b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+            + b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(body)
+            + b"".join(b"X-Pad-%02d: %s\r\n" % (i, b"p" * 1000) for i in range(95)))
+    fill = HEAD_MAX_BYTES + over - len(head) - len(b"X-Fill: \r\n\r\n")
+    head += b"X-Fill: " + b"f" * fill + b"\r\n\r\n"
+    assert len(head) == HEAD_MAX_BYTES + over
+
+    def behaviour(peer: Peer, req: Request) -> None:
+        peer.send(head + body)
+        peer.keep_alive = True
+
+    h = hostile(behaviour)
+    if over:
+        h.refused(h.client.display, "bad_response")
+    else:
+        assert h.client.display() == {"width": 1280, "height": 800, "depth": 24}
 
 
 def test_interim_answers_and_chunked_bodies_are_read_through(hostile):
@@ -648,11 +704,108 @@ def test_a_connection_the_agent_closed_while_idle_is_not_reused(hostile):
     assert len(h.agent._conns) == 2
 
 
+def _wait_closed(agent: HostileAgent, count: int) -> None:
+    """Wait (up to 5 s) until the fake agent has closed ``count`` connections."""
+    poll_until = time.monotonic() + 5
+    while agent.closed < count:
+        assert time.monotonic() < poll_until, "the fake agent never closed the connection"
+        time.sleep(0.01)
+
+
+def test_a_request_whose_send_fails_on_a_kept_alive_connection_goes_once_on_a_fresh_one(hostile, monkeypatch):
+    """The agent resets the kept-alive connection just after the client's idle check passed (the check is
+    made to miss it): sending fails before any byte of the request left, so nothing of it can have run,
+    and it goes once more on a new connection."""
+    def behaviour(peer: Peer, req: Request) -> None:
+        peer.json(200, {"status": "ok"})
+        if len(h.agent.requests) == 1:  # close with a reset
+            peer.conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.keep_alive = False
+
+    monkeypatch.setattr(agent_transport._Connection, "stale", lambda self, now: False)
+    h = hostile(behaviour)
+    assert h.client.livez()
+    _wait_closed(h.agent, 1)
+    assert h.client.livez()
+    assert len(h.agent.requests) == 2 and len(h.agent._conns) == 2
+
+
+def test_a_request_that_left_on_a_dead_connection_is_not_sent_again(hostile, monkeypatch):
+    """The agent closed the kept-alive connection (no reset) and the idle check is made to miss it: the
+    request leaves, the agent might have run it, so the call fails instead of sending it again."""
+    monkeypatch.setattr(agent_transport._Connection, "stale", lambda self, now: False)
+    h = hostile(lambda peer, req: peer.head(200, {"Content-Length": "2"}) or peer.send(b"{}"))  # then closes
+    assert h.client.livez()
+    _wait_closed(h.agent, 1)
+    error, _ = h.call(h.client.livez)
+    assert isinstance(error, AgentError) and error.code in ("bad_response", "unreachable"), repr(error)
+    assert len(h.agent.requests) == 1
+
+
+def test_a_connection_idle_past_the_client_expiry_is_not_reused(hostile, monkeypatch):
+    h = hostile(lambda peer, req: peer.json(200, {"status": "ok"}))
+    assert h.client.livez() and h.client.livez()
+    assert len(h.agent._conns) == 1
+    monkeypatch.setattr(agent_transport, "KEEPALIVE_EXPIRY_S", 0.0)
+    assert h.client.livez()
+    assert len(h.agent._conns) == 2
+
+
+def test_concurrent_calls_from_several_threads_each_get_a_connection(hostile):
+    """Four threads call at once while the fake agent holds every answer until all four requests have
+    arrived: they can only all succeed over four connections, which are then kept for later calls."""
+    arrived = threading.Barrier(4, timeout=3)
+
+    def behaviour(peer: Peer, req: Request) -> None:
+        if len(h.agent.requests) <= 4:
+            arrived.wait()
+        peer.json(200, {"width": 1280, "height": 800, "depth": 24})
+
+    h = hostile(behaviour)
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(h.call(h.client.display)[0])) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BLOCKED_S + 1)
+    assert results == [None] * 4
+    for _ in range(8):
+        h.client.display()
+    assert len(h.agent._conns) == 4 and len(h.agent.requests) == 12
+
+
+def test_no_agent_listening_is_unreachable_and_a_closed_client_refuses(hostile):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it
+    client = AgentClient(f"http://127.0.0.1:{port}", "token", timeout=DEADLINE_S)
+    with pytest.raises(AgentError) as refused:
+        client.livez()
+    assert (refused.value.status, refused.value.code) == (0, "unreachable")
+    client.close()
+    with pytest.raises(AgentError) as closed:
+        client.livez()
+    assert closed.value.code == "unreachable" and "closed" in closed.value.message
+
+
+def test_requests_carry_the_token_identity_and_the_host_and_no_proxy_is_used(hostile, monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    h = hostile(lambda peer, req: peer.json(200, {"status": "ok"}))
+    assert h.client.livez()
+    (req,) = h.agent.requests
+    assert req.headers["authorization"] == "Bearer token" and req.headers["accept-encoding"] == "identity"
+    assert req.headers["host"] == h.agent.base_url.removeprefix("http://")
+    assert (req.method, req.path, req.query) == ("GET", "/livez", "")
+
+
 def test_constants_follow_the_agent_and_the_task_schema():
     from controller.run.tasks import Screen
     from guest.files import DEFAULT_MAX_BYTES
 
     assert FILE_MAX_BYTES == DEFAULT_MAX_BYTES
+    assert HEAD_MAX_BYTES == 100 * 1024  # ARCHITECTURE.md, contract 1
+    assert 60 <= KEEPALIVE_EXPIRY_S <= 300 - 30  # safely below the agent's keep-alive (guest/serve.py)
     limits = {name: [m.le for m in Screen.model_fields[name].metadata if getattr(m, "le", None)]
               for name in ("width", "height")}
     assert limits == {"width": [MAX_SCREEN_PX], "height": [MAX_SCREEN_PX]}
