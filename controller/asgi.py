@@ -4,10 +4,16 @@ read under a size cap."""
 
 from __future__ import annotations
 
+import re
 import threading
+from typing import Any
 
 import uvicorn
 from starlette.requests import Request
+
+from controller import json_semantics
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class BodyTooLarge(Exception):
@@ -42,3 +48,37 @@ async def read_capped(request: Request, max_bytes: int) -> bytes:
         if len(body) > max_bytes:
             raise BodyTooLarge()
     return bytes(body)
+
+
+def text_problem(value: Any) -> str | None:
+    """Why a parsed JSON value is not text all through, or None: a lone UTF-16 surrogate (the escape
+    ``\\ud800``, which no text holds and UTF-8 cannot encode) in any string or object key."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return "a string holds a lone UTF-16 surrogate (not text)"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The request's body (:func:`read_capped`) as strict JSON (:func:`controller.json_semantics.loads`)
+    whose strings are text (:func:`text_problem`). Raises :class:`BodyTooLarge`, or ValueError (also for
+    a body that is not UTF-8, or nests past the parser's depth) with the reason."""
+    body = await read_capped(request, max_bytes)
+    try:
+        value = json_semantics.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("the body is not UTF-8") from None
+    except RecursionError:
+        raise ValueError("the body nests too deeply") from None
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value

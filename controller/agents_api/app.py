@@ -28,17 +28,22 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from controller import json_semantics
-from controller.asgi import BodyTooLarge, read_capped
+from controller.asgi import BodyTooLarge, read_json
 from controller.agents_api import shapes
 from controller.agents_api.errors import ApiError, invalid
 from controller.agents_api.requests import parse_create, parse_events
 from controller.agents_api.sessions import SessionHub, stored_json
 from controller.agents_api.store import event_id, event_seq
+from controller.text import clean
 
 MAX_BODY = 1024 * 1024
 """Largest request body (bytes)."""
 PING_S = 15.0
+CONNECTED = b": connected\n"
+PING = b": ping\n"
+"""An event stream's comments (its start, and every :data:`PING_S` seconds without an event). Single
+lines, never a block of their own: the SDK's SSE decoder keeps the last event id, so a blank line after
+a comment would reach the program as an event with no data (and fail its JSON parse)."""
 """Seconds between keep-alive comments on an idle event stream."""
 TERMINAL = ("agent.session.failed",)
 
@@ -51,19 +56,17 @@ def _error(exc: ApiError) -> JSONResponse:
 async def read_body(request: Request) -> Any:
     """The body as strict JSON (no duplicate keys, no NaN), at most :data:`MAX_BODY` bytes."""
     try:
-        body = await read_capped(request, MAX_BODY)
+        return await read_json(request, MAX_BODY)
     except BodyTooLarge:
         raise ApiError(413, "body_too_large", f"the request body must be at most {MAX_BODY} bytes") from None
-    try:
-        return json_semantics.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise invalid("the body must be one JSON object") from None
+    except ValueError as exc:
+        raise invalid(f"the body must be one JSON object of text ({clean(exc, 200)})") from None
 
 
 def _query_int(value: str | None, name: str, low: int, high: int, default: int) -> int:
     if value is None:
         return default
-    if not value.isdigit() or not low <= int(value) <= high:
+    if not (value.isascii() and value.isdigit()) or len(value) > 9 or not low <= int(value) <= high:
         raise invalid(f"{name} must be an integer from {low} to {high}", name)
     return int(value)
 
@@ -78,7 +81,7 @@ def create_app(hub: SessionHub, key: str, *, closing: Any = None) -> FastAPI:
     """The app over ``hub``, admitting requests that carry ``key``. ``closing``: a threading.Event set
     when the server stops (event streams end)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    expected = ("Bearer " + key).encode()
+    expected = key.encode()
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -94,8 +97,9 @@ def create_app(hub: SessionHub, key: str, *, closing: Any = None) -> FastAPI:
 
     @app.middleware("http")
     async def auth(request: Request, call_next: Any) -> Response:
-        given = request.headers.get("authorization", "").encode("latin-1", "replace")
-        if not hmac.compare_digest(given, expected):
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # the scheme is case-insensitive (RFC 9110, 11.1); the key is compared in constant time
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode("latin-1", "replace"), expected):
             return _error(ApiError(401, "invalid_api_key", "missing or incorrect API key: send "
                                    "Authorization: Bearer <the key in the server's key file>"))
         if request.headers.get("idempotency-key") is not None:
@@ -201,7 +205,7 @@ def sse(seq: int, event: dict[str, Any]) -> bytes:
 
 async def _stream(hub: SessionHub, session_id: str, start: int, closing: Any) -> AsyncIterator[bytes]:
     seq = start
-    yield b": connected\n\n"
+    yield CONNECTED
     while closing is None or not closing.is_set():
         version = hub.notifier.version(session_id)
         rows = await asyncio.to_thread(hub.store.events_after, session_id, seq)
@@ -219,7 +223,7 @@ async def _stream(hub: SessionHub, session_id: str, start: int, closing: Any) ->
             return
         await hub.notifier.wait(session_id, version, PING_S)
         if hub.notifier.version(session_id) == version:
-            yield b": ping\n\n"
+            yield PING
 
 
 def _public(hub: SessionHub, event: dict[str, Any], seq: int) -> dict[str, Any]:

@@ -46,10 +46,18 @@ def load_or_make_key(path: Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         try:
-            mode = path.stat().st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
-            text = path.read_text(encoding="utf-8").strip()
+            # opened without blocking (a FIFO would wait for a writer), then checked on what was opened
+            rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            try:
+                mode = os.fstat(rfd).st_mode
+                if not stat.S_ISREG(mode):
+                    raise KeyFileError(f"{path} is not a regular file")
+                if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                    raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
+                raw = os.read(rfd, 4096)
+            finally:
+                os.close(rfd)
+            text = raw.decode("utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise KeyFileError(f"cannot read the key file {path}: {exc}") from None
         if not text or len(text) > 512 or any(not (33 <= ord(c) < 127) for c in text):
@@ -85,6 +93,8 @@ class AgentsServer:
         self.db_path = Path(options.db or runs / "agents.db")
         self.key = ""
         self.port: int | None = None
+        self.stopped_sessions = 0
+        """How many sessions :meth:`stop` failed (their sandboxes removed)."""
         self.closing = threading.Event()
         self.store: Store | None = None
         self.hub: SessionHub | None = None
@@ -131,14 +141,18 @@ class AgentsServer:
         return self
 
     def stop(self) -> None:
-        """Stop: streams end, every live session's sandbox is removed, the store closed."""
+        """Stop: every live session failed and its sandbox removed (its streams get
+        ``agent.session.failed`` and end), then the other streams end and the server closes; the store
+        last."""
+        if self.hub is not None:
+            self.stopped_sessions = self.hub.shutdown()
         self.closing.set()
+        if self.hub is not None:
+            self.hub.notifier.notify_all()  # streams waiting for an event see the server closing now
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT_S)
-        if self.hub is not None:
-            self.hub.shutdown()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -175,6 +189,10 @@ def serve_forever(options: ServeOptions, *, ui: bool = False, say=print) -> None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if server.port:
+            say("agents-api: stopping: each session's turn is cancelled and its sandbox removed")
         server.stop()
+        if server.port:
+            say(f"agents-api: stopped ({server.stopped_sessions} session(s) failed, their sandboxes removed)")
         if console_server is not None:
             console_server.stop()

@@ -83,6 +83,13 @@ class Notifier:
             with contextlib.suppress(RuntimeError):  # a loop already closed
                 loop.call_soon_threadsafe(event.set)
 
+    def notify_all(self) -> None:
+        """:meth:`notify` every session a stream waits on (the server stops)."""
+        with self._lock:
+            sessions = list(self._waiters)
+        for session_id in sessions:
+            self.notify(session_id)
+
     async def wait(self, session_id: str, since: int, timeout: float) -> None:
         """Return once the session's version is above ``since``, or after ``timeout`` seconds."""
         event = asyncio.Event()
@@ -166,6 +173,8 @@ class SessionHub:
         self.notifier = Notifier()
         self.live: dict[str, LiveSession] = {}
         self._lock = threading.Lock()
+        self._deleting = threading.Lock()  # one delete at a time: the second of two finds it gone
+        self.stopping = False
         self._shots: OrderedDict[str, str] = OrderedDict()
         self._shots_lock = threading.Lock()
         self.owner = owner_label()
@@ -217,6 +226,8 @@ class SessionHub:
         session_id = shapes.new_id("sess")
         session = LiveSession(self, session_id, params, task, task_file)
         with self._lock:
+            if self.stopping:
+                raise ApiError(503, "server_stopping", "the server is stopping: it starts no session now")
             holding = sum(1 for s in self.live.values() if s.status != "failed" and not s.deleted)
             if holding >= self.options.max_sessions:
                 raise ApiError(429, "too_many_sessions", f"{holding} sessions hold a sandbox (at most "
@@ -237,6 +248,9 @@ class SessionHub:
 
         task_file = offline_task_path(params.model)
         if task_file is not None:
+            if not task_file.endswith(".toml"):  # only task files are read (no probing of other files)
+                raise invalid(f"agent.model {params.model!r}: an offline task is a .toml task file "
+                              "(e.g. offline:tasks/pickup.toml)", "agent.model")
             try:
                 task = load_task(task_file)
                 load_script(task.offline_script_path())
@@ -265,24 +279,28 @@ class SessionHub:
         return stored_json(row)
 
     def delete(self, session_id: str) -> dict[str, Any]:
-        """Cancel the session's turn, remove its sandbox, mark it deleted; 404 when unknown."""
-        self.session_json(session_id)
-        live = self.get(session_id)
+        """Mark the session deleted, cancel its turn, remove its sandbox; 404 when unknown or already
+        deleted (of two deletes at once, one gets 404)."""
+        with self._deleting:
+            self.session_json(session_id)
+            self.store.update_session(session_id, deleted=True)
+            with self._lock:
+                live = self.live.pop(session_id, None)
         if live is not None:
             live.shut("session deleted")
-            with self._lock:
-                self.live.pop(session_id, None)
-        self.store.update_session(session_id, deleted=True)
         self.notifier.notify(session_id)
         return shapes.session_deleted(session_id)
 
-    def shutdown(self) -> None:
-        """The server stops: every live session's turn cancelled and sandbox removed; each is then
-        ``failed`` (its sandbox is gone)."""
+    def shutdown(self) -> int:
+        """The server stops: no new session; every live session's turn cancelled and sandbox removed;
+        each is then ``failed`` (its sandbox is gone: ``agent.session.failed`` ends its streams).
+        Returns how many sessions were stopped."""
         with self._lock:
+            self.stopping = True
             sessions = list(self.live.values())
         for session in sessions:
             session.shut("the server stopped", fail=True)
+        return len(sessions)
 
     def recover(self) -> list[str]:
         """At start: sessions a previous server left running (its process is gone) are ``failed`` (their
@@ -401,6 +419,8 @@ class LiveSession:
         return seq
 
     def _session_event(self, kind: str) -> None:
+        if self.deleted and kind == "agent.session.idle":
+            return  # a deleted session is never idle again
         self._emit({"type": kind, "session": self.as_json()})
 
     # -- input ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -41,7 +42,11 @@ CREATE TABLE IF NOT EXISTS items (
 """
 
 
-class StoreBusy(RuntimeError):
+class StoreError(RuntimeError):
+    """The database cannot be served from (its message says why and what to do)."""
+
+
+class StoreBusy(StoreError):
     """Another process serves from this database (it holds ``<db>.lock``)."""
 
 
@@ -55,7 +60,9 @@ def event_seq(text: str) -> int | None:
     if not isinstance(text, str) or not text.startswith("evt_") or len(text) > 24:
         return None
     digits = text[4:]
-    return int(digits) if digits.isdigit() and digits.isascii() else None
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:  # SQLite's integers end at 2**63 - 1
+        return None
+    return int(digits)
 
 
 class Store:
@@ -72,10 +79,17 @@ class Store:
             self._lock_file.close()
             raise StoreBusy(f"{self.path} is in use by another server (its lock {self.path}.lock is held)") from None
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=10)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            self._db.execute("SELECT count(*) FROM sessions").fetchone()
+        except sqlite3.DatabaseError as exc:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            raise StoreError(f"{self.path} is not a usable database ({exc}); move it away to start with an "
+                             "empty one") from None
 
     def close(self) -> None:
         """Close the connection and release the lock."""
@@ -116,7 +130,7 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT id, created_at, status, deleted, owner, backend, sandbox_id, data "
                                     f"FROM sessions {where} ORDER BY rowid").fetchall()
-        return [_session_row(r) for r in rows]
+        return [row for row in map(_session_row, rows) if row is not None]
 
     # -- events --------------------------------------------------------------------------------------
     def add_event(self, session_id: str, event: dict[str, Any]) -> int:
@@ -131,7 +145,7 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT seq, data FROM events WHERE session_id = ? AND seq > ? ORDER BY seq "
                                     "LIMIT ?", (session_id, seq, limit)).fetchall()
-        return [(int(s), json.loads(d)) for s, d in rows]
+        return [(int(s), event) for s, event in ((s, _object(d)) for s, d in rows) if event is not None]
 
     def event_session(self, seq: int) -> str | None:
         """The session the event ``seq`` belongs to, or None."""
@@ -169,21 +183,36 @@ class Store:
             args: tuple[Any, ...] = (session_id,) + ((start,) if start is not None else ())
             rows = self._db.execute(f"SELECT data FROM items WHERE {where} ORDER BY seq {direction} LIMIT ?",
                                     (*args, limit + 1)).fetchall()
-        data = [json.loads(r[0]) for r in rows]
+        data = [item for item in (_object(r[0]) for r in rows) if item is not None]
         return data[:limit], len(data) > limit
 
 
-def _session_row(row: tuple) -> dict[str, Any]:
+def _object(text: Any) -> dict[str, Any] | None:
+    """A stored JSON object, or None when the row does not hold one (a damaged row is passed over, so
+    one bad row never makes the rest unreadable)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _session_row(row: tuple) -> dict[str, Any] | None:
     keys = ("id", "created_at", "status", "deleted", "owner", "backend", "sandbox_id", "data")
     out = dict(zip(keys, row))
     out["deleted"] = bool(out["deleted"])
-    out["data"] = json.loads(out["data"])
-    return out
+    out["data"] = _object(out["data"])
+    return out if out["data"] is not None else None
+
+
+_INSTANCE = secrets.token_hex(8)
 
 
 def owner_label() -> str:
-    """``host:pid`` of this process: who runs a session (a later server knows a dead one's sessions)."""
-    return f"{os.uname().nodename}:{os.getpid()}"
+    """``host:pid:instance`` of this server process: who runs a session, so a later server knows a dead
+    one's sessions. The random instance part tells two servers apart that had the same pid (a server
+    restarted as pid 1 of a container or another pid namespace)."""
+    return f"{os.uname().nodename}:{os.getpid()}:{_INSTANCE}"
 
 
 def now() -> int:

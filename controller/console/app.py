@@ -41,11 +41,10 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from controller.agent_client import AgentError
-from controller.asgi import BodyTooLarge, read_capped
+from controller.asgi import BodyTooLarge, read_json as read_capped_json
 from controller.console import streams
 from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
-from controller import json_semantics
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
 from controller.report.html import read_shot, render_report
 from controller.run.record import read_entries, summarize
@@ -117,13 +116,11 @@ class ConsoleState:
 async def read_json(request: Request) -> Any:
     """The request body as strict JSON, at most :data:`MAX_BODY` bytes (413 / 400 otherwise)."""
     try:
-        body = await read_capped(request, MAX_BODY)
+        return await read_capped_json(request, MAX_BODY)
     except BodyTooLarge:
         raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes") from None
-    try:
-        return json_semantics.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ApiError(400, "invalid_body", "the body must be one JSON value") from None
+    except ValueError:
+        raise ApiError(400, "invalid_body", "the body must be one JSON value of text") from None
 
 
 def render_finished(state: ConsoleState, templates: Environment, request: Request, run_id: str,

@@ -26,7 +26,7 @@ from controller.agents_api.server import AgentsServer, KeyFileError, ServeOption
 from controller.agents_api.sessions import HubOptions
 from controller.agents_api.store import StoreBusy
 
-from .conftest import ROOT
+from .conftest import ABSENT_IMAGE, ROOT
 
 EVENT = TypeAdapter(AgentSessionEvent)
 CREATE = {"agent": {"model": "offline:tasks/pickup.toml", "tools": [{"type": "computer_use", "include_screenshots": True}]},
@@ -241,7 +241,9 @@ def test_serve_prints_its_one_line_on_stderr_and_stops_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert out == "" and err == ""
+        assert out == "" and err.splitlines() == [
+            "agents-api: stopping: each session's turn is cancelled and its sandbox removed",
+            "agents-api: stopped (0 session(s) failed, their sandboxes removed)"]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -277,3 +279,109 @@ def test_a_first_turn_given_on_create_fails_with_the_sandbox_and_a_bad_task_is_4
     with pytest.raises(openai.BadRequestError) as caught:
         c.beta.agents.sessions.create(**{**CREATE, "agent": {"model": "gpt-live"}})
     assert error_of(caught.value)["code"] == "model_unavailable"
+
+
+def test_strings_that_are_not_text_are_400_and_create_nothing(api):
+    """A lone UTF-16 surrogate in any string (metadata, instructions, the model) is refused before a
+    session exists: listing stays answerable."""
+    with raw(api) as http:
+        for where in ('"metadata": {"m": "\\ud800"}', '"metadata": {"\\udfff": "k"}'):
+            body = ('{"agent": {"model": "offline:tasks/pickup.toml"}, "environment": {"type": "openai_hosted"}, '
+                    + where + "}")
+            resp = http.post("/agents/sessions", content=body.encode(), headers={"Content-Type": "application/json"})
+            assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_request", resp.text
+            assert "surrogate" in resp.json()["error"]["message"]
+        body = b'{"agent": {"model": "offline:\\ud800.toml"}, "environment": {"type": "openai_hosted"}}'
+        assert http.post("/agents/sessions", content=body).status_code == 400
+        listed = http.get("/agents/sessions")
+        assert listed.status_code == 200 and listed.json()["data"] == []
+
+
+def test_numbers_in_queries_and_event_ids_are_ascii_and_bounded(api):
+    session_id, _ = failed_session(api)
+    with raw(api) as http:
+        for limit in ("%C2%B2", "%D9%A1", "99999999999999999999", "-1"):
+            for path in ("/agents/sessions", f"/agents/sessions/{session_id}/items"):
+                resp = http.get(f"{path}?limit={limit}")
+                assert resp.status_code == 400, (path, limit, resp.text)
+        for last in (b"evt_99999999999999999999", b"evt_9999999999999999999", "evt_\u0662".encode()):
+            with http.stream("GET", f"/agents/sessions/{session_id}/events", headers={"Last-Event-ID": last}) as resp:
+                assert resp.status_code == 400, last
+
+
+def test_the_auth_scheme_is_case_insensitive_the_key_is_not(api):
+    with httpx.Client(base_url=api.url, timeout=30) as http:
+        assert http.get("/agents/sessions", headers={"Authorization": f"bearer {api.key}"}).status_code == 200
+        assert http.get("/agents/sessions", headers={"Authorization": f"BEARER {api.key}"}).status_code == 200
+        assert http.get("/agents/sessions", headers={"Authorization": f"Bearer {api.key.upper()}"}).status_code == 401
+        assert http.get("/agents/sessions", headers={"Authorization": f"Basic {api.key}"}).status_code == 401
+
+
+def test_a_key_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        load_or_make_key(fifo)  # would wait for a writer forever if opened blocking
+
+
+def test_a_damaged_database_is_refused_with_what_to_do_and_a_damaged_row_is_passed_over(tmp_path):
+    import sqlite3
+
+    from controller.agents_api.store import Store, StoreError
+
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="move it away"):
+        Store(bad)
+    Store(bad.with_name("bad2.db")).close()  # the refused store left its lock free for others
+    good = tmp_path / "good.db"
+    store = Store(good)
+    store.add_session("sess_a", {"id": "sess_a", "created_at": 1}, owner="h:1:x", backend="docker")
+    store.add_session("sess_b", {"id": "sess_b", "created_at": 2}, owner="h:1:x", backend="docker")
+    store.close()
+    with sqlite3.connect(good) as db:
+        db.execute("UPDATE sessions SET data = '{not json' WHERE id = 'sess_a'")
+    store = Store(good)
+    try:
+        assert [row["id"] for row in store.sessions()] == ["sess_b"]
+        assert store.session("sess_a") is None
+    finally:
+        store.close()
+
+
+def test_a_session_of_a_dead_server_with_the_same_pid_is_failed_at_the_next_start(tmp_path):
+    """A server restarted as the same pid (pid 1 of a container or another pid namespace) is another
+    server: what the dead one ran is failed, never left running."""
+    from controller.agents_api.store import Store, owner_label
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    store = Store(runs / "agents.db")
+    host_pid = f"{os.uname().nodename}:{os.getpid()}"  # this process's: the pid the dead server had too
+    assert owner_label() != host_pid and owner_label().startswith(host_pid + ":")
+    for session_id, owner in (("sess_old", host_pid), ("sess_older", f"{host_pid}:0123456789abcdef")):
+        data = {"id": session_id, "created_at": 1, "agent": {"model": "offline:tasks/pickup.toml"},
+                "environment": {"type": "openai_hosted"}, "metadata": {}}
+        store.add_session(session_id, data, owner=owner, backend="docker")
+        store.update_session(session_id, status="in_progress")
+    store.close()
+    with AgentsServer(ServeOptions(hub=HubOptions(runs_dir=runs, image=ABSENT_IMAGE))) as server:
+        with raw(server) as http:
+            for session_id in ("sess_old", "sess_older"):
+                assert http.get(f"/agents/sessions/{session_id}").json()["status"] == "failed"
+
+
+def test_the_streams_comments_never_reach_the_sdk_as_events():
+    """The SDK's own SSE decoder over a stream with the server's comments after an event id: every
+    event it yields is one of ours (a comment followed by a blank line would come out as an event with
+    empty data, and the SDK's JSON parse of it fails)."""
+    from openai._streaming import SSEDecoder
+
+    from controller.agents_api.app import CONNECTED, PING, sse
+
+    first = {"type": "agent.session.created", "session": {"id": "sess_x"}}
+    second = {"type": "agent.session.idle", "session": {"id": "sess_x"}}
+    wire = CONNECTED + sse(1, first) + PING + PING + sse(2, second) + PING
+    events = list(SSEDecoder().iter_bytes(iter([wire[i:i + 7] for i in range(0, len(wire), 7)])))
+    assert [e.json()["type"] for e in events] == ["agent.session.created", "agent.session.idle"]
+    assert [e.id for e in events] == ["evt_1", "evt_2"]
