@@ -115,3 +115,13 @@ def lone_surrogate(value: Any) -> bool:
         return any(lone_surrogate(v) for v in value)
     return False
 
+
+def read_input_or_raise(path: "str | os.PathLike[str]", max_bytes: int, error: type[Exception]) -> str:
+    """:func:`read_input_file`, its failures raised as ``error`` with one line naming the file: ``PATH:
+    not UTF-8 text (byte N)`` or ``PATH: cannot read: REASON`` (a task's or a script's refusal)."""
+    try:
+        return read_input_file(path, max_bytes)
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None

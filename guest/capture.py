@@ -30,7 +30,7 @@ import mss
 from PIL import Image
 
 from . import png
-from .display import DisplayUnavailable, describe, went_away
+from .display import DisplayUnavailable, close_quietly, describe, went_away
 
 DEFAULT_JPEG_QUALITY = 80
 #: mallopt(3) parameters (glibc ``<malloc.h>``) and the values :func:`retain_frame_buffers` sets: no
@@ -106,11 +106,7 @@ class Capture:
 
     def _drop(self) -> None:
         inst, self._mss = self._mss, None
-        if inst is not None:
-            try:
-                inst.close()
-            except Exception:  # noqa: BLE001 - the connection may already be dead
-                pass
+        close_quietly(inst)
 
     def close(self) -> None:
         """Close the X connection (a later grab reopens it)."""

@@ -29,7 +29,7 @@ import Xlib.display
 import Xlib.error
 from Xlib.ext import damage as xdamage
 
-from .display import CONNECTION_ERRORS, DisplayUnavailable, describe, went_away
+from .display import CONNECTION_ERRORS, DisplayUnavailable, close_quietly, describe, went_away
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +65,13 @@ class DamageWatch:
             dpy.damage_subtract(self._damage)
             dpy.sync()
         except CONNECTION_ERRORS as exc:
-            try:
-                dpy.close()
-            except Exception:  # noqa: BLE001 - the socket may already be dead
-                pass
+            close_quietly(dpy)
             raise went_away(self.display_name, exc) from exc
         return dpy
 
     def _drop(self) -> None:
         dpy, self._dpy = self._dpy, None
-        if dpy is not None:
-            try:
-                dpy.close()
-            except Exception:  # noqa: BLE001 - the socket may already be dead
-                pass
+        close_quietly(dpy)
 
     def close(self) -> None:
         """Close the connection (a later call opens a new one)."""

@@ -44,6 +44,16 @@ def describe(exc: BaseException) -> str:
     return text or f"{type(exc).__name__} while talking to the X server"
 
 
+def close_quietly(connection: object) -> None:
+    """Close an X connection (an ``Xlib`` display, an ``mss`` instance) that may already be dead;
+    ``None`` is nothing to close."""
+    if connection is not None:
+        try:
+            connection.close()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the socket may already be dead
+            pass
+
+
 def went_away(display: str, exc: BaseException) -> DisplayUnavailable:
     """The error for a connection that was working and broke (server stopped, restarted or crashed)."""
     return DisplayUnavailable(f"X display {display} went away (the X server closed or broke the "

@@ -24,23 +24,29 @@ class Held:
 
     def key_down(self, dpy: Display, keycode: int) -> None:
         """XTEST KeyPress of ``keycode`` (queued; the caller flushes/syncs)."""
-        xtest.fake_input(dpy, X.KeyPress, keycode)
-        self._stack.append(("key", keycode))
+        self._press(dpy, X.KeyPress, ("key", keycode))
 
     def key_up(self, dpy: Display, keycode: int) -> None:
         """XTEST KeyRelease of ``keycode``."""
-        xtest.fake_input(dpy, X.KeyRelease, keycode)
-        self._forget(("key", keycode))
+        self._release(dpy, X.KeyRelease, ("key", keycode))
 
     def button_down(self, dpy: Display, button: int) -> None:
         """XTEST ButtonPress of pointer button ``button`` (1-9)."""
-        xtest.fake_input(dpy, X.ButtonPress, button)
-        self._stack.append(("button", button))
+        self._press(dpy, X.ButtonPress, ("button", button))
 
     def button_up(self, dpy: Display, button: int) -> None:
         """XTEST ButtonRelease of pointer button ``button``."""
-        xtest.fake_input(dpy, X.ButtonRelease, button)
-        self._forget(("button", button))
+        self._release(dpy, X.ButtonRelease, ("button", button))
+
+    def _press(self, dpy: Display, event: int, item: tuple[str, int]) -> None:
+        """Send the XTEST ``event`` for ``item``'s code and remember it as held."""
+        xtest.fake_input(dpy, event, item[1])
+        self._stack.append(item)
+
+    def _release(self, dpy: Display, event: int, item: tuple[str, int]) -> None:
+        """Send the XTEST ``event`` for ``item``'s code and forget its latest press."""
+        xtest.fake_input(dpy, event, item[1])
+        self._forget(item)
 
     def _forget(self, item: tuple[str, int]) -> None:
         for i in range(len(self._stack) - 1, -1, -1):

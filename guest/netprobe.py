@@ -71,13 +71,20 @@ def _error_word(exc: BaseException) -> str:
     return "error"
 
 
+def _probe_socket(p: dict, kind: int) -> socket.socket:
+    """A socket of ``kind`` for the family of ``p``'s host, with ``p``'s timeout (default
+    :data:`TIMEOUT`). Raises OSError when the family cannot be had."""
+    sock = socket.socket(_family(p["host"]), kind)
+    sock.settimeout(p.get("timeout", TIMEOUT))
+    return sock
+
+
 def probe_tcp(p: dict) -> tuple[str, Any]:
     host, port = p["host"], int(p["port"])
     try:
-        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        sock = _probe_socket(p, socket.SOCK_STREAM)
     except OSError as exc:
         return "unreachable", str(exc)
-    sock.settimeout(p.get("timeout", TIMEOUT))
     try:
         sock.connect((host, port))
         return "connected", None
@@ -91,10 +98,9 @@ def probe_udp(p: dict) -> tuple[str, Any]:
     host, port = p["host"], int(p["port"])
     payload = p.get("payload", "netprobe").encode()
     try:
-        sock = socket.socket(_family(host), socket.SOCK_DGRAM)
+        sock = _probe_socket(p, socket.SOCK_DGRAM)
     except OSError as exc:
         return "unreachable", str(exc)
-    sock.settimeout(p.get("timeout", TIMEOUT))
     try:
         sock.sendto(payload, (host, port))
         data, _ = sock.recvfrom(4096)

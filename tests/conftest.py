@@ -1,4 +1,5 @@
-"""Shared fixtures: a private Xvfb (free display via -displayfd) and agent processes on it."""
+"""Shared fixtures: a private Xvfb (free display via -displayfd), agent processes on it, and a client of a
+module's ``agent``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def xvfb() -> Iterator[Xvfb]:
     server = Xvfb(1280, 800, 24).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def client(agent: AgentProcess) -> Iterator:
+    """An ``AgentClient`` (20 s timeout) of the ``agent`` fixture the test's module defines."""
+    from controller.agent_client import AgentClient
+
+    with AgentClient(agent.base_url, agent.token, timeout=20) as c:
+        yield c
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.offline import expectations as ex
-from controller.validation import lone_surrogate, read_input_file
+from controller.validation import lone_surrogate, read_input_or_raise
 from wire.actions import ActionInvalid, first_outside, parse_action
 
 MAX_SCRIPT_BYTES = 16 * 1024 * 1024
@@ -33,12 +33,7 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
     Raises :class:`ScriptError` naming the file (and the line) for anything that is not a valid turn,
     and for files that cannot be read or are not UTF-8.
     """
-    try:
-        text = read_input_file(path, MAX_SCRIPT_BYTES)
-    except UnicodeDecodeError as exc:
-        raise ScriptError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ScriptError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = read_input_or_raise(path, MAX_SCRIPT_BYTES, ScriptError)
     turns: list[dict[str, Any]] = []
     # "\n" only: str.splitlines would also split at a U+2028, U+0085 or \x0b inside a JSON string
     for number, line in enumerate(text.split("\n"), 1):

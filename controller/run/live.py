@@ -238,27 +238,25 @@ class LiveRun:
     def take_over(self, by: str = "console") -> str:
         """Ask the loop to pause at its next step boundary; returns the state (``pausing`` or
         ``human`` when it already waits). :class:`RunOver` after the run finished."""
-        with self._cond:
-            if self.state == "finished":
-                raise RunOver("the run has finished")
-            self._want_human = True
-            self._cond.notify_all()
-            already = self.state == "human"
-        if not already:
+        if self._ask_for_human(True) != "human":
             self._set_state("pausing", by=by)
         return self.state
 
     def resume(self, by: str = "console") -> str:
         """Hand control back to the model; returns the state."""
+        if self._ask_for_human(False) == "pausing":
+            self._set_state("running", by=by)
+        return self.state
+
+    def _ask_for_human(self, want: bool) -> str:
+        """Set whether the loop should hand control to a person at its next step boundary and wake it;
+        returns the state at that moment. :class:`RunOver` after the run finished."""
         with self._cond:
             if self.state == "finished":
                 raise RunOver("the run has finished")
-            self._want_human = False
+            self._want_human = want
             self._cond.notify_all()
-            pausing = self.state == "pausing"
-        if pausing:
-            self._set_state("running", by=by)
-        return self.state
+            return self.state
 
     def cancel(self, by: str = "console") -> None:
         """Cancel the run (as Ctrl-C does) and withdraw every pending approval."""

@@ -32,7 +32,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 
 from controller.gateway.policy import NetworkPolicy
 from controller import json_semantics
-from controller.validation import describe_validation_error, read_input_file
+from controller.validation import describe_validation_error, read_input_or_raise
 
 
 MAX_TASK_BYTES = 1024 * 1024
@@ -286,12 +286,7 @@ def load_task(path: str | Path) -> Task:
     unreadable file, not UTF-8, TOML syntax, or any schema rule above.
     """
     path = Path(path)
-    try:
-        text = read_input_file(path, MAX_TASK_BYTES)
-    except UnicodeDecodeError as exc:
-        raise TaskError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise TaskError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = read_input_or_raise(path, MAX_TASK_BYTES, TaskError)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -204,6 +204,21 @@ def image_requirements() -> list[str]:
     return list(project["dependencies"]) + list(project.get("optional-dependencies", {}).get("gateway", []))
 
 
+def _wheels_up_to_date(folder: Path, key: str, log: Callable[[str], None], what: str) -> int:
+    """The number of wheels in ``folder`` when its ``.requirements`` stamp says they were made for ``key``
+    (Python, architecture, requirements; logged as ``what``: N wheels, up to date); otherwise 0, the stamp
+    and the wheels removed so they are made again."""
+    stamp = folder / ".requirements"
+    wheels = list(folder.glob("*.whl"))
+    if wheels and stamp.is_file() and stamp.read_text() == key:
+        log(f"{what}: {len(wheels)} wheels, up to date")
+        return len(wheels)
+    stamp.unlink(missing_ok=True)
+    for old in wheels:
+        old.unlink()
+    return 0
+
+
 def prepare_wheelhouse(client: docker.DockerClient, log: Callable[[str], None] = print) -> int:
     """Fill ``wheelhouse/`` with wheels of ``image_requirements()`` built by the host's pip.
 
@@ -216,13 +231,9 @@ def prepare_wheelhouse(client: docker.DockerClient, log: Callable[[str], None] =
     host_arch = _DOCKER_ARCH.get(platform.machine().lower(), platform.machine())
     stamp = WHEELHOUSE / ".requirements"
     key = "\n".join([f"{sys.version_info[0]}.{sys.version_info[1]} {host_arch}", *requirements]) + "\n"
-    wheels = list(WHEELHOUSE.glob("*.whl"))
-    if wheels and stamp.is_file() and stamp.read_text() == key:
-        log(f"wheelhouse: {len(wheels)} wheels, up to date")
-        return len(wheels)
-    stamp.unlink(missing_ok=True)
-    for old in wheels:
-        old.unlink()
+    fresh = _wheels_up_to_date(WHEELHOUSE, key, log, "wheelhouse")
+    if fresh:
+        return fresh
     engine_arch = _DOCKER_ARCH.get(str(client.version().get("Arch", "")).lower(), "?")
     if sys.version_info[:2] != IMAGE_PYTHON or host_arch != engine_arch:
         log(f"wheelhouse: host Python {sys.version_info[0]}.{sys.version_info[1]}/{host_arch} does not match "
@@ -264,13 +275,9 @@ def prepare_foreign_wheelhouse(arch: str, log: Callable[[str], None] = print) ->
     requirements = image_requirements()
     stamp = folder / ".requirements"
     key = "\n".join([f"{IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]} {arch}", *requirements]) + "\n"
-    wheels = list(folder.glob("*.whl"))
-    if wheels and stamp.is_file() and stamp.read_text() == key:
-        log(f"wheelhouse ({arch}): {len(wheels)} wheels, up to date")
-        return len(wheels)
-    stamp.unlink(missing_ok=True)
-    for old in wheels:
-        old.unlink()
+    fresh = _wheels_up_to_date(folder, key, log, f"wheelhouse ({arch})")
+    if fresh:
+        return fresh
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     log(f"wheelhouse ({arch}): pure-Python wheels with the host's pip, then {arch} wheels from the index")
     with tempfile.TemporaryDirectory() as tmp:

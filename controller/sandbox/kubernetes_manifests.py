@@ -56,6 +56,14 @@ PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/
 """IPv4 ranges the gateway's egress NetworkPolicy excludes from ``0.0.0.0/0`` (the gateway refuses them
 too; this keeps the Pod network from reaching them should the proxy be wrong)."""
 
+
+def _program(name: str, command: str, *settings: str) -> str:
+    """A supervisord ``[program:NAME]`` section: ``command``, the ``settings`` lines, and its output to
+    the container's stdout (what ``kubectl logs`` shows)."""
+    return "\n".join([f"[program:{name}]", f"command={command}", *settings, "stdout_logfile=/dev/fd/1",
+                      "stdout_logfile_maxbytes=0", "redirect_stderr=true"]) + "\n"
+
+
 SESSION_CONF = f"""\
 ; The desktop container's session on Kubernetes (controller/sandbox/kubernetes.py): everything runs as
 ; the desktop user, the container's own uid; no program switches users. The agent runs in a container of
@@ -68,44 +76,17 @@ logfile_maxbytes=0
 pidfile=/tmp/supervisord.pid
 childlogdir=/tmp
 
-[program:xvfb]
-command={PYTHON} {SRC}/images/session/xserver.py
-environment=XSERVER_AUTH="/home/sandbox/.Xauthority"
-priority=10
-autorestart=true
-startsecs=1
-stdout_logfile=/dev/fd/1
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-
-[program:openbox]
-command={PYTHON} {SRC}/images/session/await.py --display -- openbox
-priority=20
-autorestart=true
-startsecs=0
-stdout_logfile=/dev/fd/1
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-
-[program:launcher]
-command={PYTHON} {SESSION_DIR}/broker.py --socket {LAUNCH_DIR}/launch.sock --client agent --user sandbox --apps %(ENV_AGENT_APPS_FILE)s
-priority=25
-autorestart=true
-startsecs=0
-stdout_logfile=/dev/fd/1
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-
-[program:pickup]
-command={PYTHON} {SRC}/images/session/pickup.py
-priority=40
-autorestart=unexpected
-exitcodes=0
-startsecs=0
-stdout_logfile=/dev/fd/1
-stdout_logfile_maxbytes=0
-redirect_stderr=true
-"""
+""" + "\n".join([
+    _program("xvfb", f"{PYTHON} {SRC}/images/session/xserver.py",
+             'environment=XSERVER_AUTH="/home/sandbox/.Xauthority"', "priority=10", "autorestart=true", "startsecs=1"),
+    _program("openbox", f"{PYTHON} {SRC}/images/session/await.py --display -- openbox",
+             "priority=20", "autorestart=true", "startsecs=0"),
+    _program("launcher", f"{PYTHON} {SESSION_DIR}/broker.py --socket {LAUNCH_DIR}/launch.sock --client agent "
+                         "--user sandbox --apps %(ENV_AGENT_APPS_FILE)s",
+             "priority=25", "autorestart=true", "startsecs=0"),
+    _program("pickup", f"{PYTHON} {SRC}/images/session/pickup.py",
+             "priority=40", "autorestart=unexpected", "exitcodes=0", "startsecs=0"),
+])
 """supervisord configuration of the desktop container (ConfigMap ``<id>-session``)."""
 
 BROKER_PY = '''\

@@ -41,15 +41,23 @@ def outputs(request: dict[str, Any]) -> list[dict[str, Any]]:
     return [i for i in request["input"] if isinstance(i, dict) and i.get("type") == "computer_call_output"]
 
 
-def test_approved_actions_reach_the_guest_in_order_and_the_next_request_acknowledges_exactly_the_pending_ids(
-        desk, serve, computer):
+def _one_call(desk, serve, computer, answer: str):
+    """One turn of an agent whose model sends :data:`CALL` then "done", its approval answered ``answer``
+    at the terminal: the model, the computer, the computer use, its first session, the probe's mark
+    before the turn, and the turn."""
     model = ScriptedModel([CALL, {"message": "done"}])
     server = serve(model)
-    c = computer("y")
+    c = computer(answer)
     use = AgentComputerUse(agent_on(server), c.executor)
     first_session = use.session
     mark = desk.probe.mark()
     turn = asyncio.run(use.run(c.first_message("go"), max_responses=5))
+    return model, c, use, first_session, mark, turn
+
+
+def test_approved_actions_reach_the_guest_in_order_and_the_next_request_acknowledges_exactly_the_pending_ids(
+        desk, serve, computer):
+    model, c, use, first_session, mark, turn = _one_call(desk, serve, computer, "y")
     assert turn.stopped is None and turn.response.text == "done" and turn.responses == 2
     assert inputs(desk.settle(mark)) == [(1, 101, 51), (3, 202, 102), "h", "i"]
     assert len(model.requests) == 2 and not model.errors
@@ -69,13 +77,7 @@ def test_approved_actions_reach_the_guest_in_order_and_the_next_request_acknowle
 
 
 def test_a_denied_call_sends_no_input_and_no_result(desk, serve, computer):
-    model = ScriptedModel([CALL, {"message": "done"}])
-    server = serve(model)
-    c = computer("n")
-    use = AgentComputerUse(agent_on(server), c.executor)
-    first_session = use.session
-    mark = desk.probe.mark()
-    turn = asyncio.run(use.run(c.first_message("go"), max_responses=5))
+    model, c, use, first_session, mark, turn = _one_call(desk, serve, computer, "n")
     assert turn.stopped is not None and turn.stopped.stopped == "denied" and turn.stopped.results == []
     assert desk.settle(mark) == []  # not a click, not a key
     assert len(model.requests) == 1  # no result was sent

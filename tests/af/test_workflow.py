@@ -80,11 +80,18 @@ def test_a_checkpointed_batch_restored_in_another_process_runs_with_the_same_ids
         ("call_0b", "click"), ("call_0b", "screenshot")]
 
 
-def test_a_denied_request_cancels_the_rest_of_its_batch(desk, serve, computer, tmp_path):
+def _paused_on_a_and_b(serve, computer, answer: str, tmp_path):
+    """A workflow whose model asks for calls A and B in one batch, started and paused on them, its
+    approvals answered ``answer``: the model, its server, the computer, the workflow and the pause."""
     model = BatchModel([[A, B]])
     server = serve(model)
-    c = computer("n")
+    c = computer(answer)
     workflow, paused = start(server, tmp_path / "checkpoints", c.first_message("go"))
+    return model, server, c, workflow, paused
+
+
+def test_a_denied_request_cancels_the_rest_of_its_batch(desk, serve, computer, tmp_path):
+    model, server, c, workflow, paused = _paused_on_a_and_b(serve, computer, "n", tmp_path)
     mark = desk.probe.mark()
     result = asyncio.run(WorkflowComputerUse(workflow, c.executor).answer(paused))
     assert desk.settle(mark) == []  # neither call reached the guest
@@ -137,10 +144,7 @@ def test_a_hand_built_partial_acknowledgement_is_rejected(serve, tmp_path):
 
 
 def test_a_restored_call_already_attempted_is_not_run_again(desk, serve, computer, tmp_path):
-    model = BatchModel([[A, B]])
-    server = serve(model)
-    c = computer("y")
-    _, paused = start(server, tmp_path / "checkpoints", c.first_message("go"))
+    model, server, c, _, paused = _paused_on_a_and_b(serve, computer, "y", tmp_path)
     # this process runs A and stops before its result is sent (as a crash would): the record has A's actions
     mark = desk.probe.mark()
     first = asyncio.run(c.executor.run_batch([computer_requests(paused)[0].data]))

@@ -32,18 +32,18 @@ def test_only_a_foreign_image_is_slower_and_unknown_arches_are_refused(monkeypat
 def test_the_cli_gives_docker_options_a_suffixed_tag_and_vm_options_an_arch(monkeypatch):
     import typer
 
-    from controller import cli
+    from controller.commands.common import with_arch
     from controller.sandbox.docker import DockerOptions
     from controller.sandbox.vm import VMOptions
 
     monkeypatch.setattr(image, "host_arch", lambda: "amd64")
-    emulated = cli._with_arch(DockerOptions(), "arm64")
+    emulated = with_arch(DockerOptions(), "arm64")
     assert (emulated.image, emulated.mem_limit) == ("desktop-sandbox:latest-arm64", image.EMULATION_MEM_LIMIT)
-    assert cli._with_arch(DockerOptions(), "") == DockerOptions()
-    assert cli._with_arch(DockerOptions(), "amd64") == DockerOptions()
-    assert cli._with_arch(VMOptions(), "arm64").arch == "arm64"
+    assert with_arch(DockerOptions(), "") == DockerOptions()
+    assert with_arch(DockerOptions(), "amd64") == DockerOptions()
+    assert with_arch(VMOptions(), "arm64").arch == "arm64"
     with pytest.raises(typer.Exit):
-        cli._with_arch(DockerOptions(), "mips")
+        with_arch(DockerOptions(), "mips")
 
 
 def test_a_vm_image_directory_names_its_arch(tmp_path):

@@ -4,7 +4,6 @@ logged-in httpx session against it, LiveRuns with a real ApprovalRegistry, run r
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
 import threading
@@ -21,6 +20,7 @@ from controller.console.server import ConsoleServer
 from controller.run.live import LiveRun
 from controller.run.registry import ApprovalRegistry
 from tests.conformance.harness import poll
+from tests.helpers import QuietHandler, reply, serve_http
 from tests.require import require_commands
 
 LIVE_ID = "20300101-000000-live-abcd"
@@ -213,21 +213,12 @@ def other_site() -> Iterator[tuple[str, dict[str, str], list[str]]]:
     pages: dict[str, str] = {}
     seen: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             seen.append(f"{self.path} cookie={self.headers.get('Cookie')}")
             body = pages.get(self.path.split("?")[0], "").encode()
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 200 if body else 404, body, "text/html")
 
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = serve_http(Handler)
     yield f"http://127.0.0.1:{server.server_address[1]}", pages, seen
     server.shutdown()

@@ -16,7 +16,7 @@ import pytest
 from openai.types.responses import computer_action as sdk_ga
 from openai.types.responses import response_computer_tool_call as sdk_legacy
 
-from controller import cli
+from controller.commands import run_task
 from controller.agent_client import AgentClient
 from controller.offline.scripted_server import ScriptedModel, load_script
 from controller.run.approvals import ActionGate, describe_action
@@ -54,12 +54,6 @@ def agent(xvfb):
     proc = AgentProcess(xvfb.display).start()
     yield proc
     proc.stop()
-
-
-@pytest.fixture
-def client(agent):
-    with AgentClient(agent.base_url, agent.token, timeout=20) as c:
-        yield c
 
 
 @pytest.fixture
@@ -176,7 +170,7 @@ def test_progress_and_approvals_describe_each_type(kind):
 
 @pytest.mark.parametrize("kind", ACTION_TYPES)
 def test_the_cli_offers_each_type_to_confirm(kind):
-    assert kind in cli.ACTION_TYPES
+    assert kind in run_task.ACTION_TYPES
 
 
 def test_the_architecture_doc_carries_the_action_reference_rendered_from_the_schema():

@@ -226,10 +226,10 @@ def test_the_action_gate_shows_hostile_keys_escaped_and_never_as_emoji():
     assert_shown_safely(out.getvalue())
 
 
-CONSOLE_CHILD = r"""
-import sys, threading
+CHILD_CALL = r"""
+import datetime as dt, os, sys, threading
 from openai.types.responses import ResponseComputerToolCall
-from controller.run.approvals import SafetyCheckApprover, terminal_asker
+from controller.run.approvals import OriginPrompter, SafetyCheckApprover, terminal_asker
 from controller.run.registry import ApprovalRegistry
 call = ResponseComputerToolCall.model_validate({
     "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
@@ -237,6 +237,11 @@ call = ResponseComputerToolCall.model_validate({
     "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
 })
 registry = ApprovalRegistry()
+"""
+"""What the terminal children below start with: a computer call with one pending safety check, and the
+run's approval registry."""
+
+CONSOLE_CHILD = CHILD_CALL + r"""
 registry.views.add("console")
 def console_view():  # answers once the terminal is asking (the parent says so on stdin's sibling: argv)
     import os
@@ -308,17 +313,7 @@ def test_the_terminal_asks_about_an_origin_request_approve_deny_or_cancel(typed,
     assert "\x1b[2J" not in text and "\u202e" not in text
 
 
-SERIAL_CHILD = r"""
-import datetime as dt, os, sys, threading
-from openai.types.responses import ResponseComputerToolCall
-from controller.run.approvals import OriginPrompter, SafetyCheckApprover, terminal_asker
-from controller.run.registry import ApprovalRegistry
-call = ResponseComputerToolCall.model_validate({
-    "type": "computer_call", "id": "cu_1", "call_id": "call_1", "status": "completed",
-    "actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}],
-    "pending_safety_checks": [{"id": "sc_1", "code": "irrelevant_domain", "message": "Off-task site."}],
-})
-registry = ApprovalRegistry()
+SERIAL_CHILD = CHILD_CALL + r"""
 asker = terminal_asker()
 prompter = OriginPrompter(asker, registry).start()
 now = dt.datetime.now(dt.timezone.utc)

@@ -237,8 +237,8 @@ def _hostile_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]
     """The installed command (``cli.app``, as the console script calls it) with the hostile backends."""
     child = HOSTILE_BACKEND + (
         "\nfrom controller import cli, sandbox\nimport controller.sandbox.registry as registry\n"
-        "cli._backend = lambda name: Gone if name == 'vm' else Hostile\n"
-        "cli.backend_names = lambda: ['docker', 'vm']\n"
+        "registry.get_backend = lambda name: Gone if name == 'vm' else Hostile\n"
+        "registry.backend_names = lambda: ['docker', 'vm']\n"
         "def audit(network, image):\n    raise SandboxError('gateway exited:\\n' + EVIL)\n"
         "registry.audit_function = lambda backend: audit\n"
         "import sys\ncli.app(sys.argv[1:], prog_name='desktop-sandbox')\n")

@@ -4,7 +4,6 @@ where it is output: no Docker, no QEMU (the VM backend's processes and channel a
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import socket
@@ -17,6 +16,7 @@ from controller.sandbox import LABEL_OWNER, SandboxError, reap, wait_agent_ready
 from controller.sandbox.vm import VMSandbox
 from controller.sandbox.vm_qga import GuestAgentChannel
 from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
+from tests.helpers import QuietHandler, reply, serve_http
 
 
 def test_the_warning_about_a_sandbox_left_in_place_shows_its_labels_escaped(caplog):
@@ -33,20 +33,11 @@ def test_the_warning_about_a_sandbox_left_in_place_shows_its_labels_escaped(capl
 def hostile_agent():
     """An agent that answers every request 503 with a hostile body; yields its URL."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802
-            body = EVIL.encode()
-            self.send_response(503)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 503, EVIL.encode())
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = serve_http(Handler)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

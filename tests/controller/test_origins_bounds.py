@@ -30,6 +30,7 @@ from controller.run.origins import (
 )
 from controller.run.registry import ApprovalRegistry
 from tests.controller.origin_gateway import until
+from tests.helpers import reply_json
 
 SLACK_S = 1.0
 """Seconds allowed past a bound for scheduling on a busy test machine."""
@@ -81,12 +82,7 @@ class HostileControl:
                 pass
 
             def _json(self, status: int, body: Any) -> None:
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                reply_json(self, status, body)
 
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
                 if self.path.startswith("/v1/origin-requests/events"):

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from controller.audit import AuditReport, ProbeResult, render_table
-from controller.cli import guest_description, policy_toml, sandbox_table
+from controller.commands.up import guest_description, policy_toml, sandbox_table
 from controller.gateway.policy import NetworkPolicy
 from controller.run.progress import PIPE_WIDTH, RunPrinter, make_console, summarize_action
 from controller.run.record import RunRecord, read_record, summarize, summary_table

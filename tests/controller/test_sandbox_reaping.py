@@ -19,17 +19,9 @@ import pytest
 
 from controller.sandbox import LABEL_DETACHED, LABEL_OWNER, LABEL_OWNER_ID, LABEL_SANDBOX, reap
 from controller.sandbox.owner import boot_id, machine_id, owner_id, owner_state, pid_namespace, process_start
+from tests.helpers import exited_process
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _dead_pid() -> tuple[int, str]:
-    """A pid and start time of a process that has exited (and was waited for)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    start = process_start(proc.pid)
-    proc.stdin.close()
-    proc.wait(timeout=30)
-    return proc.pid, start
 
 
 def _ours(pid: int, start: str) -> str:
@@ -49,7 +41,7 @@ def test_owner_id_names_this_process():
 
 
 def test_only_provably_dead_owners_of_this_host_are_reaped(caplog):
-    pid, start = _dead_pid()
+    pid, start = exited_process()
     other_machine = "0" * 32 if machine_id() != "0" * 32 else "1" * 32
     me = os.getpid()
     found = {
@@ -120,7 +112,7 @@ def test_vm_reaping_removes_only_provably_dead_and_ours(leftovers, caplog):
     from controller.sandbox.vm import VMSandbox
     from controller.sandbox.vm_process import _sandbox_id
 
-    pid, start = _dead_pid()
+    pid, start = exited_process()
     dead_dir, dead_qemu = leftovers(_ours(pid, start))
     foreign_dir, foreign_qemu = leftovers(f"{'f' * 32}:{boot_id()}:{pid_namespace()}:{pid}:{start}")
     reused_dir, reused_qemu = leftovers(_ours(os.getpid(), str(int(process_start(os.getpid())) + 1)))

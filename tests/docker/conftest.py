@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.helpers import timings_section
 from tests.require import unavailable
 
 from ._cli_run import cli_run  # noqa: F401 - fixture, for test_signal_sweep and test_teardown
@@ -37,12 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
-    if not _ready_times:
-        return
-    terminalreporter.section("desktop sandbox start-to-ready")
-    for what, timings in _ready_times:
-        parts = ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
-        terminalreporter.write_line(f"{what}: {parts}")
+    timings_section(terminalreporter, "desktop sandbox start-to-ready", _ready_times, lambda v: f"{v:.2f}s")
 
 
 def record_ready(what: str, timings: dict[str, float]) -> None:

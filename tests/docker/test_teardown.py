@@ -24,6 +24,8 @@ from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, LABEL_SANDBOX, Sandb
 from controller.sandbox.docker import DockerOptions, DockerSandbox, reap_orphans, remove_sandbox
 from controller.sandbox.owner import boot_id, machine_id, pid_namespace, process_start
 
+from tests.helpers import exited_process
+
 from ._cli_run import RUNS, CliRun, entries
 from .conftest import record_ready
 
@@ -153,20 +155,11 @@ def test_down_all_after_a_killed_up(cli_run, desktop_image, docker_client, test_
         remove_sandbox(docker_client, other)
 
 
-def _exited_process() -> tuple[int, str]:
-    """Pid and start time of a process of this host that has exited (and was waited for)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    start = process_start(proc.pid)
-    proc.stdin.close()
-    proc.wait(timeout=30)
-    return proc.pid, start
-
-
 def test_reaping_takes_only_what_is_provably_dead_and_ours(docker_client, test_labels):
     """Leftover networks as killed runs leave them; all carry an old-style owner label ``<this host
     name>:<exited pid>`` (what a shared engine's other users with the same host name look like). Only
     the one whose owner id is this machine's, boot's and pid namespace's, with an exited pid, goes."""
-    pid, start = _exited_process()
+    pid, start = exited_process()
     here = f"{machine_id()}:{boot_id()}:{pid_namespace()}"
     other_machine = "0" * 32 if machine_id() != "0" * 32 else "1" * 32
     me = os.getpid()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import reply
 from tests.require import unavailable
 
 from controller.gateway import gateway_python
@@ -57,12 +58,7 @@ def _handler(record: RecordingServer):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            body = f"{record.name} {self.path}".encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 200, f"{record.name} {self.path}".encode(), "text/plain")
 
     return Handler
 

@@ -268,12 +268,19 @@ def test_each_request_on_a_kept_alive_connection_is_judged(servers, gateway_fact
     assert denied.hits == []
 
 
-def test_connect_to_allowed_https_origin_passes_tls_through(servers, gateway_factory):
+def _tunnel_to_tls_origin(servers, gateway_factory):
+    """A gateway allowing only the TLS test server's origin, and a CONNECT tunnel to it (answered 200):
+    the server, its origin, the gateway and the tunnel's socket."""
     tls_server = servers["tls"]
     origin = f"https://localhost:{tls_server.port}"
     gateway = gateway_factory(policy_for(servers, origin))
     status, sock = connect(gateway, f"localhost:{tls_server.port}")
     assert status == 200
+    return tls_server, origin, gateway, sock
+
+
+def test_connect_to_allowed_https_origin_passes_tls_through(servers, gateway_factory):
+    tls_server, origin, gateway, sock = _tunnel_to_tls_origin(servers, gateway_factory)
     client = ssl.create_default_context(cafile=str(servers["tls_cert"]))
     with client.wrap_socket(sock, server_hostname="localhost") as tls_sock:
         # the server's own certificate arrives: the gateway did not intercept
@@ -286,11 +293,7 @@ def test_connect_to_allowed_https_origin_passes_tls_through(servers, gateway_fac
 
 
 def test_connect_with_mismatched_sni_is_closed_before_upstream(servers, gateway_factory):
-    tls_server = servers["tls"]
-    origin = f"https://localhost:{tls_server.port}"
-    gateway = gateway_factory(policy_for(servers, origin))
-    status, sock = connect(gateway, f"localhost:{tls_server.port}")
-    assert status == 200
+    tls_server, origin, gateway, sock = _tunnel_to_tls_origin(servers, gateway_factory)
     client = ssl.create_default_context()
     client.check_hostname = False
     client.verify_mode = ssl.CERT_NONE

@@ -197,12 +197,17 @@ def test_unused_path_is_not_a_file_root(setup):
 
 
 
+def _agent_with_probe(make_agent, display: str, tmp_path: Path):
+    """An agent on ``display`` that may launch the event probe (``python -m guest probe``) and read
+    files under ``tmp_path``."""
+    return make_agent(display, apps={"probe": [sys.executable, "-m", "guest", "probe"]}, files_roots=[str(tmp_path)])
+
+
 def test_keycodes_come_from_the_live_keymap(make_agent, tmp_path):
     server = Xvfb(640, 480, 24).start()
     other = xdisplay.Display(server.display)
     try:
-        agent = make_agent(server.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
-                           files_roots=[str(tmp_path)])
+        agent = _agent_with_probe(make_agent, server.display, tmp_path)
         with AgentClient(agent.base_url, agent.token, timeout=30) as client:
             desktop = AgentDesktop(client, str(tmp_path), display=server.display)
             probe = desktop.start_probe()
@@ -303,8 +308,7 @@ def test_a_restarted_agent_reuses_the_spare_keycodes_bound_before_it(make_agent,
         with AgentClient(first.base_url, first.token, timeout=60) as client:
             client.actions([{"type": "type", "text": "".join(chr(0x4E00 + i) for i in range(300))}])
         first.stop()
-        second = make_agent(server.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
-                            files_roots=[str(tmp_path)])
+        second = _agent_with_probe(make_agent, server.display, tmp_path)
         with AgentClient(second.base_url, second.token, timeout=60) as client:
             desktop = AgentDesktop(client, str(tmp_path), display=server.display)
             probe = desktop.start_probe()

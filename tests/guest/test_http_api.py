@@ -42,12 +42,6 @@ def agent(files_root, tmp_path_factory):
     proc.stop()
 
 
-@pytest.fixture
-def client(agent):
-    with AgentClient(agent.base_url, agent.token, timeout=20) as c:
-        yield c
-
-
 ENDPOINTS = [("GET", "/v1/display"), ("POST", "/v1/actions"), ("GET", "/v1/screenshot"),
              ("POST", "/v1/release"), ("GET", "/v1/files?path=/tmp"), ("POST", "/v1/launch")]
 

@@ -10,7 +10,7 @@ from Xlib import display as xdisplay
 
 from controller.agent_client import AgentClient
 from guest import pointer
-from guest.localrun import Xvfb
+from guest.localrun import Xvfb, terminate
 from tests.require import require_commands
 
 pytestmark = pytest.mark.slow
@@ -79,9 +79,5 @@ def test_scroll_pixels_match_firefox(make_agent, tmp_path):
             assert _settled(dpy, moved_from=start + moved) < start + moved, "a 1 px scroll up must scroll"
     finally:
         dpy.close()
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
+        terminate(browser, 10)
         server.stop()

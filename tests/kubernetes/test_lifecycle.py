@@ -5,10 +5,7 @@ streams are stand-ins: port-forward reaches a stub agent on 127.0.0.1 through th
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator, Sequence
 
 import pytest
@@ -20,13 +17,15 @@ from typer.testing import CliRunner  # noqa: E402
 from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, ExecResult, SandboxError, SandboxSpec  # noqa: E402
 from controller.sandbox import kubernetes as k8s  # noqa: E402
 
+from tests.helpers import QuietHandler, reply_json, serve_http  # noqa: E402
+
 from .fake_cluster import FakeCluster, official_apis  # noqa: E402
 
 NS = "sandboxes"
 TOKEN: dict[str, str] = {}
 
 
-class _Agent(BaseHTTPRequestHandler):
+class _Agent(QuietHandler):
     """Answers ``/livez`` and, with the sandbox's token, ``/v1/display``: what readiness asks."""
 
     def do_GET(self) -> None:  # noqa: N802
@@ -36,15 +35,7 @@ class _Agent(BaseHTTPRequestHandler):
             body, code = {"width": 1280, "height": 800, "depth": 24}, 200
         else:
             body, code = {"error": {"code": "unauthorized", "message": "no"}}, 401
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        reply_json(self, code, body)
 
 
 @pytest.fixture(autouse=True)
@@ -54,8 +45,7 @@ def _quick_pod_polls(monkeypatch):
 
 @pytest.fixture(scope="module")
 def stub_agent() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Agent)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_http(_Agent)
     yield server.server_address[1]
     server.shutdown()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.agent_client import AgentClient
-from guest.localrun import AgentProcess, Xvfb, free_port
+from guest.localrun import AgentProcess, Xvfb, free_port, terminate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,13 +110,7 @@ class LocalSandbox:
             self.agent_proc.stop()
             self.agent_proc = None
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, 5)
         self.procs.clear()
         self.xvfb.stop()
         # children the agent launched (firefox, xterm) die with the X server; remove the home last

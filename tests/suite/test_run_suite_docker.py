@@ -42,23 +42,23 @@ def _pids(run: CliRun) -> list[int]:
     return [r["pid"] for r in index["runs"] if r["pid"]]
 
 
-def _owned(client, pids: list[int]) -> list[str]:
-    """Containers and networks carrying the owner label of one of ``pids`` (this suite's run processes)."""
+def _labelled(client, labels: list[str]) -> list[str]:
+    """Names of the containers and networks carrying one of ``labels`` (``KEY=VALUE``)."""
     names = []
-    for pid in pids:
-        flt = {"label": f"{LABEL_OWNER}={socket.gethostname()}:{pid}"}
+    for label in labels:
+        flt = {"label": label}
         names += [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=flt)]
         names += [n.name for n in client.networks.list(filters=flt)]
     return names
+
+
+def _owned(client, pids: list[int]) -> list[str]:
+    """Containers and networks carrying the owner label of one of ``pids`` (this suite's run processes)."""
+    return _labelled(client, [f"{LABEL_OWNER}={socket.gethostname()}:{pid}" for pid in pids])
 
 
 def _by_sandbox(client, sandbox_ids: list[str]) -> list[str]:
-    names = []
-    for sid in sandbox_ids:
-        flt = {"label": f"{LABEL_SANDBOX}={sid}"}
-        names += [c.name for c in client.containers.list(all=True, ignore_removed=True, filters=flt)]
-        names += [n.name for n in client.networks.list(filters=flt)]
-    return names
+    return _labelled(client, [f"{LABEL_SANDBOX}={sid}" for sid in sandbox_ids])
 
 
 def _alive(pid: int) -> bool:

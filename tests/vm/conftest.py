@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 import pytest
 
+from tests.helpers import timings_section
 from tests.require import unavailable
 
 from tests.docker._conformance import sandbox_desktop, target  # noqa: F401 - target: fixture
@@ -35,12 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
-    if not _timings:
-        return
-    terminalreporter.section("VM sandbox")
-    for what, timings in _timings:
-        terminalreporter.write_line(f"{what}: " + ", ".join(
-            f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}" for k, v in timings.items()))
+    timings_section(terminalreporter, "VM sandbox", _timings,
+                    lambda v: f"{v:.1f}s" if isinstance(v, float) else f"{v}")
 
 
 def _unavailable(reason: str) -> None:

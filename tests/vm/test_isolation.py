@@ -59,6 +59,13 @@ def test_guest_has_no_route_no_dns_and_only_the_gateway(vm_sandbox):
     assert out["ipv6"] == ""
 
 
+def _guest_python(vm_sandbox, script: str) -> str:
+    """What ``python3 -c script`` prints in the guest (it must exit 0)."""
+    result = vm_sandbox.exec_in_guest(["python3", "-c", script], timeout=60)
+    assert result.exit_code == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
 def test_proxy_in_the_guest_is_the_policy_gateway(vm_sandbox):
     before = len(vm_sandbox.decision_log())
     script = (
@@ -67,9 +74,7 @@ def test_proxy_in_the_guest_is_the_policy_gateway(vm_sandbox):
         "c.request('GET', 'http://denied.audit.test:8080/x', headers={'Host': 'denied.audit.test:8080'})\n"
         "r = c.getresponse(); print(r.status); print(r.read().decode()[:200])\n"
     )
-    result = vm_sandbox.exec_in_guest(["python3", "-c", script], timeout=60)
-    assert result.exit_code == 0, result.stderr.decode()
-    status, body = result.stdout.decode().split("\n", 1)
+    status, body = _guest_python(vm_sandbox, script).split("\n", 1)
     assert status == "403" and body.startswith("denied by sandbox egress policy")
     decisions = vm_sandbox.decision_log()[before:]
     assert any("denied.audit.test" in d.get("origin", "") and d.get("decision") == "deny" for d in decisions)
@@ -85,9 +90,7 @@ def test_token_reaches_only_the_agents_file(vm_sandbox):
         "try:\n    os.stat('/run/desktop-sandbox/agent-token'); print('token-visible')\n"
         "except PermissionError:\n    print('token-denied')\n"
     )
-    result = vm_sandbox.exec_in_guest(["python3", "-c", script], timeout=60)
-    assert result.exit_code == 0, result.stderr.decode()
-    text = result.stdout.decode()
+    text = _guest_python(vm_sandbox, script)
     assert vm_sandbox.agent_token not in text
     assert "READABLE" not in text and "denied" in text
     assert text.strip().endswith("token-denied")  # the agent's directory is closed to the desktop user

@@ -1,0 +1,68 @@
+"""Small pieces several test folders share: an HTTP handler's reply, a quiet handler served on a
+thread of this process, a process that has exited, the timings section of the
+terminal summary (stopping a child process is
+:func:`guest.localrun.terminate`)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from typing import Any, Callable
+
+from controller.sandbox.owner import process_start
+
+
+def reply(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes,
+          content_type: str | None = None) -> None:
+    """Answer ``handler``'s request with ``status`` and ``body`` (a Content-Length, and a Content-Type
+    when given)."""
+    handler.send_response(status)
+    if content_type is not None:
+        handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def reply_json(handler: http.server.BaseHTTPRequestHandler, status: int, value: Any) -> None:
+    """Answer with ``value`` as JSON (``application/json``)."""
+    reply(handler, status, json.dumps(value).encode(), "application/json")
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that logs nothing (http.server writes every request to stderr)."""
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """A server of ``handler`` on 127.0.0.1 (a free port), serving on a daemon thread until its
+    ``shutdown()``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def exited_process() -> tuple[int, str]:
+    """Pid and start time of a process of this host that has exited (and was waited for)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    start = process_start(proc.pid)
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    return proc.pid, start
+
+
+
+def timings_section(terminalreporter: Any, title: str, rows: list[tuple[str, dict[str, Any]]],
+                    show: Callable[[Any], str]) -> None:
+    """Write ``rows`` (what, its timings) as the section ``title`` of pytest's terminal summary, each
+    value through ``show``: ``what: name value, name value``. Nothing when there are no rows."""
+    if not rows:
+        return
+    terminalreporter.section(title)
+    for what, timings in rows:
+        terminalreporter.write_line(f"{what}: " + ", ".join(f"{k} {show(v)}" for k, v in timings.items()))
