@@ -115,7 +115,7 @@ def test_run_task_cancelled_by_signal_leaves_nothing(cli_run, desktop_image, nam
     if case.check_release:
         # the agent's access log, read while the desktop ran: inputs released after the last action
         log = [line for line in run.desktop_log if "guest.access" in line]
-        actions = [i for i, line in enumerate(log) if '"POST /v1/actions"' in line]
+        actions = [i for i, line in enumerate(log) if '"POST /v1/actions' in line]  # also ?screenshot=, a step
         releases = [i for i, line in enumerate(log) if '"POST /v1/release" 200' in line]
         assert actions and releases and releases[-1] > actions[-1], "\n".join(log[-20:])
 
