@@ -1,6 +1,6 @@
 """Small pieces several test folders share: an HTTP handler's reply, a quiet handler served on a
 thread of this process, a process that has exited, the timings section of the
-terminal summary (stopping a child process is
+terminal summary, an origin web server in a container of the guest image (stopping a child process is
 :func:`guest.localrun.terminate`)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 from controller.sandbox.owner import process_start
@@ -66,3 +68,28 @@ def timings_section(terminalreporter: Any, title: str, rows: list[tuple[str, dic
     terminalreporter.section(title)
     for what, timings in rows:
         terminalreporter.write_line(f"{what}: " + ", ".join(f"{k} {show(v)}" for k, v in timings.items()))
+
+
+TARGET_SERVER = Path(__file__).resolve().parents[1] / "controller" / "audit" / "target_server.py"
+
+
+def run_origin_target(client: Any, image: str, network: str, name: str, alias: str, port: int,
+                      labels: dict[str, str], timeout: float = 60.0) -> Any:
+    """A hardened container of ``image`` on Docker ``network`` (reachable there as ``alias``) serving
+    HTTP on ``port`` with the audit's target server (an allowed origin), once it listens. Raises
+    AssertionError when it exits or is not ready within ``timeout`` seconds; the caller removes it."""
+    container = client.containers.run(
+        image, entrypoint=["python3", "-c", TARGET_SERVER.read_text(encoding="utf-8")],
+        command=[json.dumps({"role": "allowed", "http": [port]})], name=name, detach=True,
+        user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
+        pids_limit=64, mem_limit="128m", labels=labels, network=network,
+        networking_config={network: client.api.create_endpoint_config(aliases=[alias])})
+    deadline = time.monotonic() + timeout
+    while b'"ready": true' not in container.logs():
+        container.reload()
+        if container.status not in ("created", "running") or time.monotonic() > deadline:
+            logs = container.logs(tail=20)
+            container.remove(force=True)
+            raise AssertionError(f"the origin container did not get ready: {logs!r}")
+        time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
+    return container

@@ -13,12 +13,13 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 
 import pytest
 
 from controller.agents_api.server import AgentsServer, ServeOptions
 from controller.agents_api.sessions import HubOptions
+
+from tests.helpers import run_origin_target
 
 from .conftest import ROOT
 
@@ -26,7 +27,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 SUBNET = "10.213.77.0/24"
 """tasks/origin-demo.toml's allow_addresses."""
-SERVER = ROOT / "controller" / "audit" / "target_server.py"
 
 
 @pytest.fixture
@@ -39,18 +39,8 @@ def origin_network(docker_client, desktop_image, test_labels):  # noqa: ANN001
     network = docker_client.networks.create(name, driver="bridge", internal=True, ipam=ipam, labels=test_labels)
     container = None
     try:
-        container = docker_client.containers.run(
-            desktop_image, entrypoint=["python3", "-c", SERVER.read_text(encoding="utf-8")],
-            command=[json.dumps({"role": "allowed", "http": [8080]})], name=f"{name}-target", detach=True,
-            user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
-            pids_limit=64, mem_limit="128m", labels=test_labels, network=name,
-            networking_config={name: docker_client.api.create_endpoint_config(aliases=["origin-demo"])})
-        deadline = time.monotonic() + 60
-        while b'"ready": true' not in container.logs():
-            container.reload()
-            assert container.status in ("created", "running"), container.logs(tail=20)
-            assert time.monotonic() < deadline, "the origin container did not get ready"
-            time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
+        container = run_origin_target(docker_client, desktop_image, name, f"{name}-target", "origin-demo", 8080,
+                                      test_labels)
         yield name
     finally:
         if container is not None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
@@ -21,11 +19,10 @@ from controller.gateway.policy import NetworkPolicy, Origin
 from controller.run.record import read_record
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import FileCheck, Ready, Task
+from tests.helpers import run_origin_target
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVER = ROOT / "controller" / "audit" / "target_server.py"
 NAME, PORT = "ask-target", 8080
 ORIGIN = f"http://{NAME}:{PORT}"
 
@@ -48,18 +45,8 @@ def origin_network(docker_client, desktop_image, test_labels):
     try:
         network.reload()
         subnet = network.attrs["IPAM"]["Config"][0]["Subnet"]
-        container = docker_client.containers.run(
-            desktop_image, entrypoint=["python3", "-c", SERVER.read_text(encoding="utf-8")],
-            command=[json.dumps({"role": "allowed", "http": [PORT]})], name=f"{ident}-target", detach=True,
-            user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
-            pids_limit=64, mem_limit="128m", labels=test_labels, network=network.name,
-            networking_config={network.name: docker_client.api.create_endpoint_config(aliases=[NAME])})
-        deadline = time.monotonic() + 60
-        while b'"ready": true' not in container.logs():
-            container.reload()
-            assert container.status in ("created", "running"), container.logs(tail=20)
-            assert time.monotonic() < deadline, "the origin container did not get ready"
-            time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
+        container = run_origin_target(docker_client, desktop_image, network.name, f"{ident}-target", NAME, PORT,
+                                      test_labels)
         yield network.name, subnet, container
     finally:
         if container is not None:
