@@ -389,6 +389,56 @@ class AgentClient:
         return _int_field(body, "pid", what, 1)
 
 
+    # -- the agent's chromium (contract 8) ---------------------------------------------------------
+    def signin_page(self) -> Any:
+        """The active tab's sign-in page (:class:`wire.browser.SignInPage`), or None when the agent's
+        chromium is not running or shows no page (409 ``no_browser`` / ``no_page``). Answer capped at
+        :data:`JSON_MAX_BYTES`. Raises AgentError otherwise (``bad_response`` for a shape not the schema's)."""
+        from pydantic import ValidationError
+
+        from wire.browser import SignInPage
+
+        try:
+            body = _json(self._request("GET", "/v1/browser/signin", JSON_MAX_BYTES), "GET /v1/browser/signin")
+        except AgentError as exc:
+            if exc.status == 409 and exc.code in ("no_browser", "no_page"):
+                return None
+            raise
+        try:
+            return SignInPage.model_validate(body)
+        except ValidationError as exc:
+            raise AgentError(0, "bad_response", f"GET /v1/browser/signin: not a sign-in page: "
+                                                f"{clean(str(exc.errors(include_input=False)[0].get('msg')), 200)}") from None
+
+    def signin_fill(self, request: Any) -> Any:
+        """Fill and submit the sign-in form (:class:`wire.browser.FillRequest` -> ``FillResult``). The
+        values go in the request body only (never a URL, a log or an error message). Raises AgentError."""
+        from pydantic import ValidationError
+
+        from wire.browser import FillResult
+
+        what = "POST /v1/browser/signin"
+        body = {"credential_origin": request.credential_origin, "selected_option": request.selected_option,
+                "fields": [{"field_id": f.field_id, "value": f.value} for f in request.fields]}
+        try:
+            answer = self._request("POST", "/v1/browser/signin", JSON_MAX_BYTES, json_body=body)
+        finally:
+            del body
+        try:
+            return FillResult.model_validate(_json(answer, what))
+        except ValidationError:
+            raise AgentError(0, "bad_response", f"{what}: not a fill result") from None
+
+    def page_text(self, url: str) -> dict[str, Any]:
+        """The text of ``url`` as the agent's chromium loads it in a background tab (``{"origin", "url",
+        "text", "truncated"}``, at most 1 MiB of text). Raises AgentError."""
+        what = "GET /v1/browser/page"
+        body = _json(self._request("GET", "/v1/browser/page", 4 * 1024 * 1024, params={"url": url}), what)
+        if not (isinstance(body, dict) and isinstance(body.get("text"), str) and isinstance(body.get("origin"), str)):
+            raise AgentError(0, "bad_response", f"{what}: not a page text")
+        return body
+
+
 DIRECT_PROBE_S = 1.0
 """Seconds :func:`direct_client` gives an address to answer before falling back."""
 

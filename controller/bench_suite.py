@@ -234,11 +234,9 @@ def measure_idle(client: Any, task: Any, image: str, samples: int, say: Callable
     """One sandbox laid out as ``task`` (apps launched, ready files waited for), then ``samples`` samples:
     ``{"start_s", "desktop": {mem_mib, cpu}, "gateway": {...}, "sandbox_mem_mib"}`` (each a :func:`summary`)."""
     from controller.run.verify import guest_path
-    from controller.sandbox import SandboxSpec
     from controller.sandbox.docker import DockerOptions, DockerSandbox
 
-    spec = SandboxSpec(screen_width=task.screen.width, screen_height=task.screen.height,
-                       policy=task.network.model_dump(mode="json"))
+    spec = task.sandbox_spec()
     t0 = time.monotonic()
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with DockerSandbox.start(spec, DockerOptions(image=image, extra_labels={"desktop-sandbox.bench": "suite"}),

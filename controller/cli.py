@@ -152,6 +152,12 @@ def run_task_cmd(
     runner: str = typer.Option("sdk", "--runner", help="The model loop: sdk (the openai SDK's ComputerToolset) or "
                                                        "agent-framework (an Agent Framework agent; needs the [af] extra)."),
     arch: str = typer.Option("", "--arch", help=ARCH_HELP),
+    sign_in: Optional[Path] = typer.Option(
+        None, "--sign-in", help="Answer the agent's browser's sign-in requests from this TOML file of origin -> "
+                                "values (mode 0600; read anew for each request; README, \"Sign-in\")."),
+    attach_network: list[str] = typer.Option(
+        [], "--attach-network", help="Docker network the sandbox's gateway also joins (a local site the task "
+                                     "reaches, e.g. the sign-in demo's; repeatable; docker backend only)."),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -175,7 +181,8 @@ def run_task_cmd(
     run_task(task_file, image_tag=image_tag, live=live, model=model, max_steps=max_steps, script=script,
              legacy=legacy, approve_safety_check=approve_safety_check, approve_origin=approve_origin,
              confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, backend=backend, ui=ui,
-             approval_timeout=approval_timeout, runner=runner, arch=arch, opener=sandbox_opener)
+             approval_timeout=approval_timeout, runner=runner, arch=arch, opener=sandbox_opener, sign_in=sign_in,
+             attach_network=attach_network)
 
 
 @app.command()

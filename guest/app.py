@@ -34,12 +34,16 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from wire.browser import FillRequest
 
 from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, WAIT_QUIET_S, ActionError, Executor
 from .capture import BadCapture, Capture, Shot
 from .display import DisplayConnection, DisplayUnavailable
 from .files import DEFAULT_MAX_BYTES, FileError, FileReader
+from .browser import BrowserError, BrowserHost
 from .launch import Launcher, LaunchError
 
 log = logging.getLogger(__name__)
@@ -53,14 +57,15 @@ _DECIMAL = re.compile(r"[+-]?[0-9]+")
 
 @dataclass
 class AgentConfig:
-    """Everything the agent needs: X display name, bearer token, file roots and caps, app allowlist,
-    and the input limits (seconds: ``busy_timeout``, ``wait_cap``, ``wait_quiet``, ``request_timeout``)."""
+    """Everything the agent needs: X display name, bearer token, file roots and caps, app allowlist
+    (``apps``; ``channel_apps``: those started with a DevTools pipe, :mod:`guest.launch`), and the input limits (seconds: ``busy_timeout``, ``wait_cap``, ``wait_quiet``, ``request_timeout``)."""
 
     display: str
     token: str
     files_roots: list[str] = field(default_factory=lambda: ["~"])
     max_file_bytes: int = DEFAULT_MAX_BYTES
     apps: dict[str, list[str]] = field(default_factory=dict)
+    channel_apps: dict[str, list[str]] = field(default_factory=dict)
     busy_timeout: float = BUSY_TIMEOUT_S
     wait_cap: float = WAIT_CAP_S
     wait_quiet: float = WAIT_QUIET_S
@@ -120,13 +125,15 @@ def create_app(config: AgentConfig) -> FastAPI:
     executor = Executor(conn, capture, busy_timeout=config.busy_timeout, wait_cap=config.wait_cap,
                         wait_quiet=config.wait_quiet, request_timeout=config.request_timeout)
     files = FileReader(config.files_roots, config.max_file_bytes)
-    launcher = Launcher(config.apps, config.display)
+    browser = BrowserHost()
+    launcher = Launcher(config.apps, config.display, channel_apps=config.channel_apps, on_channel=browser.take_channel)
 
     app = FastAPI(title="desktop-sandbox guest agent", version="1", docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.executor = executor
     app.state.capture = capture
     app.state.launcher = launcher
+    app.state.browser = browser
 
     class Unauthorized(Exception):
         pass
@@ -161,6 +168,10 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.exception_handler(LaunchError)
     async def _launch_error(_: Request, exc: LaunchError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(BrowserError)
+    async def _browser_error(_: Request, exc: BrowserError) -> JSONResponse:
         return _error(exc.status, exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
@@ -299,6 +310,42 @@ def create_app(config: AgentConfig) -> FastAPI:
             args = []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise LaunchError(400, "invalid_request", "'args' must be a list of strings")
-        return {"pid": launcher.launch(body["app"], args)}
+        return {"pid": await run_in_threadpool(launcher.launch, body["app"], args)}
+
+    # The agent's chromium (contract 8): its sign-in form, filling it, a page's text for checks.
+    @app.get("/v1/browser", dependencies=auth)
+    def browser_status() -> dict[str, Any]:
+        """``{"running": bool, "pid": int | null}`` of the agent's chromium."""
+        return browser.status()
+
+    @app.get("/v1/browser/signin", dependencies=auth)
+    def signin_page() -> dict[str, Any]:
+        """The active tab's origin, URL, title and sign-in form (:class:`wire.browser.SignInPage`)."""
+        return browser.signin_page().model_dump()
+
+    @app.post("/v1/browser/signin", dependencies=auth)
+    async def signin_fill(request: Request) -> dict[str, Any]:
+        """Fill and submit the sign-in form (:class:`wire.browser.FillRequest` -> ``FillResult``). A
+        refused body's error names the field and the rule, never a value."""
+        body = await json_body(request)
+        try:
+            fill = FillRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors(include_input=False, include_url=False)[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "body"
+            raise ActionError(400, "invalid_request", f"{where}: {first.get('msg', 'invalid')}") from None
+        del body
+        try:
+            result = await run_in_threadpool(browser.fill, fill)
+        finally:
+            del fill
+        return result.model_dump()
+
+    @app.get("/v1/browser/page", dependencies=auth)
+    def page_text(url: str = "") -> dict[str, Any]:
+        """The text of ``url`` opened in a background tab: ``{"origin", "url", "text", "truncated"}``."""
+        if not url.startswith(("http://", "https://")) or len(url) > 2048:
+            raise ActionError(400, "invalid_request", "url must be an http:// or https:// URL of at most 2048 characters")
+        return browser.page_text(url)
 
     return app

@@ -88,12 +88,13 @@ def check_roots(roots: list[str]) -> list[str]:
     return roots
 
 
-def read_apps(path: str | None) -> dict[str, list[str]]:
-    """The ``--apps`` allowlist (see :func:`guest.launch.load_allowlist`). Raises StartupError."""
-    from .launch import load_allowlist
+def read_apps(path: str | None) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The ``--apps`` allowlist: plain and channel apps (see :func:`guest.launch.load_apps`). Raises
+    StartupError."""
+    from .launch import load_apps
 
     try:
-        return load_allowlist(path)
+        return load_apps(path)
     except OSError as exc:
         raise StartupError(f"cannot read the --apps file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -217,7 +218,7 @@ def serve(ns: argparse.Namespace) -> int:
         token = read_token(ns.token_file)
         bind = parse_bind(ns.bind)
         roots = check_roots(ns.files_root or ["~"])
-        apps = read_apps(ns.apps)
+        apps, channel_apps = read_apps(ns.apps)
         check_launch_socket()
         for name in ("max_file_bytes", "busy_timeout", "wait_cap", "wait_quiet", "request_timeout"):
             positive("--" + name.replace("_", "-"), getattr(ns, name))
@@ -236,7 +237,7 @@ def serve(ns: argparse.Namespace) -> int:
     if not retain_frame_buffers():
         log.debug("malloc keeps no freed screenshot buffers here (no glibc mallopt); screenshots are slower")
     config = AgentConfig(display=ns.display, token=token, files_roots=roots, max_file_bytes=ns.max_file_bytes,
-                         apps=apps, busy_timeout=ns.busy_timeout, wait_cap=ns.wait_cap,
+                         apps=apps, channel_apps=channel_apps, busy_timeout=ns.busy_timeout, wait_cap=ns.wait_cap,
                          wait_quiet=ns.wait_quiet, request_timeout=ns.request_timeout)
     app = create_app(config)
     port = sock.getsockname()[1]

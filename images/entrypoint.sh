@@ -4,7 +4,7 @@
 #            broker, under supervisord run as root with only CAP_SETUID/CAP_SETGID/CAP_KILL
 #            (images/supervisor/desktop.conf). Needs uid 0 and, made by the container's tmpfs mounts
 #            or the VM's unit: /run/desktop-sandbox (agent, 0700), /run/desktop-sandbox-control
-#            (root, group agent, 0750), /home/sandbox (sandbox, 0750).
+#            (root, group agent, 0750), /home/sandbox (sandbox, 0750), /home/browser (browser, 0700).
 #   gateway  egress policy proxy and the agent relay (user gateway)
 # Any other command is run as given (diagnostics: `docker run --rm IMAGE xdpyinfo`).
 set -eu
@@ -23,6 +23,11 @@ case "${1:-desktop}" in
       /opt/desktop-sandbox/bin/python "$session/xauth.py" /home/sandbox/.Xauthority
     printf '%s\n' "$cookie" | setpriv --reuid=agent --regid=agent --init-groups -- \
       /opt/desktop-sandbox/bin/python "$session/xauth.py" /run/desktop-sandbox/xauthority
+    # The agent's chromium runs as `browser` (contract 8); its home may be absent on an old image.
+    if [ -d /home/browser ]; then
+      printf '%s\n' "$cookie" | setpriv --reuid=browser --regid=browser --init-groups -- \
+        /opt/desktop-sandbox/bin/python "$session/xauth.py" /home/browser/.Xauthority
+    fi
     unset cookie
     exec /usr/bin/supervisord --nodaemon --configuration "$conf_dir/desktop.conf" ;;
   gateway)

@@ -34,9 +34,10 @@ CFG
   # supervisor: starts and watches the session's processes;
   # python3-venv: the agent's virtual environment; ca-certificates: TLS roots
   # for the browser; x11-utils: xdpyinfo/xwininfo for diagnostics; dbus-x11:
-  # the session bus GTK asks for (instead of dbus-user-session, which pulls systemd).
+  # the session bus GTK asks for (instead of dbus-user-session, which pulls systemd);
+  # chromium: the agent's browser, driven over its DevTools pipe (guest/browser.py), run as `browser`.
   apt-get install -y --no-install-recommends \
-    xvfb openbox firefox-esr xterm \
+    xvfb openbox firefox-esr chromium xterm \
     fonts-dejavu-core fonts-liberation2 \
     supervisor python3 python3-venv ca-certificates x11-utils procps \
     dbus-x11
@@ -63,6 +64,15 @@ CFG
       --shell /usr/sbin/nologin agent
   fi
   passwd -l agent >/dev/null
+  # The agent's browser's user: chromium under the agent's DevTools pipe runs as `browser` (uid 1003),
+  # so neither the desktop user nor a page can read its profile, its memory or the pipe's ends through
+  # /proc (docs/ARCHITECTURE.md, contract 8). Its home is 0700; no login.
+  if ! id browser >/dev/null 2>&1; then
+    groupadd --gid 1003 browser
+    useradd --uid 1003 --gid 1003 --create-home --home-dir /home/browser --shell /usr/sbin/nologin browser
+  fi
+  chmod 0700 /home/browser
+  passwd -l browser >/dev/null
 }
 
 configure() {
@@ -74,6 +84,10 @@ configure() {
   install -m 0644 "$src/images/firefox/policies.json" /usr/lib/firefox-esr/distribution/policies.json
   # Default preferences that stop background requests to Mozilla services.
   install -m 0644 "$src/images/firefox/desktop-sandbox.js" /usr/lib/firefox-esr/defaults/pref/desktop-sandbox.js
+  # The agent's chromium: managed policies (fixed proxy, no password manager, no DevTools for the
+  # person at the screen, no javascript: URLs typed in the address bar); see images/chromium/.
+  install -d /etc/chromium/policies/managed
+  install -m 0644 "$src/images/chromium/policies.json" /etc/chromium/policies/managed/desktop-sandbox.json
   # Window manager: the desktop's fixed tiled layout (browser on top, terminal
   # strip below), no key bindings, click-to-focus only (images/openbox/rc.xml).
   install -d /etc/xdg/openbox

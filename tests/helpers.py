@@ -93,3 +93,28 @@ def run_origin_target(client: Any, image: str, network: str, name: str, alias: s
             raise AssertionError(f"the origin container did not get ready: {logs!r}")
         time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
     return container
+
+
+SIGNIN_SITE = "/opt/desktop-sandbox/src/images/signin-demo/site.py"
+"""The sign-in demo site inside the desktop image (images/signin-demo/site.py)."""
+
+
+def run_signin_site(client: Any, image: str, network: str, name: str, labels: dict[str, str],
+                    alias: str = "signin-demo", timeout: float = 60.0) -> Any:
+    """A hardened container of ``image`` on Docker ``network`` (reachable there as ``alias``) serving the
+    sign-in demo site on ports 8080 and 8081, once it listens. Raises AssertionError when it exits or is not
+    ready within ``timeout`` seconds; the caller removes it."""
+    container = client.containers.run(
+        image, entrypoint=["python3", SIGNIN_SITE], command=['{"http": [8080, 8081]}'], name=name, detach=True,
+        user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
+        pids_limit=64, mem_limit="128m", labels=labels, network=network,
+        networking_config={network: client.api.create_endpoint_config(aliases=[alias])})
+    deadline = time.monotonic() + timeout
+    while b'"ready": true' not in container.logs():
+        container.reload()
+        if container.status not in ("created", "running") or time.monotonic() > deadline:
+            logs = container.logs(tail=20)
+            container.remove(force=True)
+            raise AssertionError(f"the sign-in site did not get ready: {logs!r}")
+        time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
+    return container

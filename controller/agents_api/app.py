@@ -5,7 +5,9 @@
 ``GET /v1/agents/sessions``                            list (``after``, ``limit`` 1-100, ``order``)
 ``GET /v1/agents/sessions/{id}``                       retrieve -> ``AgentSession``
 ``DELETE /v1/agents/sessions/{id}``                    delete -> ``AgentSession.deleted``
-``POST /v1/agents/sessions/{id}/events``               input events -> 202, empty body
+``POST /v1/agents/sessions/{id}/events``               input events -> 202, empty body (input events
+                                                       are applied, never stored: a sign-in submit's
+                                                       values reach the run's registry only)
 ``GET /v1/agents/sessions/{id}/events``                the session's events (SSE): those after the
                                                        ``Last-Event-ID`` (``0``: all), else from now on
 ``GET /v1/agents/sessions/{id}/items``                 items, a cursor page (``after``, ``limit``, ``order``)
@@ -31,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from controller.asgi import BodyTooLarge, read_json
 from controller.agents_api import shapes
 from controller.agents_api.errors import ApiError, invalid
-from controller.agents_api.requests import parse_create, parse_events
+from controller.agents_api.requests import SIGN_IN, parse_create, parse_events
 from controller.agents_api.sessions import SessionHub, stored_json
 from controller.agents_api.store import event_id, event_seq
 from controller.text import clean
@@ -151,6 +153,9 @@ def create_app(hub: SessionHub, key: str, *, closing: Any = None) -> FastAPI:
                 await run_in_threadpool(live.add_turn, event.text or "")
             elif event.type == "cancel":
                 await run_in_threadpool(live.cancel)
+            elif event.response_type == SIGN_IN:  # values go to the registry only (never stored or echoed)
+                await run_in_threadpool(live.answer_signin, event.request_id or "", event.action or "",
+                                        event.fields, event.selected_option)
             else:
                 await run_in_threadpool(live.answer, event.request_id or "", event.response_type or "",
                                         event.decision or "")

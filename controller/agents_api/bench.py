@@ -124,15 +124,12 @@ def direct(task: Path, image: str, runs_dir: Path) -> dict[str, Any]:
 
     from controller.run.runner import RunOptions, run_task
     from controller.run.tasks import load_task
-    from controller.sandbox import SandboxSpec
     from controller.sandbox.docker import DockerOptions, DockerSandbox
 
     loaded = load_task(task)
 
     def open_(t: Any) -> Any:
-        spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                           policy=t.network.model_dump(mode="json"))
-        return DockerSandbox.start(spec, DockerOptions(image=image))
+        return DockerSandbox.start(t.sandbox_spec(), DockerOptions(image=image))
 
     with open(os.devnull, "w") as quiet:
         outcome = run_task(loaded, open_, RunOptions(runs_dir=runs_dir, live=False, asker=None),

@@ -12,8 +12,16 @@ the wrong shape is 400 ``invalid_request`` naming the field. The subset:
   the first turn), ``review: "none"``, ``stream: false``; null counts as absent for optional fields;
 * events: ``agent.session.input.message`` (user messages of ``input_text`` parts),
   ``agent.session.input.computer_use_approval_request_result`` (``request_id`` and a ``response`` of
-  ``{"type": "browser_origin_access", "decision": approve | deny | cancel}`` or, for a safety check,
-  ``{"type": "safety_check", "decision": approve | deny}``), ``agent.session.input.cancel``.
+  ``{"type": "browser_origin_access", "decision": approve | deny | cancel}``, for a safety check
+  ``{"type": "safety_check", "decision": approve | deny}``, or for a sign-in request
+  ``{"type": "browser_authentication", "action": "submit", "fields": [{"field_id", "value"}],
+  "selected_option"?}`` | ``{"type": "browser_authentication", "action": "cancel"}``),
+  ``agent.session.input.cancel``.
+
+A sign-in submit's values are credentials: they are checked here for shape only (the registry checks
+them against the request, :meth:`controller.run.registry.ApprovalRegistry.answer_signin`), every
+refusal names the field (``events[0].response.fields[1].value``) and never holds a value, and
+:class:`InputEvent` keeps them out of its ``repr``. Input events are not stored: they are applied.
 """
 
 from __future__ import annotations
@@ -48,13 +56,18 @@ class SessionParams:
 @dataclass
 class InputEvent:
     """A checked input event: ``type`` (message | approval | cancel); ``text`` for a message;
-    ``request_id``, ``response_type`` and ``decision`` for an approval answer."""
+    ``request_id`` and ``response_type`` for an approval answer, with ``decision`` (origin access, safety
+    check) or, for ``browser_authentication``, ``action`` (submit | cancel), ``fields`` (a submit's
+    ``[{"field_id", "value"}]``: credentials, left out of ``repr``) and ``selected_option`` (or None)."""
 
     type: str
     text: str | None = None
     request_id: str | None = None
     response_type: str | None = None
     decision: str | None = None
+    action: str | None = None
+    fields: list[dict[str, str]] = field(default_factory=list, repr=False)
+    selected_option: str | None = None
 
 
 def _obj(value: Any, param: str) -> dict[str, Any]:
@@ -204,6 +217,43 @@ def parse_create(body: Any) -> SessionParams:
 
 
 DECISIONS = {"browser_origin_access": ("approve", "deny", "cancel"), "safety_check": ("approve", "deny")}
+SIGN_IN = "browser_authentication"
+"""The response type of an answer to a sign-in request."""
+
+
+def _signin_response(response: dict[str, Any], where: str) -> tuple[str, list[dict[str, str]], str | None]:
+    """A ``browser_authentication`` response's ``(action, fields, selected_option)``, checked for shape
+    only (the SDK's ``AgentBrowserAuthenticationSubmitParam`` / ``...CancelParam``): a submit has a
+    ``fields`` list of ``{"field_id": str, "value": str}`` and an optional ``selected_option`` string; a
+    cancel has neither. :class:`ApiError` 400 naming the field otherwise -- never a value."""
+    _only(response, {"type", "action", "fields", "selected_option"}, where)
+    action = response.get("action")
+    if action == "cancel":
+        for key in ("fields", "selected_option"):
+            if response.get(key) is not None:
+                raise invalid(f"{where}.{key} is not part of a cancel (leave it out)", f"{where}.{key}")
+        return "cancel", [], None
+    if action != "submit":
+        raise invalid(f"{where}.action must be submit or cancel", f"{where}.action")
+    raw = response.get("fields")
+    if not isinstance(raw, list):
+        raise invalid(f"{where}.fields must be a list of {{field_id, value}} (empty: [])", f"{where}.fields")
+    if len(raw) > MAX_EVENTS:  # the registry holds the real limit; this only bounds the work here
+        raise invalid(f"{where}.fields has more than {MAX_EVENTS} entries", f"{where}.fields")
+    fields: list[dict[str, str]] = []
+    for j, entry in enumerate(raw):
+        at = f"{where}.fields[{j}]"
+        entry = _obj(entry, at)
+        _only(entry, {"field_id", "value"}, at)
+        field_id = _str(entry.get("field_id"), f"{at}.field_id", limit=200)
+        value = entry.get("value")
+        if not isinstance(value, str):
+            raise invalid(f"{at}.value must be a string", f"{at}.value")
+        fields.append({"field_id": field_id, "value": value})
+    option = response.get("selected_option")
+    if option is not None:
+        option = _str(option, f"{where}.selected_option", limit=200)
+    return "submit", fields, option
 
 
 def parse_events(body: Any) -> list[InputEvent]:
@@ -232,12 +282,14 @@ def parse_events(body: Any) -> list[InputEvent]:
             request_id = _str(event.get("request_id"), f"{where}.request_id", limit=200)
             response = _obj(event.get("response"), f"{where}.response")
             rtype = response.get("type")
-            if rtype == "browser_authentication":
-                raise unsupported(f"{where}.response.type browser_authentication (no sign-in requests here)",
-                                  f"{where}.response.type")
+            if rtype == SIGN_IN:
+                action, fields, option = _signin_response(response, f"{where}.response")
+                out.append(InputEvent("approval", request_id=request_id, response_type=rtype, action=action,
+                                      fields=fields, selected_option=option))
+                continue
             if rtype not in DECISIONS:
-                raise invalid(f"{where}.response.type must be browser_origin_access or safety_check",
-                              f"{where}.response.type")
+                raise invalid(f"{where}.response.type must be browser_origin_access, browser_authentication "
+                              "or safety_check", f"{where}.response.type")
             _only(response, {"type", "decision"}, f"{where}.response")
             decision = response.get("decision")
             if decision not in DECISIONS[rtype]:

@@ -15,11 +15,15 @@
   ``OPENAI_API_KEY`` or the task's offline script. Each turn writes its own run record
   (``runs/<id>/record.jsonl``, named in the session's metadata); what the record gains while the turn
   goes on becomes events (:class:`_TurnPump`): screenshots and computer calls as ``computer_use_call``
-  items, approvals as ``agent.session.requires_action``; the end as the answer's text (with the task's
-  checks for an offline task) and ``agent.session.turn.completed`` | ``failed`` | ``cancelled``.
+  items, approvals as ``agent.session.requires_action``, a sign-in request also as its history items
+  (``computer_use_approval_request`` when it opens, ``computer_use_approval_request_result`` once it is
+  submitted or cancelled: ids and the chosen option, never a value); the end as the answer's text
+  (with the task's checks for an offline task) and ``agent.session.turn.completed`` | ``failed`` | ``cancelled``.
 * **approvals**: the turn's approval registry (:class:`controller.run.registry.ApprovalRegistry`) is
   the one every view answers in -- this API (``by: agents-api``), the web console when the server has
-  one -- so the first answer counts and every other gets 409.
+  one -- so the first answer counts and every other gets 409. A sign-in submit's values go from the
+  request body straight to :meth:`ApprovalRegistry.answer_signin` (which keeps them for the run's
+  sign-in step alone): they are never stored, emitted, written to the record or logged here.
 * **delete** (and the server's shutdown) cancels the turn under way and removes the sandbox.
 
 Threads: one per session (sandbox start, then its turns), one pump per turn; routes call in from
@@ -48,12 +52,13 @@ from controller.agents_api.errors import ApiError, invalid
 from controller.agents_api.requests import SessionParams, offline_task_path
 from controller.agents_api.store import Store, now, owner_label
 from controller.run.live import LiveRun
-from controller.run.registry import AnswerRefused
+from controller.run.registry import SIGN_IN, AnswerRefused
 from controller.text import clean
 
 BY = "agents-api"
 """Who decided, in the registry and the record, for an answer that came through this API."""
-ANSWER_KIND = {"origin_access": "browser_origin_access", "safety_check": "safety_check", "action": "safety_check"}
+ANSWER_KIND = {"origin_access": "browser_origin_access", "safety_check": "safety_check", "action": "safety_check",
+               "browser_authentication": "browser_authentication"}
 """The response ``type`` an answer to each kind of registry request must carry."""
 MAX_SHOT_BYTES = 16 * 1024 * 1024
 """Largest screenshot file read back from a run record for an event (bytes)."""
@@ -359,7 +364,8 @@ def stored_json(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "object": "agent.session", "created_at": row["created_at"],
             "last_active_at": data.get("last_active_at", row["created_at"]), "agent": data["agent"],
             "environment": data["environment"], "error": data.get("error"), "metadata": data.get("metadata", {}),
-            "required_actions": [], "status": row["status"], "usage": None, "vault_ids": []}
+            "required_actions": [], "status": row["status"], "usage": None, "vault_ids": [],
+            "spend_control": dict(shapes.SPEND_CONTROL)}
 
 
 class LiveSession:
@@ -408,7 +414,8 @@ class LiveSession:
         return {"id": self.id, "object": "agent.session", "created_at": self.created_at,
                 "last_active_at": self.last_active_at, "agent": settings["agent"],
                 "environment": settings["environment"], "error": self.error, "metadata": dict(self.metadata),
-                "required_actions": actions, "status": status, "usage": None, "vault_ids": []}
+                "required_actions": actions, "status": status, "usage": None, "vault_ids": [],
+                "spend_control": dict(shapes.SPEND_CONTROL)}
 
     def _save(self) -> None:
         self.hub.store.update_session(self.id, status=self.status, data=self.settings())
@@ -460,10 +467,9 @@ class LiveSession:
             with contextlib.suppress(Exception):
                 view.cancel(BY)
 
-    def answer(self, request_id: str, response_type: str, decision: str) -> None:
-        """Answer an approval request of this session; 404 ``unknown_request`` (also for another
-        session's), 400 when the response type does not fit the request, the registry's refusals
-        (409 ``already_decided`` / ``withdrawn`` / ``expired``, 502) passed through."""
+    def _registry_for(self, request_id: str, response_type: str) -> Any:
+        """The registry holding this session's request ``request_id``; 404 ``unknown_request`` (also for
+        another session's), 400 when ``response_type`` does not fit the request."""
         with self._lock:
             known = self.requests.get(request_id)
         if known is None:
@@ -475,10 +481,43 @@ class LiveSession:
         if wanted != response_type:
             raise invalid(f"request {request_id} is a {wanted} request: answer with response.type {wanted}",
                           "response.type")
+        return registry
+
+    def answer(self, request_id: str, response_type: str, decision: str) -> None:
+        """Answer an approval request of this session; 404 ``unknown_request`` (also for another
+        session's), 400 when the response type does not fit the request, the registry's refusals
+        (409 ``already_decided`` / ``withdrawn`` / ``expired``, 502) passed through."""
+        registry = self._registry_for(request_id, response_type)
         try:
             registry.answer(request_id, decision, by=BY)
         except AnswerRefused as exc:
             raise ApiError(exc.status, exc.code, exc.message, "request_id") from None
+
+    def answer_signin(self, request_id: str, action: str, fields: list[dict[str, str]],
+                      selected_option: str | None) -> None:
+        """Answer a sign-in request of this session: ``action`` submit (``fields``: ``[{"field_id",
+        "value"}]``, ``selected_option`` or None) | cancel, handed to
+        :meth:`controller.run.registry.ApprovalRegistry.answer_signin` (``by: agents-api``). Refusals as
+        :meth:`answer`'s; the registry's 400 ``invalid_answer`` names the rule and the field ids, never
+        a value (param ``response``). ``fields`` is emptied afterwards: this server keeps no value."""
+        try:
+            registry = self._registry_for(request_id, "browser_authentication")
+            response: dict[str, Any] = {"action": action}
+            if action == "submit":
+                response["fields"] = fields
+                if selected_option is not None:
+                    response["selected_option"] = selected_option
+            try:
+                registry.answer_signin(request_id, response, by=BY)
+            except AnswerRefused as exc:
+                raise ApiError(exc.status, exc.code, exc.message,
+                               "response" if exc.status == 400 else "request_id") from None
+            finally:
+                response.clear()
+        finally:
+            for entry in fields:
+                entry.clear()
+            fields.clear()
 
     # -- the session's thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -508,7 +547,6 @@ class LiveSession:
             self.hub.store.update_session(self.id, sandbox_id="")
 
     def _open_sandbox(self) -> None:
-        from controller.sandbox import SandboxSpec
         from controller.sandbox.registry import get_backend
 
         cls = get_backend(self.hub.options.backend)
@@ -517,8 +555,7 @@ class LiveSession:
             options.extra_labels = {**options.extra_labels, **self.hub.options.extra_labels,
                                     "desktop-sandbox.agents-session": self.id}
         t = self.task
-        spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                           policy=t.network.model_dump(mode="json"), ready_timeout=cls.default_ready_timeout)
+        spec = t.sandbox_spec(cls.default_ready_timeout)
         sandbox = cls.start(spec, options)
         try:
             for network in self.hub.options.attach_networks:
@@ -735,6 +772,8 @@ class _TurnPump:
         self._calls: dict[str, dict[str, Any]] = {}
         self.outputs = 0
         self._waiting = False
+        self._signin_items: set[str] = set()  # sign-in requests whose request item was written
+        self._signin_results: set[str] = set()  # ... and whose result item was
         self._seq_done = 0
         self._done = threading.Condition()
 
@@ -784,6 +823,8 @@ class _TurnPump:
             if registry is not None and changed.get("id"):
                 with session._lock:
                     session.requests.setdefault(changed["id"], (registry, turn_id))
+                if changed.get("kind") == SIGN_IN:
+                    self._signin_history(registry.get(changed["id"]))
             pending = session.required_actions()
             if pending:
                 self._waiting = True
@@ -817,6 +858,29 @@ class _TurnPump:
             session._emit({"type": "agent.session.turn.item.done", "item": event_item, "output_index": self.outputs,
                            "turn_id": turn_id})
             self.outputs += 1
+
+    def _signin_history(self, request: Any) -> None:
+        """A sign-in request's history items, each written once: the request item (an output of the turn:
+        ``item.added`` and ``item.done``) when it is first seen, then the result item (``item.added``)
+        once it is ``submitted`` or ``cancelled`` by an answer -- the request's shape, its id and the
+        option chosen, never a value (the registry's :class:`Request` holds them apart). A request
+        withdrawn, timed out or cancelled because nobody could answer (``no-approver``) gets no result
+        item: no answer was taken."""
+        session, turn_id = self.session, self.turn.id
+        if request.id not in self._signin_items:
+            self._signin_items.add(request.id)
+            item = shapes.signin_request_item(shapes.new_id("authreq"), request, turn_id)
+            session.hub.store.put_item(session.id, item)
+            for kind in ("agent.session.turn.item.added", "agent.session.turn.item.done"):
+                session._emit({"type": kind, "item": item, "output_index": self.outputs, "turn_id": turn_id})
+            self.outputs += 1
+        answered = request.state == "submitted" or (request.state == "cancelled" and request.by != "no-approver")
+        if answered and request.id not in self._signin_results:
+            self._signin_results.add(request.id)
+            item = shapes.signin_result_item(shapes.new_id("authres"), request, turn_id)
+            session.hub.store.put_item(session.id, item)
+            session._emit({"type": "agent.session.turn.item.added", "item": item, "output_index": None,
+                           "turn_id": turn_id})
 
 
 def call_title(actions: list[dict[str, Any]]) -> str:

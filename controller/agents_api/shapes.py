@@ -12,6 +12,10 @@ AGENT_ID = "agent_desktop_sandbox"
 """The one agent id this server reports (there are no saved agents)."""
 
 
+SPEND_CONTROL = {"consumed": None, "limit": None}
+"""``AgentSession.spend_control``: no spending limit, consumption unknown (a local server spends nothing)."""
+
+
 def new_id(prefix: str) -> str:
     """``prefix`` + ``_`` + 96 random bits in hex (``sess_…``, ``turn_…``, ``msg_…``)."""
     return f"{prefix}_{secrets.token_hex(12)}"
@@ -69,16 +73,55 @@ def computer_call(item_id: str, turn_id: str, *, title: str | None, status: str,
 def approval_action(request: Any, turn_id: str) -> dict[str, Any]:
     """A registry request (:class:`controller.run.registry.Request`, strings escaped there) as a
     ``computer_use_approval_request`` required action. An origin request is the hosted API's
-    ``browser_origin_access``; a safety check is ``safety_check`` (this server's own kind: ``checks``,
-    ``actions``, ``call_id``), answered with ``{"type": "safety_check", "decision": ...}``."""
+    ``browser_origin_access``; a sign-in request its ``browser_authentication`` (:func:`signin_request`);
+    a safety check is ``safety_check`` (this server's own kind: ``checks``, ``actions``, ``call_id``),
+    answered with ``{"type": "safety_check", "decision": ...}``."""
     if request.kind == "origin_access":
         inner: dict[str, Any] = {"type": "browser_origin_access", "origin": request.origin,
                                  "reason": request.origin_reason or None}
+    elif request.kind == "browser_authentication":
+        inner = signin_request(request)
     else:
         inner = {"type": "safety_check", "checks": request.checks, "actions": request.actions,
                  "call_id": request.call_id, "question": request.question}
     return {"type": "computer_use_approval_request", "request_id": request.id, "turn_id": turn_id,
             "request": inner}
+
+
+def signin_request(request: Any) -> dict[str, Any]:
+    """A sign-in request's ``request`` as the hosted API shows it (the SDK's
+    ``BrowserAuthenticationRequestItemResourceRequest``): ``{"type": "browser_authentication",
+    "reason", "credential_origin", "fields": [{id, label, type, required}], "options": [{id, label,
+    field_ids}]}`` -- the registry's field ``kind`` left out; never a value (a request has none)."""
+    return {"type": "browser_authentication", "reason": request.question or None,
+            "credential_origin": request.credential_origin or None,
+            "fields": [{"id": f["id"], "label": f["label"], "type": f["type"], "required": bool(f["required"])}
+                       for f in request.fields],
+            "options": [{"id": o["id"], "label": o["label"], "field_ids": list(o["field_ids"])}
+                        for o in request.options]}
+
+
+def signin_request_item(item_id: str, request: Any, turn_id: str) -> dict[str, Any]:
+    """The credential-free history item of a sign-in request (the SDK's
+    ``BrowserAuthenticationRequestItemResource``): ``{"id", "type": "computer_use_approval_request",
+    "request_id", "turn_id", "request": <signin_request>}``."""
+    return {"id": item_id, "type": "computer_use_approval_request", "request_id": request.id, "turn_id": turn_id,
+            "request": signin_request(request)}
+
+
+def signin_result_item(item_id: str, request: Any, turn_id: str) -> dict[str, Any]:
+    """The history item of the answer a sign-in request took (the SDK's
+    ``ComputerUseApprovalRequestResultItemResource``), without values: ``{"id", "type":
+    "computer_use_approval_request_result", "request_id", "turn_id", "response": {"type":
+    "browser_authentication", "action": "submit", "selected_option"} | {"type": "browser_authentication",
+    "action": "cancel"}}`` for a request ``submitted`` | ``cancelled``."""
+    if request.state == "submitted":
+        response: dict[str, Any] = {"type": "browser_authentication", "action": "submit",
+                                    "selected_option": request.selected_option}
+    else:
+        response = {"type": "browser_authentication", "action": "cancel"}
+    return {"id": item_id, "type": "computer_use_approval_request_result", "request_id": request.id,
+            "turn_id": turn_id, "response": response}
 
 
 def environment_state(env_id: str, status: str, error: str | None = None) -> dict[str, Any]:

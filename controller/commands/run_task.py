@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import typer
 
@@ -23,7 +23,8 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
              max_steps: Optional[int], script: Optional[Path], legacy: Optional[bool],
              approve_safety_check: list[str], approve_origin: list[str], confirm_actions: str, step: bool,
              runs_dir: Path, backend: str, ui: bool, approval_timeout: float, runner: str, arch: str,
-             opener: Callable[..., Callable[[Any], Any]]) -> None:
+             opener: Callable[..., Callable[[Any], Any]], sign_in: Optional[Path] = None,
+             attach_network: Optional[list[str]] = None) -> None:
     """Run ``task_file`` with the command's options; the sandbox comes from ``opener(backend, image_tag)``
     (``arch=`` added when given; :func:`sandbox_opener` unless replaced). Prints the record path on stdout
     and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
@@ -50,6 +51,15 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
         if any(not code.strip() for code in approve_safety_check):
             refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
         origins = approve_origins(approve_origin)
+        if sign_in is not None:
+            from controller.run.signin import SignInFileError, check_signin_file
+
+            try:
+                check_signin_file(sign_in)
+            except SignInFileError as exc:
+                refuse(f"--sign-in: {exc}")
+        if attach_network and backend != "docker":
+            refuse("--attach-network needs the docker backend")
         loop = runner_loop(runner)
         writable_runs_dir(runs_dir)
         if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
@@ -61,7 +71,8 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
         if not noted:
             try:  # may build the image (minutes): a signal stops that at once, nothing else is started
                 with raise_on_signals(INTERRUPT_SIGNALS):
-                    open_sandbox = opener(backend, image_tag, **({"arch": arch} if arch else {}))
+                    open_sandbox = opener(backend, image_tag, **({"arch": arch} if arch else {}),
+                                          **({"attach_networks": list(attach_network)} if attach_network else {}))
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
                 console.print(f"interrupted before the run ({signal.Signals(noted[-1]).name})", markup=False)
@@ -69,7 +80,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
         options = RunOptions(
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
             approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
-            confirm_actions=confirm, step=step, signals_before=noted, runner=runner, loop=loop,
+            confirm_actions=confirm, step=step, signals_before=noted, runner=runner, loop=loop, sign_in_file=sign_in,
         )
         server = None
         if ui and not noted:
@@ -139,12 +150,14 @@ def _not_opened(task: Any) -> Any:
     raise RuntimeError("the run was cancelled before its sandbox was opened")
 
 
-def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "") -> Callable[[Any], Any]:
+def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "",
+                   attach_networks: Sequence[str] = ()) -> Callable[[Any], Any]:
     """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh sandbox of the registry's ``backend``
     from ``image_tag`` (None: the backend's default image) for guest architecture ``arch`` ('' = the
-    host's), built first when missing, sized and policed by the task. Refuses (exit 2) when the backend
-    cannot be reached."""
-    from controller.sandbox import BackendUnavailable, SandboxSpec
+    host's), built first when missing, sized and policed by the task, its gateway joined to each Docker
+    network of ``attach_networks`` (``--attach-network``). Refuses (exit 2) when the backend cannot be
+    reached."""
+    from controller.sandbox import BackendUnavailable
 
     cls = backend_class(backend)
     try:
@@ -153,9 +166,15 @@ def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "") -> Ca
         refuse(str(exc))
 
     def open_sandbox(t):  # noqa: ANN001, ANN202
-        spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
-                           policy=t.network.model_dump(mode="json"), ready_timeout=cls.default_ready_timeout)
+        spec = t.sandbox_spec(cls.default_ready_timeout)
         with console.status(f"starting {backend} sandbox"):
-            return cls.start(spec, options)
+            sandbox = cls.start(spec, options)
+            try:
+                for network in attach_networks:
+                    sandbox.attach_gateway(network)
+            except Exception:
+                sandbox.close()
+                raise
+            return sandbox
 
     return open_sandbox

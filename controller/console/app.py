@@ -10,7 +10,11 @@
 ``GET /runs/{id}/approvals``                    ``{"version", "pending": [request...]}``
 ``POST /runs/{id}/approvals/{request_id}``      ``{"answer": "approve"|"deny"|"cancel"}`` -> 202 request; registry
                                                 refusals (``cancel``: origin requests only; their answers go
-                                                to the gateway first, which may refuse: 409 ``expired``, 502)
+                                                to the gateway first, which may refuse: 409 ``expired``, 502);
+                                                a sign-in request (``browser_authentication``): ``{"action":
+                                                "submit", "fields": [{"field_id", "value"}], "selected_option"?}``
+                                                or ``{"action": "cancel"}`` (at most :data:`SIGNIN_MAX_BODY`
+                                                bytes) -> 202 request (never a value); registry refusals
 ``POST /runs/{id}/takeover|resume|cancel``      -> 202 ``{"state": describe()}``; 409 ``run_finished``
 ``POST /runs/{id}/input``                       one action in screen px -> 202 ``{"action": shown}``
 ``GET /runs/{id}/screen.jpg``                   one JPEG of the live screen
@@ -23,11 +27,18 @@ session cookie, Host, CSRF and Origin; no data, stream or image for another site
 navigation to ``/login``, ``/`` or ``/runs/{id}``). Live-only routes answer 404 ``not_live`` for a run
 that is only on disk. Request bodies are capped at
 :data:`MAX_BODY` bytes (413 ``too_large``) and parsed as strict JSON (400 ``invalid_body``).
+
+A sign-in answer's values are credentials: the body is read only by that route, never logged, never
+echoed (refusals name the rule and ids, never a value: :meth:`ApprovalRegistry.answer_signin`), never
+put in a response, an event or the record; the registry holds them apart until the sign-in flow takes
+them. uvicorn's access log is off (:class:`controller.console.server.ConsoleServer`), and an unexpected
+error while answering is logged by its type's name only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,12 +59,16 @@ from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
 from controller.report.html import read_shot, render_report
 from controller.run.record import read_entries, summarize
-from controller.run.registry import AnswerRefused
+from controller.run.registry import SIGN_IN, AnswerRefused
 from controller.text import clean
 
+log = logging.getLogger("controller.console")
 HERE = Path(__file__).resolve().parent
 MAX_BODY = 64 * 1024
 """Largest request body read (bytes)."""
+SIGNIN_MAX_BODY = 256 * 1024
+"""Largest body of a sign-in answer (bytes): its values take at most
+:data:`wire.browser.MAX_SUBMIT_BYTES` (120 KiB) of JSON, escapes and the rest of the answer fit in the rest."""
 WAIT_THREADS = 16
 """Threads for the event streams' waits (streams beyond take turns, see controller.console.streams)."""
 
@@ -113,12 +128,13 @@ class ConsoleState:
         return path
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as strict JSON, at most :data:`MAX_BODY` bytes (413 / 400 otherwise)."""
+async def read_json(request: Request, limit: int = MAX_BODY) -> Any:
+    """The request body as strict JSON, at most ``limit`` bytes (413 / 400 otherwise; neither error
+    says anything of the body)."""
     try:
-        return await read_capped_json(request, MAX_BODY)
+        return await read_capped_json(request, limit)
     except BodyTooLarge:
-        raise ApiError(413, "too_large", f"the body must be at most {MAX_BODY} bytes") from None
+        raise ApiError(413, "too_large", f"the body must be at most {limit} bytes") from None
     except ValueError:
         raise ApiError(400, "invalid_body", "the body must be one JSON value of text") from None
 
@@ -219,6 +235,12 @@ def create_app(state: ConsoleState) -> FastAPI:
     @app.post("/runs/{run_id}/approvals/{request_id}", status_code=202)
     async def answer(request: Request, run_id: str, request_id: str) -> Any:
         live = state.live_run(run_id)
+        try:
+            kind = live.registry.get(request_id).kind
+        except AnswerRefused as refused:
+            return JSONResponse(refused.as_json(), status_code=refused.status)
+        if kind == SIGN_IN:
+            return await answer_signin(request, live, request_id)
         body = await read_json(request)
         if not isinstance(body, dict) or "answer" not in body:
             raise ApiError(400, "invalid_body",
@@ -228,6 +250,28 @@ def create_app(state: ConsoleState) -> FastAPI:
             decided = await asyncio.to_thread(live.registry.answer, request_id, body["answer"], by="console")
         except AnswerRefused as refused:
             return JSONResponse(refused.as_json(), status_code=refused.status)
+        return JSONResponse(decided.as_json(), status_code=202)
+
+    async def answer_signin(request: Request, live: LiveRun, request_id: str) -> JSONResponse:
+        """A person's answer to the sign-in request ``request_id`` (module docstring). The body holds
+        credentials: no error, log line or response here carries any of it, and no reference to it is
+        kept once the registry has taken (or refused) it."""
+        body = await read_json(request, SIGNIN_MAX_BODY)
+        try:
+            if not isinstance(body, dict) or "action" not in body:
+                raise ApiError(400, "invalid_body", "the body must be {\"action\": \"submit\", \"fields\": "
+                                                    "[{\"field_id\", \"value\"}], \"selected_option\"?} "
+                                                    "or {\"action\": \"cancel\"}")
+            decided = await asyncio.to_thread(live.registry.answer_signin, request_id, body, by="console")
+        except AnswerRefused as refused:  # its message names the rule and ids, never a value
+            return JSONResponse(refused.as_json(), status_code=refused.status)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never let a traceback (or its message) near a log
+            log.error("a sign-in answer failed: %s", type(exc).__name__)
+            raise ApiError(500, "internal_error", "the sign-in answer could not be handled") from None
+        finally:
+            del body
         return JSONResponse(decided.as_json(), status_code=202)
 
     def control(name: str, act: Callable[[LiveRun], Any]) -> None:

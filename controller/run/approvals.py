@@ -31,8 +31,10 @@ never as console markup or ``:emoji:`` codes, with control and format characters
 
 from __future__ import annotations
 
+import os
 import queue
 import select
+import termios
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -102,17 +104,18 @@ class TerminalAsker:
         return self.ask_until(question, lambda: False)
 
     def ask_until(self, question: str, done: Callable[[], bool], *, hint: str = "[y/N]",
-                  lines: Iterable[str] = ()) -> str | None:
+                  lines: Iterable[str] = (), secret: bool = False) -> str | None:
         """The line typed (without its newline), or None on end of input or when ``done()``.
         ``lines``: printed (literally) before the question, under the same lock; ``hint``: what
-        follows the question."""
+        follows the question; ``secret``: the terminal does not echo what is typed (a sign-in value)."""
         with self.lock:
             for text in lines:
                 self.console.print(text, markup=False, emoji=False, highlight=False)
-            prompt = f"{question} {hint} "
+            prompt = f"{question} {hint} " if hint else f"{question} "
             self.console.print(prompt, end="", markup=False, emoji=False, highlight=False)
             self.console.file.flush()
             self._shown, self._owner = prompt, threading.get_ident()
+            restore = _echo_off(self.stream) if secret else None
             try:
                 while True:
                     if done():
@@ -125,6 +128,24 @@ class TerminalAsker:
                         return None if line == "" else line.rstrip("\r\n")
             finally:
                 self._shown = self._owner = None
+                if restore is not None:
+                    restore()
+                    self.console.print("", markup=False)
+
+
+def _echo_off(stream: Any) -> Callable[[], None] | None:
+    """Turn the terminal's echo off for ``stream`` when it is a terminal; returns what restores it."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if not os.isatty(fd):
+        return None
+    old = termios.tcgetattr(fd)
+    new = termios.tcgetattr(fd)
+    new[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, new)
+    return lambda: termios.tcsetattr(fd, termios.TCSANOW, old)
 
 
 def terminal_asker(console: Console | None = None) -> TerminalAsker | None:

@@ -26,14 +26,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 4
+FORMAT = 5
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
 origin access: ``approval`` lines for origin requests (``what`` origin_access, ``origin``, decisions
 ``cancelled`` and ``timeout``), ``request_id`` and ``held_ms`` on ``network`` and ``waited_for_origin_ms`` on
 ``screenshot``. Format 4 added ``agents_event`` (a run that is a turn of a local Agents API session).
-Records of formats 1 to 3 read unchanged."""
+Format 5 added ``sign_in`` (a sign-in request and what came of it, contract 8) and ``page`` checks.
+Records of formats 1 to 4 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -313,6 +314,31 @@ class AgentsEvent(_Entry):
     item_id: Optional[str] = None
 
 
+class SignIn(_Entry):
+    """One sign-in request of the agent's chromium (contract 8) and what came of it, never a value:
+    ``request_id``, ``step`` (1 for the first request of a sign-in, then 2, 3 for the method, the e-mail,
+    the code...), ``origin`` (the browser's ``credential_origin``), ``fields`` (the request's field ids),
+    ``options`` (its option ids), ``method`` (the option chosen), ``submitted`` (the field ids a value
+    was given for), ``outcome`` (``submitted``, ``origin_changed``, ``form_changed``, ``field_unstable``,
+    ``no_form``; ``cancelled``, ``timeout``, ``withdrawn``, ``no_approver`` when nothing was typed;
+    ``refused_origin`` when the page's origin is not one the policy lets through, so nothing was asked;
+    ``error``), ``navigated`` (a new document loaded after the submit), ``by`` (who answered) and
+    ``detail``."""
+
+    type: Literal["sign_in"] = "sign_in"
+    request_id: Optional[str] = None
+    step: int = 1
+    origin: str
+    fields: list[str] = Field(default_factory=list)
+    options: list[str] = Field(default_factory=list)
+    method: Optional[str] = None
+    submitted: list[str] = Field(default_factory=list)
+    outcome: str
+    navigated: Optional[bool] = None
+    by: Optional[str] = None
+    detail: Optional[str] = None
+
+
 RunStatus = Literal["passed", "failed", "cancelled", "error"]
 
 
@@ -330,7 +356,7 @@ class RunFinished(_Entry):
 
 Entry = Annotated[
     Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, AgentsEvent, RunFinished],
+          NetworkLog, Check, Expectation, AgentsEvent, SignIn, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
@@ -338,7 +364,7 @@ Entry = Annotated[
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
     for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, AgentsEvent, RunFinished)
+                NetworkLog, Check, Expectation, AgentsEvent, SignIn, RunFinished)
 }
 """Entry model per ``type``."""
 

@@ -30,8 +30,7 @@ from rich.console import Console
 
 from controller.run.entries import (
     Action, Approval, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
-    RunStarted, Takeover, UnmetExpectation, Usage, as_entry,
-)
+    RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
 from controller.text import SHORT, clean
 from wire.actions import describe
 
@@ -164,6 +163,12 @@ class RunPrinter:
                     self.line(f"  screen expectation unmet: {expectation_text(entry)}", style="red")
                 case Check():
                     self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
+                case SignIn():
+                    ids = ", ".join(clean(i, 40) for i in entry.submitted) or "no field"
+                    method = f" method {clean(entry.method, 40)}," if entry.method else ""
+                    self.line(f"  sign-in at {clean(entry.origin, 200)} (step {entry.step}):{method} {ids}: "
+                              f"{clean(entry.outcome, 40)}" + (f" ({clean(entry.by, 20)})" if entry.by else ""),
+                              style="green" if entry.outcome == "submitted" else "yellow")
         except Exception:  # noqa: BLE001 - the console must never break the run or its record
             pass
 

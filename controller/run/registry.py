@@ -50,13 +50,16 @@ from typing import Any, Callable, Iterable, Literal
 
 from controller.text import clean
 
-Kind = Literal["safety_check", "action", "origin_access"]
-State = Literal["pending", "approved", "denied", "cancelled", "expired", "withdrawn"]
+Kind = Literal["safety_check", "action", "origin_access", "browser_authentication"]
+State = Literal["pending", "approved", "denied", "cancelled", "expired", "withdrawn", "submitted"]
 ANSWERS = {"approve": "approved", "deny": "denied", "cancel": "cancelled"}
 """Answers a view may give, and the state each one decides (``cancel``: origin requests only)."""
 
 ORIGIN = "origin_access"
 """The kind of a question the gateway asks (see the module docstring)."""
+
+SIGN_IN = "browser_authentication"
+"""The kind of a sign-in request (:meth:`ApprovalRegistry.open_signin`, docs/ARCHITECTURE.md contract 8)."""
 
 Forward = Callable[[str, str], None]
 """How an answer reaches the owner of an origin request: ``forward(answer, by)`` returns once the
@@ -73,7 +76,7 @@ def _now_iso() -> str:
 
 ORIGIN_ID = re.compile(r"oreq_[A-Za-z0-9_-]{1,128}")
 """An origin request's id as the gateway makes it: ``oreq_`` and up to 128 URL-safe characters."""
-_DECIDED = ("approved", "denied", "cancelled", "expired", "withdrawn")
+_DECIDED = ("approved", "denied", "cancelled", "expired", "withdrawn", "submitted")
 
 
 def parse_time(text: Any) -> _dt.datetime:
@@ -141,6 +144,12 @@ class Request:
     via: str | None = None
     held: int | None = None
     deadline_at: str | None = None
+    credential_origin: str | None = None
+    fields: list[dict[str, Any]] = field(default_factory=list)
+    options: list[dict[str, Any]] = field(default_factory=list)
+    selected_option: str | None = None
+    submitted_fields: list[str] = field(default_factory=list)
+    _values: list[tuple[str, str]] | None = field(default=None, repr=False)
     _created: float = field(default_factory=time.monotonic, repr=False)
     _decided: threading.Event = field(default_factory=threading.Event, repr=False)
     _forward: Forward | None = field(default=None, repr=False)
@@ -174,6 +183,9 @@ class Request:
             "state": self.state, "by": self.by, "reason": self.reason, "decided_at": self.decided_at,
             "latency_ms": self.latency_ms, "origin": self.origin, "origin_reason": self.origin_reason,
             "via": self.via, "held": self.held, "deadline_at": self.deadline_at,
+            **({"credential_origin": self.credential_origin, "fields": self.fields, "options": self.options,
+                "selected_option": self.selected_option, "submitted_fields": self.submitted_fields}
+               if self.kind == SIGN_IN else {}),
         }
 
 
@@ -243,6 +255,79 @@ class ApprovalRegistry:
             self.withdraw(request, closed)
         self._publish(request)
         return request
+
+    def open_signin(self, reason: str, *, credential_origin: str, fields: Iterable[dict[str, Any]],
+                    options: Iterable[dict[str, Any]], screenshot: str | None = None) -> Request:
+        """Add a pending sign-in request (``browser_authentication``): ``fields`` / ``options`` as
+        :class:`wire.browser.SignInForm` dumps them (labels escaped here), ``credential_origin`` from the
+        browser. Returns it; it is answered with :meth:`answer_signin`."""
+        request = Request(
+            id="req_" + secrets.token_urlsafe(16), kind=SIGN_IN, question=clean(reason, 1000),
+            credential_origin=clean(credential_origin, 300), screenshot=screenshot, deadline_s=self.timeout_s,
+            fields=[{"id": clean(f["id"], 80), "label": clean(f.get("label", ""), 200),
+                     "type": clean(f.get("type") or "text", 20), "required": bool(f.get("required")),
+                     "kind": clean(f.get("kind") or "", 20) or None} for f in fields],
+            options=[{"id": clean(o["id"], 80), "label": clean(o.get("label", ""), 200),
+                      "field_ids": [clean(i, 80) for i in o.get("field_ids", [])]} for o in options],
+        )
+        with self._lock:
+            self._requests[request.id] = request
+            self.version += 1
+            closed = self.closed
+        if closed is not None:
+            self.withdraw(request, closed)
+        self._publish(request)
+        return request
+
+    def answer_signin(self, request_id: str, response: Any, *, by: str) -> Request:
+        """A person's answer to a sign-in request: ``{"action": "cancel"}`` or ``{"action": "submit",
+        "fields": [{"field_id", "value"}], "selected_option"?}`` (the hosted sessions' rules, ``004``:
+        with options, ``selected_option`` is one of them and only its ``field_ids`` may be given; without,
+        it is absent and at least one field is given when the request has fields; every required active
+        field non-empty; limits of :mod:`wire.browser`). Returns the request. Raises
+        :class:`AnswerRefused` as :meth:`answer` does (400 ``invalid_answer`` naming the rule, never a
+        value; 409 when decided otherwise). A resent submit to a submitted request is 409: values are
+        taken once."""
+        request = self.get(request_id)
+        if request.kind != SIGN_IN:
+            raise AnswerRefused(400, "invalid_answer", "this request is not a sign-in request: answer \"approve\" or \"deny\"")
+        action = response.get("action") if isinstance(response, dict) else None
+        if action == "cancel":
+            if self._decide(request, "cancelled", by) or request.state == "cancelled":
+                return request
+            raise self._refusal(request)
+        if action != "submit":
+            raise AnswerRefused(400, "invalid_answer", "a sign-in answer is {\"action\": \"submit\", \"fields\": [...]} "
+                                "or {\"action\": \"cancel\"}")
+        values, option = _check_signin_submit(request, response)
+        with self._lock:  # the values and the decision in one step: a losing answer leaves nothing behind
+            decided = request.pending
+            if decided:
+                request._values, request.selected_option = values, option
+                request.submitted_fields = [field_id for field_id, _ in values]
+                request.state, request.by, request.reason = "submitted", clean(by, 40), None
+                request.decided_at = _now_iso()
+                request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
+                self.version += 1
+        del values
+        if decided:
+            request._decided.set()
+            self._publish(request)
+            return request
+        raise self._refusal(request)
+
+    def take_values(self, request: Request) -> list[tuple[str, str]]:
+        """The submitted ``(field_id, value)`` pairs of a submitted sign-in request, once: the registry
+        drops its reference (a second call returns ``[]``)."""
+        with self._lock:
+            values, request._values = request._values or [], None
+        return values
+
+    @staticmethod
+    def _refusal(request: Request) -> AnswerRefused:
+        if request.state == "withdrawn":
+            return AnswerRefused(409, "withdrawn", f"the request was withdrawn ({request.reason or 'cancelled'})")
+        return AnswerRefused(409, "already_decided", f"the request was already {request.state} (by {request.by})")
 
     def mirror(self, request_id: str, *, origin: str, reason: str, via: str | None = None,
                held: int | None = None, created_at: str | None = None, deadline_at: str | None = None,
@@ -344,6 +429,9 @@ class ApprovalRegistry:
             raise AnswerRefused(400, "invalid_answer", "the answer must be \"approve\" or \"deny\""
                                 " (or \"cancel\" for an origin request)")
         request = self.get(request_id)
+        if request.kind == SIGN_IN:
+            raise AnswerRefused(400, "invalid_answer", "a sign-in request is answered with submit (and its fields) "
+                                "or cancel")
         if answer == "cancel" and request.kind != ORIGIN:
             raise AnswerRefused(400, "invalid_answer", "\"cancel\" answers only an origin request: "
                                 "answer \"approve\" or \"deny\"")
@@ -416,3 +504,50 @@ class ApprovalRegistry:
                 break
             request._decided.wait(POLL_S if left is None else min(POLL_S, left))
         return request
+
+
+def _check_signin_submit(request: Request, response: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """The ``(field_id, value)`` pairs and option of a valid submit to ``request``; AnswerRefused 400
+    otherwise (the message names the rule and ids, never a value)."""
+    from pydantic import ValidationError
+
+    from wire.browser import FillRequest
+
+    def refuse(message: str) -> AnswerRefused:
+        return AnswerRefused(400, "invalid_answer", message)
+    if set(response) - {"action", "fields", "selected_option", "type"}:
+        raise refuse("a sign-in answer has action, fields and selected_option only")
+    if response.get("type", SIGN_IN) != SIGN_IN:
+        raise refuse("type must be browser_authentication")
+    raw_fields = response.get("fields", [])
+    option = response.get("selected_option")
+    try:
+        checked = FillRequest.model_validate({"credential_origin": request.credential_origin or "-",
+                                              "fields": raw_fields, "selected_option": option}
+                                             if raw_fields or option is not None else
+                                             {"credential_origin": "-", "fields": [{"field_id": "x", "value": "x"}]})
+    except ValidationError as exc:
+        first = exc.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "answer"
+        raise refuse(f"{where}: {first.get('msg', 'invalid')}") from None
+    given = [(f.field_id, f.value) for f in checked.fields] if (raw_fields or option is not None) else []
+    known = {f["id"]: f for f in request.fields}
+    if request.options:
+        by_id = {o["id"]: o for o in request.options}
+        if option not in by_id:
+            raise refuse("selected_option must be one of the request's options")
+        active = list(by_id[option]["field_ids"])
+    else:
+        if option is not None:
+            raise refuse("this request has no options: leave selected_option out")
+        active = list(known)
+        if known and not given:
+            raise refuse("give at least one field")
+    for field_id, _ in given:
+        if field_id not in active:
+            raise refuse(f"field {clean(field_id, 80)} is not a field of this request (or of the chosen option)")
+    given_ids = {field_id for field_id, _ in given}
+    for field_id in active:
+        if known.get(field_id, {}).get("required") and field_id not in given_ids:
+            raise refuse(f"field {field_id} is required")
+    return given, option

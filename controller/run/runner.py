@@ -49,6 +49,7 @@ from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, ter
 from controller.run.live import LiveRun
 from controller.run.origins import OriginAccess, wait_for_origins
 from controller.run.registry import ApprovalRegistry
+from controller.run.signin import SignInFile, SignInFlow, SignInPrompter
 from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
 from controller.run.entries import Approval, Check, HumanAction, Takeover
 from controller.run.model_client import live_client, offline_client
@@ -116,6 +117,10 @@ class RunOptions:
     on_record: Callable[[RunRecord], None] | None = None
     """Called once with the run's record right after its ``run_started`` line (``desktop-sandbox serve``
     writes the events of its session's turn into it)."""
+    sign_in_file: Path | None = None
+    """``--sign-in FILE``: answers sign-in requests from this 0600 TOML file (contract 8)."""
+    sign_in_answered_elsewhere: bool = False
+    """Someone outside the run answers sign-in requests (the local Agents API's client)."""
     before_finish: Callable[[str, str, str | None, list[dict[str, Any]]], None] | None = None
     """Called with the run's final ``(status, reason, final_message, checks)`` after teardown, just before
     ``run_finished`` is written (the record still takes entries); its exceptions are ignored."""
@@ -295,6 +300,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     asker: Asker | None = terminal_asker(console) if options.asker is _UNSET else options.asker
     max_steps = options.max_steps or task.max_steps
     registry = ApprovalRegistry(options.approval_timeout_s)
+    answerers: list[Any] = []  # the sign-in answerers started for the run (terminal, --sign-in file)
     printer = RunPrinter(console)
     record = RunRecord(options.runs_dir, new_run_id(task.name), on_entry=printer)
     view: LiveRun | None = None  # what the web console follows
@@ -388,6 +394,16 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 driver.before_step = lambda screenshot: view.checkpoint(cancel, screenshot=screenshot)
             if origins is not None:
                 driver.before_capture = _origin_wait(registry, hooks, cancel)
+            if task.browser_channel and task.signin.enabled:
+                driver.before_capture = _with_signin(driver.before_capture, SignInFlow(
+                    agent, registry, allows=_policy_allows(task, registry), write=record.write,
+                    answerable=lambda: bool(asker or registry.views or options.sign_in_file
+                                            or options.sign_in_answered_elsewhere),
+                    cancelled=cancel, screenshot=lambda: hooks.last_screenshot))
+                if asker is not None:
+                    answerers.append(SignInPrompter(asker, registry, console))
+                if options.sign_in_file is not None:
+                    answerers.append(SignInFile(options.sign_in_file, registry, console))
             meter = BodyMeter(hooks.on_request)
             client = offline_client(server.base_url, meter) if server else live_client(meter)
             denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
@@ -476,6 +492,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                             run_t0, cancel, network, origins, before_finish=options.before_finish, checks=checks)
                 finally:
                     registry.close("run ended")
+                    _stop_all(answerers)
                     if view is not None:
                         view.finish(status)
                 raise
@@ -486,6 +503,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                                          before_finish=options.before_finish, checks=checks)
     finally:
         registry.close("run ended")
+        _stop_all(answerers)
         if view is not None:
             view.finish(status)
     return RunOutcome(status=status, reason=outcome_reason, record_dir=record.dir, checks=checks,
@@ -502,6 +520,41 @@ def _origin_wait(registry: ApprovalRegistry, hooks: RecordingHooks, cancel: Call
         return hooks.waited_for_origin_ms is not None
 
     return wait
+
+
+def _with_signin(before: Callable[[], bool] | None, signin: SignInFlow) -> Callable[[], bool]:
+    """The driver's ``before_capture`` with the sign-in step after the origin wait (both run; True when
+    either waited or asked: the screen is then captured anew)."""
+
+    def step() -> bool:
+        waited = before() if before is not None else False
+        return signin() or waited
+
+    return step
+
+
+def _policy_allows(task: Task, registry: ApprovalRegistry) -> Callable[[str], bool]:
+    """Whether the task's policy lets ``origin`` through: its ``allow`` tier, or an ``ask`` origin a person
+    approved in this run (an approved ``origin_access`` request for it). Never for what cannot be parsed."""
+    from controller.gateway.origin import Origin
+
+    def allows(text: str) -> bool:
+        try:
+            origin = Origin.parse(text)
+        except ValueError:
+            return False
+        if task.network.admits_origin(origin):
+            return True
+        return any(r.kind == "origin_access" and r.state == "approved" and r.origin == str(origin)
+                   for r in registry.all())
+
+    return allows
+
+
+def _stop_all(answerers: list[Any]) -> None:
+    for answerer in answerers:
+        with contextlib.suppress(Exception):
+            answerer.stop()
 
 
 def _denial_reason(decision: Any) -> str:

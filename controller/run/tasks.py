@@ -170,26 +170,68 @@ class FileCheck(_Strict):
 
     @model_validator(mode="after")
     def _value_fits_rule(self) -> "FileCheck":
-        if self.match in ("exact", "text", "regex") and not isinstance(self.value, str):
-            raise ValueError(f"value must be a string for match = {self.match!r}")
-        if self.match == "regex":
-            try:
-                re.compile(self.value)
-            except re.error as exc:
-                raise ValueError(f"value is not a valid regex: {exc}") from None
-        if self.match == "json":
-            if isinstance(self.value, str):
-                try:
-                    json_semantics.loads(self.value)
-                except ValueError as exc:
-                    raise ValueError(f"value is not valid JSON text: {exc}") from None
-            else:
-                try:
-                    json.dumps(self.value, allow_nan=False)
-                except (TypeError, ValueError):
-                    raise ValueError("value must be JSON text or a TOML value JSON can express "
-                                     "(no dates or times)") from None
+        _check_value(self.match, self.value)
         return self
+
+
+def _check_value(match: str, value: Any) -> None:
+    """Raise ValueError when ``value`` does not fit the comparison rule ``match`` (exact, text, regex, json)."""
+    if match in ("exact", "text", "regex") and not isinstance(value, str):
+        raise ValueError(f"value must be a string for match = {match!r}")
+    if match == "regex":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"value is not a valid regex: {exc}") from None
+    if match == "json":
+        if isinstance(value, str):
+            try:
+                json_semantics.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"value is not valid JSON text: {exc}") from None
+        else:
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError):
+                raise ValueError("value must be JSON text or a TOML value JSON can express "
+                                 "(no dates or times)") from None
+
+
+PAGE_URL = re.compile(r"https?://[^\s/?#]+(/[^\s#]*)?")
+
+
+class PageCheck(_Strict):
+    """Compare the text of a page the agent's chromium loads (contract 8) with ``value`` by ``match``.
+
+    The agent opens ``url`` in a background tab of its chromium, with the browser's cookies (so the page
+    is the site's own state for the signed-in person: ``/session`` of the sign-in demo), takes the body's
+    text (at most 1 MiB) and closes the tab; the rules are the file check's (text, regex, json). Needs a
+    task that launches ``chromium``; the load goes through the gateway like any other guest traffic.
+    """
+
+    kind: Literal["page"]
+    url: StrictStr
+    match: Literal["text", "regex", "json"]
+    value: Any
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if len(v) > 2048 or not PAGE_URL.fullmatch(v):
+            raise ValueError("must be an http:// or https:// URL of at most 2048 characters, no spaces or fragment")
+        return v
+
+    @model_validator(mode="after")
+    def _value_fits_rule(self) -> "PageCheck":
+        _check_value(self.match, self.value)
+        return self
+
+
+class SignIn(_Strict):
+    """``[signin]``: whether the appliance raises ``browser_authentication`` requests when the agent's
+    chromium shows a sign-in form (contract 8). ``enabled = false``: never; the model just sees the page."""
+
+    enabled: StrictBool = True
 
 
 class SqliteCheck(_Strict):
@@ -222,7 +264,10 @@ class SqliteCheck(_Strict):
         return [check_guest_path(p) for p in v]
 
 
-Check = Annotated[Union[FileCheck, SqliteCheck], Field(discriminator="kind")]
+Check = Annotated[Union[FileCheck, SqliteCheck, PageCheck], Field(discriminator="kind")]
+
+CHANNEL_BROWSER = "chromium"
+"""The allowlisted app that is the agent's browser under its DevTools pipe (images/apps.json, contract 8)."""
 
 
 class Offline(_Strict):
@@ -244,6 +289,7 @@ class Task(_Strict):
     network: NetworkPolicy = NetworkPolicy()
     checks: list[Check] = Field([], validate_default=True)
     offline: Offline | None = None
+    signin: SignIn = SignIn()
     max_steps: StrictInt = Field(20, ge=1, le=500)
     source: Path | None = None
 
@@ -270,6 +316,19 @@ class Task(_Strict):
                 raise ValueError(f"model.crop {list(crop)} reaches outside the "
                                  f"{self.screen.width}x{self.screen.height} screen")
         return self
+
+    @property
+    def browser_channel(self) -> bool:
+        """True when the task launches the agent's chromium (:data:`CHANNEL_BROWSER`)."""
+        return any(launch.app == CHANNEL_BROWSER for launch in self.launch)
+
+    def sandbox_spec(self, ready_timeout: float | None = None) -> Any:
+        """The :class:`controller.sandbox.SandboxSpec` this task runs in (screen, policy, browser channel)."""
+        from controller.sandbox import SandboxSpec
+
+        extra = {} if ready_timeout is None else {"ready_timeout": ready_timeout}
+        return SandboxSpec(screen_width=self.screen.width, screen_height=self.screen.height,
+                           policy=self.network.model_dump(mode="json"), browser_channel=self.browser_channel, **extra)
 
     def offline_script_path(self) -> Path:
         """Absolute path of the offline script; raises TaskError when the task has none."""
@@ -298,10 +357,10 @@ def load_task(path: str | Path) -> Task:
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:
-        raise TaskError(f"{path}: {describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags={'checks': ('file', 'sqlite')})}"
+        raise TaskError(f"{path}: {describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags={'checks': ('file', 'sqlite', 'page')})}"
                         ) from None
     return task.model_copy(update={"source": path.resolve()})
 
 
 _KNOWN_KEYS = {name for model in (Task, Screen, ModelView, Launch, Ready, NetworkPolicy, FileCheck, SqliteCheck,
-                                  Offline) for name in model.model_fields} - {"source"}
+                                  PageCheck, SignIn, Offline) for name in model.model_fields} - {"source"}

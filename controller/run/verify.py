@@ -3,6 +3,7 @@ compare it with the task's checks. Never from the model's transcript.
 
 - file checks: ``exact`` (bytes equal), ``text`` (equal after removing trailing whitespace),
   ``regex`` (Python ``re.search`` on the UTF-8 text), ``json`` (strict JSON, compared by JSON's data model: :mod:`controller.json_semantics`);
+- page checks: the text of a URL as the agent's chromium loads it (contract 8), by the file rules;
 - sqlite checks: the database and its ``-wal``/``-shm`` files are copied through the files API to
   a temporary directory, opened read-only, the query is run (``bind_files`` texts bound to its
   ``?`` parameters) under an authorizer that admits only reads of that database (no ATTACH, PRAGMA,
@@ -26,7 +27,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
 from controller import json_semantics
-from controller.run.tasks import FileCheck, SqliteCheck, check_guest_path
+from controller.gateway.origin import Origin
+from controller.run.tasks import FileCheck, PageCheck, SqliteCheck, check_guest_path
+from controller.text import clean
 
 MAX_OBSERVED_CHARS = 2000
 MAX_HEX_BYTES = 256
@@ -94,24 +97,30 @@ def check_file(check: FileCheck, reader: FileReader, home: str) -> dict[str, Any
         return {**result, "observed": None, "passed": False, "detail": "file does not exist"}
     except Exception as exc:
         return {**result, "observed": None, "passed": False, "detail": f"cannot read: {exc}"}
+    return _compare(check.match, check.value, data, result)
+
+
+def _compare(match: str, value: Any, data: bytes, result: dict[str, Any]) -> dict[str, Any]:
+    """Compare ``data`` with ``value`` by the rule ``match`` (exact, text, regex, json); returns
+    ``result`` with observed, passed and, when they differ, the hex of the bytes."""
     text = data.decode("utf-8", errors="replace")
     passed: bool
     detail = None
-    if check.match == "exact":
-        expected = str(check.value).encode("utf-8")
+    if match == "exact":
+        expected = str(value).encode("utf-8")
         passed = data == expected
         if not passed:
             result["expected_hex"] = _hex(expected)
-    elif check.match == "text":
-        passed = text.rstrip() == str(check.value).rstrip()
-    elif check.match == "regex":
+    elif match == "text":
+        passed = text.rstrip() == str(value).rstrip()
+    elif match == "regex":
         try:
-            passed = re.search(str(check.value), text) is not None
+            passed = re.search(str(value), text) is not None
         except re.error as exc:
             passed, detail = False, f"invalid regex: {exc}"
     else:  # json
         try:
-            expected_value = json_semantics.loads(check.value) if isinstance(check.value, str) else check.value
+            expected_value = json_semantics.loads(value) if isinstance(value, str) else value
         except ValueError as exc:
             return {**result, "observed": _shown(data), "passed": False, "detail": f"expected value is not JSON: {exc}"}
         try:
@@ -125,6 +134,26 @@ def check_file(check: FileCheck, reader: FileReader, home: str) -> dict[str, Any
     if detail:
         result["detail"] = detail
     return result
+
+
+def check_page(check: PageCheck, reader: Any) -> dict[str, Any]:
+    """Run one page check (contract 8): the text of ``check.url`` as the agent's chromium loads it
+    (``reader.page_text``), compared by the file rules; a page that ended on another origin (a redirect)
+    fails. Returns the ``check`` record fields."""
+    result: dict[str, Any] = {"kind": "page", "target": check.url, "rule": check.match, "expected": check.value}
+    try:
+        page = reader.page_text(check.url)
+    except Exception as exc:
+        return {**result, "observed": None, "passed": False, "detail": f"cannot load the page: {exc}"}
+    want = Origin.from_url(check.url)
+    try:
+        got = Origin.parse(str(page.get("origin", "")))
+    except ValueError:
+        got = None
+    if got != want:
+        return {**result, "observed": None, "passed": False,
+                "detail": f"the page ended on another origin: {clean(str(page.get('origin')), 200)}"}
+    return _compare(check.match, check.value, str(page.get("text", "")).encode("utf-8"), result)
 
 
 # What a check's query may do: read (tables, columns, functions, recursive CTEs) -- nothing else.
@@ -218,7 +247,12 @@ def run_checks(checks: list[Any], reader: FileReader, *, home: str = "/home/sand
     results = []
     for check in checks:
         try:
-            result = check_file(check, reader, home) if check.kind == "file" else check_sqlite(check, reader, home)
+            if check.kind == "page":
+                result = check_page(check, reader)
+            elif check.kind == "file":
+                result = check_file(check, reader, home)
+            else:
+                result = check_sqlite(check, reader, home)
         except Exception as exc:  # noqa: BLE001 - one bad check must not hide the others' results
             result = {"kind": getattr(check, "kind", None), "target": getattr(check, "path", None),
                       "rule": getattr(check, "match", None) or getattr(check, "query", None),

@@ -94,13 +94,17 @@ class SandboxSpec:
     ``screen_width``/``screen_height``: guest screen in screen px (task ``[screen]``).
     ``policy``: the task's ``[network]`` table as a mapping (``{"mode": "deny-all"|"allowlist",
     "allow": [origins], ...}``) or a pydantic model with ``model_dump``; passed to the gateway as JSON,
-    validated there. ``ready_timeout``: seconds to wait for the agent and display.
+    validated there. ``ready_timeout``: seconds to wait for the agent and display. ``browser_channel``:
+    the task drives the agent's chromium (``[[launch]] app = "chromium"``, contract 8); the Docker
+    backend then gives the desktop the seccomp profile chromium's sandbox needs
+    (:mod:`controller.sandbox.seccomp`).
     """
 
     screen_width: int = 1280
     screen_height: int = 800
     policy: Any = field(default_factory=lambda: dict(DEFAULT_POLICY))
     ready_timeout: float = 120.0
+    browser_channel: bool = False
 
     def policy_json(self) -> str:
         """The policy as JSON text (pydantic models are dumped in JSON mode)."""

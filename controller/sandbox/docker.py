@@ -45,6 +45,7 @@ from controller.sandbox import (
     DECISIONS_READ_MAX_BYTES, BackendUnavailable, ExecResult, NetworkTopology, Sandbox, SandboxError, SandboxSpec,
     parse_decision_lines, parse_decision_log, signals_deferred, wait_agent_ready, wait_control_ready, with_timeout,
 )
+from controller.sandbox import seccomp
 from controller.sandbox.backend_setup import decisions_since_argv, owner_labels, sandbox_labels
 from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the backend's cleanup API
     _remove,
@@ -118,6 +119,16 @@ class DockerOptions:
     apps_file: str = ""
     agent_args: list[str] = field(default_factory=list)
     extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def _desktop_hardening(spec: SandboxSpec, options: DockerOptions) -> dict[str, Any]:
+    """The desktop container's hardening options; a task that drives the agent's chromium
+    (``spec.browser_channel``) gets :mod:`controller.sandbox.seccomp`'s profile in place of Docker's
+    default, so that chromium's sandbox can start."""
+    hardening = _hardening("0:0", desktop_tmpfs(), options.mem_limit, options.pids_limit, cap_add=DESKTOP_CAP_ADD)
+    if spec.browser_channel:
+        hardening["security_opt"] = [*hardening["security_opt"], seccomp.security_opt()]
+    return hardening
 
 
 def engine() -> docker.DockerClient:
@@ -452,7 +463,7 @@ class DockerSandbox(Sandbox):
             },
             shm_size=options.shm_size,
             nano_cpus=options.nano_cpus or None,
-            **_hardening("0:0", desktop_tmpfs(), options.mem_limit, options.pids_limit, cap_add=DESKTOP_CAP_ADD),
+            **_desktop_hardening(spec, options),
         )
         self._checkpoint()
         self.desktop.start()

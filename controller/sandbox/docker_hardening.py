@@ -22,15 +22,16 @@ what                          MiB    note
 ============================  =====  ============================================
 memory limit (mem_limit)      2048   ``DockerOptions.mem_limit`` "2g", no swap
 /home/sandbox                 512    the desktop user's files, browser profile
+/home/browser                 128    the agent's chromium's profile (contract 8)
 /tmp                          256    X socket and lock, supervisord's child logs
 /var/tmp                      32
 /run/desktop-sandbox          1      the agent's token and X cookie
 /run/desktop-sandbox-control  1      supervisord's and the launch broker's sockets
 /dev/shm (shm_size)           256    ``DockerOptions.shm_size`` "256m", browser
-left for processes            990    Xvfb, openbox, agent, demo app, browser, xterm
+left for processes            862    Xvfb, openbox, agent, demo app, browsers, xterm
 ============================  =====  ============================================
 
-With every tmpfs full a writer gets ENOSPC and the session keeps about 990 MiB (``MIN_PROCESS_MIB``
+With every tmpfs full a writer gets ENOSPC and the session keeps about 862 MiB (``MIN_PROCESS_MIB``
 at least, checked by :func:`check_memory_budget`) for the browser and the rest of the session; the
 sum may not exceed the limit, or a full tmpfs makes the kernel OOM-kill the session instead of the
 writer failing.
@@ -45,12 +46,14 @@ DESKTOP_UID = 1000
 """The desktop user ``sandbox``: Xvfb, openbox, the demo app, launched apps, the guest's exec."""
 AGENT_UID = 1002
 """The agent's user ``agent`` (member of group ``sandbox``, to read the desktop's files)."""
+BROWSER_UID = 1003
+"""The agent's chromium's user ``browser`` (docs/ARCHITECTURE.md, contract 8)."""
 DESKTOP_CAP_ADD = ["SETUID", "SETGID", "KILL"]
 """The only capabilities the desktop container keeps (supervisord's and the launch broker's)."""
 CONTROL_DIR = "/run/desktop-sandbox-control"
 """supervisord's control socket and pid file, the launch broker's socket: root, group agent, 0750."""
 
-DESKTOP_TMPFS_MIB = {"/home/sandbox": 512, "/tmp": 256, "/var/tmp": 32, "/run/desktop-sandbox": 1, CONTROL_DIR: 1}
+DESKTOP_TMPFS_MIB = {"/home/sandbox": 512, "/home/browser": 128, "/tmp": 256, "/var/tmp": 32, "/run/desktop-sandbox": 1, CONTROL_DIR: 1}
 """Size (MiB) of each tmpfs of the desktop container; see the memory budget above."""
 MIN_PROCESS_MIB = 768
 """Least memory (MiB) that must stay for processes when every tmpfs and /dev/shm are full."""
@@ -88,6 +91,7 @@ def desktop_tmpfs() -> dict[str, str]:
     return {
         "/tmp": _tmpfs(f"{mib['/tmp']}m", DESKTOP_UID, "1777"),
         "/home/sandbox": _tmpfs(f"{mib['/home/sandbox']}m", DESKTOP_UID, "0750"),
+        "/home/browser": _tmpfs(f"{mib['/home/browser']}m", BROWSER_UID, "0700"),
         "/var/tmp": _tmpfs(f"{mib['/var/tmp']}m", DESKTOP_UID, "1777"),
         "/run/desktop-sandbox": _tmpfs(f"{mib['/run/desktop-sandbox']}m", AGENT_UID),
         CONTROL_DIR: _tmpfs(f"{mib[CONTROL_DIR]}m", 0, "0750", gid=AGENT_UID),

@@ -20,9 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", required=True, help="the only user whose processes may connect")
     parser.add_argument("--user", required=True, help="the user every app runs as (never root)")
     parser.add_argument("--apps", required=True, help="the agent's JSON allowlist file")
+    parser.add_argument("--channel-user", default=None,
+                        help="the user the allowlist's channel apps (the agent's chromium) run as")
     args = parser.parse_args(argv)
     try:
-        serve_broker(args.socket, args.client, args.user, args.apps)
+        serve_broker(args.socket, args.client, args.user, args.apps, args.channel_user)
     except (KeyError, ValueError) as exc:
         print(f"launcher: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -119,7 +119,10 @@ def test_unknown_sessions_are_404_everywhere(api):
     (b'{"events": [{"type": "agent.session.input.tool_result", "call_id": "c", "turn_id": "t", "success": true}]}',
      "unsupported", "tool_result"),
     (b'{"events": [{"type": "agent.session.input.computer_use_approval_request_result", "request_id": "r", '
-     b'"response": {"type": "browser_authentication", "action": "cancel"}}]}', "unsupported", "browser_authentication"),
+     b'"response": {"type": "browser_authentication", "action": "submit", "fields": [{"field_id": "f", "value": 1}]}}]}',
+     "invalid_request", "response.fields[0].value"),
+    (b'{"events": [{"type": "agent.session.input.computer_use_approval_request_result", "request_id": "r", '
+     b'"response": {"type": "browser_authentication", "action": "login"}}]}', "invalid_request", "response.action"),
     (b'{"events": [{"type": "agent.session.input.message", "input": "a"}, '
      b'{"type": "agent.session.input.message", "input": "b"}]}', "unsupported", "more than one message"),
     (b'[' * 5000 + b']' * 5000, "invalid_request", "JSON"),

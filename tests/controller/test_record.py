@@ -10,6 +10,7 @@ from rich.console import Console
 
 from controller.run.mapping import Frame
 from controller.run.record import RunRecord, read_record, redact_action, summarize, summary_table
+from controller.run.entries import FORMAT
 
 
 def test_entries_have_ts_and_contract_types(tmp_path):
@@ -119,8 +120,8 @@ GOOD_LINES = [
 
 
 @pytest.mark.parametrize("change, needles", [
-    ((0, GOOD_LINES[0].replace('"format": 1', '"format": 5')),
-     ["record.jsonl:1:", "format 5 is newer", "format 4"]),
+    ((0, GOOD_LINES[0].replace('"format": 1', f'"format": {FORMAT + 1}')),
+     ["record.jsonl:1:", f"format {FORMAT + 1} is newer", f"format {FORMAT}"]),
     ((2, GOOD_LINES[2].replace('"type": "run_finished"', '"type": "run_finished", "extra_field": 1')),
      ["record.jsonl:3:", "run_finished entry", "extra_field"]),
     ((1, '{"ts": "2030-01-01T00:00:01.000+00:00", "type": "action", "duration_ms": "slow"}'),

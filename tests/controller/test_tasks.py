@@ -184,3 +184,55 @@ def test_a_task_that_is_a_fifo_or_holds_a_huge_integer_is_refused_in_one_line(tm
         big = tmp_path / "big.toml"
         big.write_text(BASE + CHECK + "max_steps = 1" + "0" * 5000 + "\n")
         load_task(big)
+
+
+# -- contract 8: page checks, [signin], the browser channel -----------------------------------------
+def _page_check(url: str = '"http://signin-demo:8080/session"', match: str = "text", value: str = '"ok"') -> str:
+    return f'[[checks]]\nkind = "page"\nurl = {url}\nmatch = "{match}"\nvalue = {value}\n'
+
+
+def test_sign_in_demo_task_loads_with_a_page_check_and_the_browser_channel():
+    from controller.run.tasks import PageCheck
+
+    task = load_task(TASKS / "sign-in-demo.toml")
+    assert task.signin.enabled and task.browser_channel
+    [check] = task.checks
+    assert isinstance(check, PageCheck) and check.url == "http://signin-demo:8080/session"
+    spec = task.sandbox_spec(ready_timeout=5.0)
+    assert spec.browser_channel and spec.ready_timeout == 5.0
+    assert (spec.screen_width, spec.screen_height) == (task.screen.width, task.screen.height)
+    assert spec.policy["allow"] == ["http://signin-demo:8080"]
+
+
+def test_signin_defaults_on_and_the_channel_follows_the_launch(tmp_path):
+    task = load_task(_write(tmp_path, BASE + CHECK))
+    assert task.signin.enabled and not task.browser_channel and not task.sandbox_spec().browser_channel
+    task = load_task(_write(tmp_path, BASE + CHECK + '[signin]\nenabled = false\n'
+                            '[[launch]]\napp = "terminal"\n[[launch]]\napp = "chromium"\nargs = ["about:blank"]\n'))
+    assert not task.signin.enabled and task.browser_channel and task.sandbox_spec().browser_channel
+
+
+@pytest.mark.parametrize("body, field", [
+    (BASE + _page_check(url='"ftp://a.example/x"'), "url"),
+    (BASE + _page_check(url='"http://a.example/x#frag"'), "url"),
+    (BASE + _page_check(url='"http://a.example/a b"'), "url"),
+    (BASE + _page_check(url='"file:///etc/passwd"'), "url"),
+    (BASE + _page_check(url=f'"http://a.example/{"x" * 2048}"'), "url"),
+    (BASE + _page_check(match="exact"), "match"),
+    (BASE + _page_check(match="regex", value='"("'), "regex"),
+    (BASE + _page_check(match="json", value='"{not json"'), "JSON"),
+    (BASE + _page_check() + 'extra = 1\n', "extra"),
+    (BASE + CHECK + '[signin]\nenabled = "yes"\n', "enabled"),
+    (BASE + CHECK + '[signin]\nenabled = true\nfile = "creds.toml"\n', "file"),
+])
+def test_malformed_page_checks_and_signin_tables_are_refused(tmp_path, body, field):
+    path = _write(tmp_path, body)
+    with pytest.raises(TaskError, match=field) as info:
+        load_task(path)
+    assert "\n" not in str(info.value)
+
+
+def test_page_check_accepts_http_and_https_with_path_and_query(tmp_path):
+    for url in ('"http://signin-demo:8080"', '"https://a.example/p?q=1&r=2"', '"http://10.0.0.1/x/y"'):
+        task = load_task(_write(tmp_path, BASE + _page_check(url=url, match="json", value='{ "a" = 1 }')))
+        assert task.checks[0].url == url.strip('"')

@@ -3,7 +3,8 @@
    checks and actions: Approve / Deny; origin requests of the gateway: the origin, its reason, a
    countdown to the gateway's deadline, Approve / Deny / Cancel; focus on Deny), the
    step/action log, model messages, usage and network decisions, and the Take over / Resume / Cancel
-   run buttons. Every text from the run is set with textContent (never innerHTML). POSTs carry the
+   run buttons; sign-in requests (browser_authentication) get a card of their own (see "sign-in
+   requests" below). Every text from the run is set with textContent (never innerHTML). POSTs carry the
    page's CSRF token (<meta name="csrf-token">). An answer is sent once, on a click; after a failed
    POST, and on every (re)connection of the stream, the approvals snapshot is fetched again. */
 (function () {
@@ -26,12 +27,20 @@
     return el;
   }
 
-  async function post(path, payload) {
-    const resp = await fetch(base + path, {
+  function send(path, payload) {
+    return fetch(base + path, {
       method: "POST", credentials: "same-origin", cache: "no-store",
       headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
       body: JSON.stringify(payload === undefined ? {} : payload),
     });
+  }
+
+  async function post(path, payload) {
+    return reply(await send(path, payload));
+  }
+
+  /* A POST's answer as JSON; an Error "code: message" (or "HTTP status") when it was refused. */
+  async function reply(resp) {
     let data = null;
     try { data = await resp.json(); } catch (e) { data = null; }
     if (!resp.ok) {
@@ -58,6 +67,7 @@
   function removeCard(id) {
     const card = cards.get(id);
     if (!card) return;
+    if (card.signin) wipeInputs(card);
     card.el.remove();
     cards.delete(id);
     $("no-approvals").hidden = cards.size > 0;
@@ -66,6 +76,7 @@
   const KINDS = { safety_check: "safety check", action: "action", origin_access: "origin access" };
 
   function addCard(r) {
+    if (r.kind === SIGN_IN) { addSignInCard(r); return; }
     const origin = r.kind === "origin_access";
     const el = node("div", null, origin ? "card origin" : "card");
     el.dataset.requestId = r.id;
@@ -96,12 +107,7 @@
       for (const a of r.actions) list.appendChild(node("li", a));
       el.appendChild(list);
     }
-    if (typeof r.screenshot === "string" && SHOT.test(r.screenshot)) {
-      const img = node("img");
-      img.src = `${base}/shots/${r.screenshot}`;
-      img.alt = "the screen when the model asked";
-      el.appendChild(img);
-    }
+    addShot(el, r);
     const countdown = node("div", "", "countdown");
     el.appendChild(countdown);
     const error = node("p", "", "error");
@@ -124,7 +130,177 @@
     cards.set(r.id, card);
     $("cards").appendChild(el);
     $("no-approvals").hidden = true;
-    deny.focus(); /* the safe answer is the default one */
+    /* the safe answer is the default one, unless the person is typing into a sign-in card: a key
+       meant for a value must not land on another card's button */
+    if (!inSignIn(document.activeElement)) deny.focus();
+  }
+
+  function addShot(el, r) {
+    if (typeof r.screenshot === "string" && SHOT.test(r.screenshot)) {
+      const img = node("img");
+      img.src = `${base}/shots/${r.screenshot}`;
+      img.alt = "the screen when the model asked";
+      el.appendChild(img);
+    }
+  }
+
+  /* ---- sign-in requests ------------------------------------------------------------------- */
+  /* The agent's browser shows a sign-in form on credential_origin. Its card: "Sign in", that origin
+     large (the person must check it), the reason, then either the sign-in methods (radio buttons: one
+     must be chosen, and only its fields are shown) or every field; Submit and Cancel. Values are
+     credentials: each is typed into a masked input (type=password, autocomplete=off, whatever the
+     field's type), in no <form> (nothing for the browser to submit or restore). Submit reads them
+     straight into the request body (sendSignIn), and every input is cleared and removed before the
+     POST is even answered: no value stays in the page, in a variable, in storage or in the URL. A
+     refusal shows its message and new, empty inputs; a request decided elsewhere removes the card. */
+  const SIGN_IN = "browser_authentication";
+  let serial = 0; /* makes the inputs' and radio groups' ids unique in the page */
+
+  function inSignIn(el) {
+    return !!(el && el.closest && el.closest(".card.signin"));
+  }
+
+  function addSignInCard(r) {
+    const el = node("div", null, "card signin");
+    el.dataset.requestId = r.id;
+    el.dataset.kind = r.kind;
+    el.setAttribute("role", "group");
+    el.setAttribute("aria-label", "Sign in");
+    el.appendChild(node("h3", "Sign in", "signin-title"));
+    el.appendChild(node("div", "Credential origin", "origin-label"));
+    el.appendChild(node("code", r.credential_origin, "credential-origin"));
+    el.appendChild(node("div", "Check this origin: the values you give are typed into its page only.", "note"));
+    if (r.question) el.appendChild(node("p", r.question, "reason"));
+    addShot(el, r);
+    const card = {
+      id: r.id, el, signin: true, busy: false, left: r.seconds_left, received: Date.now(),
+      fields: Array.isArray(r.fields) ? r.fields : [], options: Array.isArray(r.options) ? r.options : [],
+      methods: null, inputs: node("div", null, "signin-inputs"),
+    };
+    if (card.options.length) {
+      card.methods = node("fieldset", null, "methods");
+      card.methods.appendChild(node("legend", "Sign-in method (choose one)"));
+      const group = "signin-method-" + (++serial);
+      for (const o of card.options) {
+        const label = node("label", null, "method");
+        const radio = node("input");
+        radio.type = "radio";
+        radio.name = group;
+        radio.value = o.id;
+        radio.required = true;
+        radio.addEventListener("change", () => showInputs(card));
+        label.append(radio, document.createTextNode(" " + (o.label || o.id)));
+        card.methods.appendChild(label);
+      }
+      el.appendChild(card.methods);
+    }
+    el.appendChild(card.inputs);
+    card.countdown = node("div", "", "countdown");
+    card.error = node("p", "", "error");
+    card.error.setAttribute("role", "alert");
+    const row = node("div", null, "buttons");
+    const submit = node("button", "Submit", "approve");
+    const cancel = node("button", "Cancel", "deny");
+    card.buttons = [submit, cancel];
+    card.buttons.forEach((b) => { b.type = "button"; });
+    row.append(submit, cancel);
+    el.append(card.countdown, row, card.error);
+    submit.addEventListener("click", () => submitSignIn(card));
+    cancel.addEventListener("click", () => answerSignIn(card, "cancel", null));
+    showInputs(card);
+    cards.set(r.id, card);
+    $("cards").appendChild(el);
+    $("no-approvals").hidden = true;
+  }
+
+  function chosenOption(card) {
+    const radio = card.methods ? card.methods.querySelector("input[type=radio]:checked") : null;
+    return radio ? radio.value : null;
+  }
+
+  /* The value inputs, new and empty: the chosen method's fields (none before a method is chosen),
+     or every field of a request without methods. */
+  function showInputs(card) {
+    wipeInputs(card);
+    let ids;
+    if (card.options.length) {
+      const chosen = card.options.find((o) => o.id === chosenOption(card));
+      ids = chosen && Array.isArray(chosen.field_ids) ? chosen.field_ids : [];
+      if (chosen && !ids.length) card.inputs.appendChild(node("div", "This method takes no value.", "note"));
+    } else ids = card.fields.map((f) => f.id);
+    for (const id of ids) {
+      const f = card.fields.find((x) => x.id === id) || { id, label: id, required: false };
+      const input = node("input");
+      input.type = "password"; /* every value is masked, an e-mail address too */
+      input.setAttribute("autocomplete", "off");
+      input.spellcheck = false;
+      input.required = !!f.required;
+      input.dataset.fieldId = f.id;
+      input.id = "signin-value-" + (++serial);
+      input.addEventListener("keydown", (ev) => {
+        if (ev.key === "Enter") { ev.preventDefault(); submitSignIn(card); }
+      });
+      const label = node("label", null, "signin-field");
+      label.htmlFor = input.id;
+      label.appendChild(node("span", f.label || f.id, "label"));
+      if (f.required) label.appendChild(node("span", " (required)", "required"));
+      const row = node("div", null, "signin-value");
+      row.append(label, input);
+      card.inputs.appendChild(row);
+    }
+  }
+
+  /* Clear every value input of the card and take it out of the page. */
+  function wipeInputs(card) {
+    for (const input of card.inputs.querySelectorAll("input")) input.value = "";
+    card.inputs.replaceChildren();
+  }
+
+  function submitSignIn(card) {
+    if (card.busy) return;
+    card.error.textContent = "";
+    const option = chosenOption(card);
+    if (card.options.length && option === null) { card.error.textContent = "Choose a sign-in method."; return; }
+    const missing = [...card.inputs.querySelectorAll("input")].find((i) => i.required && i.value === "");
+    if (missing) { card.error.textContent = "Fill in every required field."; missing.focus(); return; }
+    answerSignIn(card, "submit", option);
+  }
+
+  /* POST the answer; the values go from the inputs into the body handed to fetch, and the inputs are
+     wiped before this returns: nothing of a value outlives this call in the page's script. */
+  function sendSignIn(card, action, option) {
+    const body = { action };
+    if (action === "submit") {
+      body.fields = [...card.inputs.querySelectorAll("input")].filter((i) => i.value !== "")
+        .map((i) => ({ field_id: i.dataset.fieldId, value: i.value }));
+      if (option !== null) body.selected_option = option;
+    }
+    try {
+      return send("/approvals/" + encodeURIComponent(card.id), body);
+    } finally {
+      body.fields = null;
+      wipeInputs(card);
+    }
+  }
+
+  async function answerSignIn(card, action, option) {
+    if (card.busy) return;
+    card.busy = true;
+    card.buttons.forEach((b) => { b.disabled = true; });
+    if (card.methods) card.methods.disabled = true;
+    card.error.textContent = "";
+    try {
+      const decided = await reply(await sendSignIn(card, action, option));
+      if (decided && decided.state !== "pending") { removeCard(card.id); return; }
+    } catch (e) {
+      card.error.textContent = e.message;
+      await refetchApprovals();
+    }
+    if (!cards.has(card.id)) return;
+    card.busy = false;
+    card.buttons.forEach((b) => { b.disabled = false; });
+    if (card.methods) card.methods.disabled = false;
+    showInputs(card); /* try again: new, empty inputs */
   }
 
   async function answer(id, value, card) {
@@ -151,7 +327,8 @@
     for (const card of cards.values()) {
       if (typeof card.left !== "number") { card.countdown.textContent = ""; continue; }
       const left = Math.max(0, Math.ceil(card.left - (Date.now() - card.received) / 1000));
-      if (card.origin) card.countdown.textContent = left > 0 ? `the gateway refuses it in ${left} s` : "refusing (no answer in time)";
+      if (card.signin) card.countdown.textContent = left > 0 ? `refused automatically in ${left} s` : "refusing (no answer in time)";
+      else if (card.origin) card.countdown.textContent = left > 0 ? `the gateway refuses it in ${left} s` : "refusing (no answer in time)";
       else card.countdown.textContent = left > 0 ? `denied automatically in ${left} s` : "denying (no answer in time)";
     }
   }

@@ -1,0 +1,493 @@
+"""The agent's chromium: sign-in forms found, filled and submitted over the DevTools pipe.
+
+:class:`BrowserHost` takes over the agent's ends of the pipes of the chromium the launch broker started
+(:mod:`guest.launch`, channel apps) and serves three things (docs/ARCHITECTURE.md, contract 8):
+
+* :meth:`BrowserHost.signin_page` -- the active tab's origin as the browser knows it (the main frame's
+  ``securityOrigin`` from ``Page.getFrameTree``, never page text) and its sign-in form
+  (:class:`wire.browser.SignInForm`), found by :data:`HELPERS_JS`;
+* :meth:`BrowserHost.fill` -- type values into that form and submit it, only while the origin is the
+  request's ``credential_origin`` (checked before every value); values go in through ``Input.insertText``
+  (the browser's own text input: the page sees input events as from a keyboard) and are never put into a
+  script, a log or an answer; a field the page rewrites while it is typed into is retried, then cleared;
+  a form that is still there after the submit has the typed values cleared;
+* :meth:`BrowserHost.page_text` -- the text of a page opened in a background tab (the ``page`` checks).
+
+Scripts run in an isolated world (``Page.createIsolatedWorld``): the page shares the DOM but not the
+scripts' globals, so it cannot replace the functions they call. Every command has a deadline and the
+answers are size-capped (:mod:`guest.cdp`); the scanner reads at most :data:`MAX_INPUTS` inputs and
+:data:`wire.browser.MAX_LABEL_CHARS` characters of a label, so a page of 10 000 inputs or 1 MB labels
+costs bounded work. Forms in iframes are not looked at (a sign-in form must be the page's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from wire.browser import (MAX_FIELDS, MAX_LABEL_CHARS, MAX_OPTIONS, FillRequest, FillResult, SignInForm,
+                          SignInPage)
+
+from .cdp import ChannelClosed, ChannelError, CommandTimeout, Pipe, wait_until
+
+MAX_INPUTS = 2000
+"""Most ``<input>`` elements the scanner looks at on one page."""
+EVAL_TIMEOUT_S = 5.0
+"""Deadline of one script run in a page (a page that blocks its event loop, e.g. with ``alert``, times out)."""
+NAVIGATION_WAIT_S = 10.0
+"""How long a fill waits after the submit for the page to load a new document."""
+PAGE_LOAD_TIMEOUT_S = 20.0
+"""How long :meth:`BrowserHost.page_text` waits for a page to load."""
+MAX_PAGE_TEXT = 1024 * 1024
+"""Most characters of a page's text :meth:`BrowserHost.page_text` returns."""
+SHORT_TIMEOUT_S = 1.0
+"""Deadline of a command polled in a loop (a page being swapped for the next may drop it)."""
+FILL_ATTEMPTS = 3
+"""Tries per field before a fill gives up with ``field_unstable``."""
+WORLD = "desktop-sandbox"
+
+HELPERS_JS = r"""
+const MAX_INPUTS = %(max_inputs)d, MAX_LABEL = %(max_label)d, MAX_FIELDS = %(max_fields)d, MAX_OPTIONS = %(max_options)d;
+const TOKEN = /^[A-Za-z0-9_.:~-]{1,64}$/;
+function boundedText(node, limit) {
+  let out = '';
+  const walker = document.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n && out.length < limit; n = walker.nextNode()) out += n.data.slice(0, limit);
+  return out.slice(0, limit);
+}
+function clip(text) {
+  return String(text == null ? '' : text).slice(0, 4 * MAX_LABEL).replace(/[\s\u0000]+/g, ' ').trim().slice(0, MAX_LABEL);
+}
+function labelOf(el) {
+  if (el.labels && el.labels.length) return clip(boundedText(el.labels[0], 4 * MAX_LABEL));
+  const aria = el.getAttribute('aria-label');
+  if (aria) return clip(aria);
+  const by = el.getAttribute('aria-labelledby');
+  if (by) { const ref = document.getElementById(by.split(/\s+/)[0]); if (ref) return clip(boundedText(ref, 4 * MAX_LABEL)); }
+  return clip(el.getAttribute('placeholder') || el.getAttribute('name') || el.id || '');
+}
+function shown(el) {
+  if (!el.isConnected || el.disabled) return false;
+  const r = el.getBoundingClientRect();
+  if (r.width < 4 || r.height < 4) return false;
+  return el.checkVisibility({opacityProperty: true, visibilityProperty: true, contentVisibilityAuto: true});
+}
+function kindOf(el, label) {
+  const type = (el.getAttribute('type') || 'text').toLowerCase();
+  if (type === 'password') return 'password';
+  if (!['text', 'email', 'tel', 'number', 'search', ''].includes(type)) return null;
+  const hint = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200);
+  const words = (el.id + ' ' + (el.getAttribute('name') || '') + ' ' + hint + ' ' + label).toLowerCase().slice(0, 1000);
+  if (/password|passcode/.test(words) || /current-password|new-password/.test(hint)) return 'password';
+  if (type === 'email' || /\b(email|username)\b/.test(hint) || /mail/.test(words)) return 'email';
+  if (hint.includes('one-time-code') || /code|otp|one.time|verification/.test(words)) return 'code';
+  return null;
+}
+function inputs() {
+  const all = document.getElementsByTagName('input'), out = [], used = new Set();
+  for (let i = 0; i < all.length && i < MAX_INPUTS; i++) {
+    const el = all[i];
+    let id = TOKEN.test(el.id) ? el.id : TOKEN.test(el.getAttribute('name') || '') ? el.getAttribute('name') : 'field-' + i;
+    if (used.has(id)) id = id.slice(0, 64) + '~' + i;
+    used.add(id);
+    out.push({el, id});
+  }
+  return {list: out, truncated: all.length > MAX_INPUTS};
+}
+function credentialFields() {
+  const {list, truncated} = inputs(), found = [];
+  for (const item of list) {
+    if (!shown(item.el)) continue;
+    const label = labelOf(item.el), kind = kindOf(item.el, label);
+    if (kind) found.push({...item, label, kind});
+  }
+  if (!found.length) return {fields: [], truncated};
+  const primary = found.find(f => f.kind === 'password') || found[0];
+  const form = primary.el.form;
+  return {fields: found.filter(f => f.el.form === form).slice(0, MAX_FIELDS), truncated};
+}
+function methodOptions() {
+  const forms = document.forms;
+  for (let i = 0; i < forms.length && i < 50; i++) {
+    const form = forms[i];
+    if (!/sign.?in|log.?in|anmelden|connexion/i.test(boundedText(form, 5000) + ' ' + boundedText(document.querySelector('h1') || document.createElement('p'), 500))) continue;
+    const radios = [], buttons = [];
+    for (const el of form.querySelectorAll('input[type=radio]')) if (radios.length < 50) radios.push(el);
+    for (const el of form.querySelectorAll('button[name][value], input[type=submit][name][value]')) if (buttons.length < 50) buttons.push(el);
+    const groups = new Map();
+    radios.forEach((el, k) => {
+      const label = labelOf(el);
+      if (!(shown(el) || (el.labels && el.labels.length && shown(el.labels[0])))) return;
+      const name = el.getAttribute('name') || '';
+      if (!groups.has(name)) groups.set(name, []);
+      groups.get(name).push({el, label, id: TOKEN.test(el.value) ? el.value : 'option-' + k});
+    });
+    for (const group of groups.values()) if (group.length >= 2) return group.slice(0, MAX_OPTIONS);
+    const shownButtons = buttons.filter(shown).map((el, k) => ({el, label: clip(el.innerText || el.value), id: TOKEN.test(el.value) ? el.value : 'option-' + k}));
+    if (shownButtons.length >= 2) return shownButtons.slice(0, MAX_OPTIONS);
+  }
+  return [];
+}
+function scan() {
+  const {fields, truncated} = credentialFields();
+  if (fields.length) return {fields: fields.map(f => ({id: f.id, label: f.label, kind: f.kind, required: !!f.el.required,
+      type: f.kind === 'password' ? 'password' : (f.el.type === 'email' ? 'email' : 'text')})), options: [], truncated};
+  const options = methodOptions();
+  return {fields: [], options: options.map(o => ({id: o.id, label: o.label, field_ids: []})), truncated};
+}
+function findField(id) { const f = credentialFields().fields.find(f => f.id === id); return f ? f.el : null; }
+function findOption(id) { const o = methodOptions().find(o => o.id === id); return o ? o.el : null; }
+function clear(el) {
+  if (!el || el.value === '') return;
+  el.value = '';
+  el.dispatchEvent(new Event('input', {bubbles: true}));
+  el.dispatchEvent(new Event('change', {bubbles: true}));
+}
+""" % {"max_inputs": MAX_INPUTS, "max_label": MAX_LABEL_CHARS, "max_fields": MAX_FIELDS, "max_options": MAX_OPTIONS}
+
+
+class BrowserError(Exception):
+    """A request the browser cannot serve: HTTP ``status``, error ``code`` and message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _origin_of(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else "null"
+    except ValueError:
+        return "null"
+
+
+class BrowserHost:
+    """The agent's side of its chromium (module docstring). One channel at a time; thread-safe (one
+    request at a time reaches the browser: a sign-in fill must not interleave with a scan)."""
+
+    def __init__(self) -> None:
+        self._pipe: Pipe | None = None
+        self._pid: int | None = None
+        self._sessions: dict[str, str] = {}
+        self._state = threading.Lock()
+        self._busy = threading.Lock()
+
+    # -- the channel ---------------------------------------------------------------------------------
+    def take_channel(self, app: str, pid: int, write_fd: int, read_fd: int) -> None:
+        """``Launcher`` callback: use the pipes of a started channel app. A second chromium started while
+        one is served hands its window to the first (Chromium's one instance per profile) and exits, so
+        its pipes are closed here and the first stays."""
+        with self._state:
+            if self._pipe is not None and self._pipe.closed is None:
+                for fd in (write_fd, read_fd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                return
+            old, self._pipe, self._pid = self._pipe, Pipe(write_fd, read_fd), pid
+            self._sessions = {}
+            self._pipe.add_listener(self._on_event)
+        if old is not None:
+            old.close()
+
+    def _on_event(self, method: str, params: dict[str, Any], _session: str | None) -> None:
+        if method == "Target.detachedFromTarget":
+            with self._state:
+                for target, session in list(self._sessions.items()):
+                    if session == params.get("sessionId"):
+                        del self._sessions[target]
+
+    def status(self) -> dict[str, Any]:
+        """``{"running": bool, "pid": int | None}`` of the served chromium."""
+        with self._state:
+            pipe, pid = self._pipe, self._pid
+        return {"running": pipe is not None and pipe.closed is None, "pid": pid if pipe else None}
+
+    def _channel(self) -> Pipe:
+        with self._state:
+            pipe = self._pipe
+        if pipe is None or pipe.closed is not None:
+            raise BrowserError(409, "no_browser", "the agent's chromium is not running (launch the app \"chromium\")")
+        return pipe
+
+    def close(self) -> None:
+        """Close the channel (the browser, left without its pipe, exits)."""
+        with self._state:
+            pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
+
+    # -- pages ---------------------------------------------------------------------------------------
+    def _attach(self, pipe: Pipe, target_id: str) -> str:
+        with self._state:
+            session = self._sessions.get(target_id)
+        if session is None:
+            session = str(pipe.call("Target.attachToTarget", {"targetId": target_id, "flatten": True})["sessionId"])
+            with self._state:
+                self._sessions[target_id] = session
+        return session
+
+    def _active_page(self, pipe: Pipe) -> str:
+        """The session of the tab the person sees: the visible page (the focused one among several)."""
+        targets = pipe.call("Target.getTargets").get("targetInfos", [])
+        pages = [t for t in targets if isinstance(t, dict) and t.get("type") == "page"
+                 and not str(t.get("url", "")).startswith(("chrome:", "devtools:", "chrome-untrusted:"))]
+        if not pages:
+            raise BrowserError(409, "no_page", "the agent's chromium shows no page")
+        visible: list[tuple[bool, bool, str]] = []
+        problems: list[str] = []
+        for target in pages[:20]:
+            try:
+                session = self._attach(pipe, str(target["targetId"]))
+                state = self._evaluate(pipe, session, "[document.visibilityState, document.hasFocus()]",
+                                       isolated=False, timeout=2.0)
+            except ChannelClosed:
+                raise
+            except (ChannelError, KeyError, BrowserError) as exc:
+                problems.append(f"{type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            if isinstance(state, list) and len(state) == 2:
+                visible.append((state[0] == "visible", bool(state[1]), session))
+        if not visible:
+            raise BrowserError(409, "no_page", "no tab of the agent's chromium answers"
+                               + (f" ({'; '.join(problems[:3])})" if problems else ""))
+        # Visible and focused first; a window the X server shows may still report "hidden" while
+        # unfocused, so the order of the browser's own list decides among the rest (its newest tab first).
+        visible.sort(key=lambda item: (not item[0], not item[1]))
+        return visible[0][2]
+
+    def _frame(self, pipe: Pipe, session: str, timeout: float = EVAL_TIMEOUT_S) -> dict[str, Any]:
+        frame = pipe.call("Page.getFrameTree", session_id=session, timeout=timeout).get("frameTree", {}).get("frame", {})
+        return frame if isinstance(frame, dict) else {}
+
+    def _evaluate(self, pipe: Pipe, session: str, expression: str, *, isolated: bool = True,
+                  timeout: float = EVAL_TIMEOUT_S) -> Any:
+        params: dict[str, Any] = {"expression": expression, "returnByValue": True, "awaitPromise": False,
+                                  "timeout": int(timeout * 1000)}
+        if isolated:
+            frame = self._frame(pipe, session)
+            world = pipe.call("Page.createIsolatedWorld", {"frameId": frame.get("id", ""), "worldName": WORLD,
+                                                           "grantUniveralAccess": False}, session_id=session)
+            params["contextId"] = world.get("executionContextId")
+        answer = pipe.call("Runtime.evaluate", params, session_id=session, timeout=timeout + 1.0)
+        if "exceptionDetails" in answer:
+            raise BrowserError(502, "page_script_failed", "a script in the page failed")
+        return answer.get("result", {}).get("value")
+
+    def _run(self, pipe: Pipe, session: str, body: str) -> Any:
+        """Run ``body`` (statements ending in ``return``) after :data:`HELPERS_JS` in the isolated world."""
+        return self._evaluate(pipe, session, "(() => {" + HELPERS_JS + body + "})()")
+
+    # -- sign-in -------------------------------------------------------------------------------------
+    def signin_page(self) -> SignInPage:
+        """The active tab's origin, URL, title and sign-in form (None when it shows none).
+
+        Raises BrowserError (409 ``no_browser`` / ``no_page``, 504 ``browser_timeout``, 502 ``channel_closed``).
+        """
+        with self._busy:
+            pipe = self._channel()
+            try:
+                session = self._active_page(pipe)
+                frame = self._frame(pipe, session)
+                found = self._run(pipe, session, "return [scan(), document.title.slice(0, 500)];")
+            except ChannelError as exc:
+                raise _as_browser_error(exc) from None
+        form = None
+        scanned, title = (found if isinstance(found, list) and len(found) == 2 else ({}, ""))
+        origin = str(frame.get("securityOrigin") or _origin_of(str(frame.get("url", ""))))
+        if not origin.startswith(("http://", "https://")):
+            scanned = {}  # an opaque origin (about:blank, data:, a document still committing) takes no credential
+        if isinstance(scanned, dict) and (scanned.get("fields") or scanned.get("options")):
+            form = SignInForm.model_validate({"fields": scanned.get("fields", []), "options": scanned.get("options", [])})
+        return SignInPage(origin=origin, url=str(frame.get("url", ""))[:2048], title=str(title or "")[:500], form=form)
+
+    def fill(self, request: FillRequest) -> FillResult:
+        """Choose the option, type the values and submit the active tab's sign-in form (module docstring).
+
+        Raises BrowserError as :meth:`signin_page`; every other end is a :class:`FillResult` outcome.
+        """
+        with self._busy:
+            pipe = self._channel()
+            try:
+                return self._fill(pipe, request)
+            except ChannelError as exc:
+                raise _as_browser_error(exc) from None
+
+    def _origin(self, pipe: Pipe, session: str) -> str:
+        frame = self._frame(pipe, session)
+        return str(frame.get("securityOrigin") or _origin_of(str(frame.get("url", ""))))
+
+    def _fill(self, pipe: Pipe, request: FillRequest) -> FillResult:
+        session = self._active_page(pipe)
+        want = request.credential_origin
+
+        def loaded() -> bool:
+            try:
+                return self._evaluate(pipe, session, "document.readyState", isolated=False,
+                                      timeout=SHORT_TIMEOUT_S) == "complete"
+            except (ChannelError, BrowserError) as exc:
+                if isinstance(exc, ChannelClosed):
+                    raise
+                return False
+        wait_until(loaded, NAVIGATION_WAIT_S)  # a form submitted while its page still loads may go nowhere
+        if self._origin(pipe, session) != want:
+            return FillResult(outcome="origin_changed", origin=self._origin(pipe, session))
+        scanned = self._run(pipe, session, "return scan();")
+        field_ids = {f.get("id") for f in (scanned or {}).get("fields", [])}
+        option_ids = {o.get("id") for o in (scanned or {}).get("options", [])}
+        if not field_ids and not option_ids:
+            return FillResult(outcome="no_form", origin=want)
+        if (request.selected_option is not None and request.selected_option not in option_ids
+                and option_ids) or any(f.field_id not in field_ids for f in request.fields):
+            return FillResult(outcome="form_changed", origin=want)
+        loader = self._frame(pipe, session).get("loaderId")
+        target = self._target_of(session)
+        url_before = self._target_url(pipe, target)
+        typed: list[str] = []
+        if request.selected_option is not None and option_ids:
+            chosen = self._run(pipe, session, f"const el = findOption({json.dumps(request.selected_option)});"
+                                              "if (!el) return false; if (el.type === 'radio') el.click(); return true;")
+            if not chosen:
+                return FillResult(outcome="form_changed", origin=want)
+        for item in request.fields:
+            outcome = self._type_into(pipe, session, want, item.field_id, item.value)
+            if outcome != "ok":
+                self._clear(pipe, session, typed + [item.field_id])
+                return FillResult(outcome=outcome, origin=self._origin(pipe, session))
+            typed.append(item.field_id)
+        if self._origin(pipe, session) != want:
+            self._clear(pipe, session, typed)
+            return FillResult(outcome="origin_changed", origin=self._origin(pipe, session))
+        anchor = json.dumps(typed[0] if typed else None)
+        option = json.dumps(request.selected_option)
+        self._run(pipe, session, f"""
+            const field = {anchor} !== null ? findField({anchor}) : null;
+            const chosen = {option} !== null ? findOption({option}) : null;
+            if (chosen && chosen.type !== 'radio') {{ chosen.click(); return true; }}
+            const form = (field || chosen || {{}}).form;
+            if (!form) return false;
+            const button = form.querySelector('button[type=submit], button:not([type]), input[type=submit]');
+            if (button) button.click(); else if (form.requestSubmit) form.requestSubmit(); else form.submit();
+            return true;""")
+
+        def moved() -> bool:
+            # The tab's URL from the browser's own target list first: a command sent to the page while its
+            # document is swapped for the next one (a new renderer process) may never be answered, so the
+            # page is asked with a short deadline only.
+            if self._target_url(pipe, target) != url_before:
+                return True
+            try:
+                return self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("loaderId") != loader
+            except ChannelError:
+                return False
+        navigated = bool(wait_until(moved, NAVIGATION_WAIT_S))
+        if not navigated:
+            self._clear(pipe, session, typed)
+        after = _origin_of(self._target_url(pipe, target))
+        if after == "null":  # the browser's list had no URL yet: ask the page (a short deadline)
+            try:
+                frame = self._frame(pipe, session, timeout=SHORT_TIMEOUT_S)
+                after = str(frame.get("securityOrigin") or "null")
+            except ChannelError:
+                pass
+        return FillResult(outcome="submitted", navigated=navigated, origin=after)
+
+    def _target_of(self, session: str) -> str | None:
+        with self._state:
+            return next((t for t, s in self._sessions.items() if s == session), None)
+
+    def _target_url(self, pipe: Pipe, target: str | None) -> str:
+        """The tab's URL as the browser's target list has it ('' when the tab is gone)."""
+        infos = pipe.call("Target.getTargets").get("targetInfos", [])
+        return next((str(t.get("url", "")) for t in infos if isinstance(t, dict) and t.get("targetId") == target), "")
+
+    def _type_into(self, pipe: Pipe, session: str, origin: str, field_id: str, value: str) -> str:
+        """Type ``value`` into field ``field_id``: ``ok``, ``origin_changed``, ``form_changed`` or ``field_unstable``."""
+        ident = json.dumps(field_id)
+        expected = len(value)
+        for _attempt in range(FILL_ATTEMPTS):
+            if self._origin(pipe, session) != origin:
+                return "origin_changed"
+            focused = self._run(pipe, session, f"""
+                const el = findField({ident});
+                if (!el) return 'gone';
+                el.focus(); if (el.select) el.select();
+                return document.activeElement === el ? 'focused' : 'unfocused';""")
+            if focused == "gone":
+                return "form_changed"
+            if focused != "focused":
+                continue
+            if self._origin(pipe, session) != origin:
+                return "origin_changed"
+            pipe.call("Input.insertText", {"text": value}, session_id=session)
+            done = self._run(pipe, session, f"""
+                const el = findField({ident});
+                if (!el || document.activeElement !== el) return false;
+                const max = el.maxLength > 0 ? Math.min(el.maxLength, {expected}) : {expected};
+                return el.value.length === max || (el.type === 'email' && el.value.length > 0);""")
+            if done:
+                return "ok"
+            self._clear(pipe, session, [field_id])
+        return "field_unstable"
+
+    def _clear(self, pipe: Pipe, session: str, field_ids: list[str]) -> None:
+        """Empty the given fields if they are still on the page (best effort: the page may be gone)."""
+        if not field_ids:
+            return
+        try:
+            self._run(pipe, session, f"for (const id of {json.dumps(field_ids)}) clear(findField(id)); return true;")
+        except (ChannelError, BrowserError):
+            pass
+
+    # -- checks --------------------------------------------------------------------------------------
+    def page_text(self, url: str) -> dict[str, Any]:
+        """Open ``url`` in a background tab, wait for it to load, return ``{"origin", "url", "text",
+        "truncated"}`` (text: the body's ``innerText``, at most :data:`MAX_PAGE_TEXT` characters) and
+        close the tab. Raises BrowserError (as :meth:`signin_page`; 504 ``browser_timeout`` when the page
+        does not finish loading in :data:`PAGE_LOAD_TIMEOUT_S`)."""
+        with self._busy:
+            pipe = self._channel()
+            target = None
+            try:
+                target = str(pipe.call("Target.createTarget", {"url": url, "background": True})["targetId"])
+                session = self._attach(pipe, target)
+
+                def loaded() -> bool:
+                    try:
+                        if str(self._frame(pipe, session).get("url", "")) in ("", "about:blank"):
+                            return False  # the tab's first, empty document: the page is not there yet
+                        return self._evaluate(pipe, session, "document.readyState", isolated=False, timeout=2.0) == "complete"
+                    except (ChannelError, BrowserError) as exc:
+                        if isinstance(exc, ChannelClosed):
+                            raise
+                        return False
+                if not wait_until(loaded, PAGE_LOAD_TIMEOUT_S, interval=0.1):
+                    raise BrowserError(504, "browser_timeout", f"the page did not load within {PAGE_LOAD_TIMEOUT_S:g} s")
+                frame = self._frame(pipe, session)
+                text = self._evaluate(pipe, session, f"document.body ? document.body.innerText.slice(0, {MAX_PAGE_TEXT + 1}) : ''")
+            except ChannelError as exc:
+                raise _as_browser_error(exc) from None
+            finally:
+                if target is not None:
+                    try:
+                        pipe.call("Target.closeTarget", {"targetId": target}, timeout=3.0)
+                    except ChannelError:
+                        pass
+        text = str(text or "")
+        return {"origin": str(frame.get("securityOrigin") or _origin_of(str(frame.get("url", "")))),
+                "url": str(frame.get("url", ""))[:2048], "text": text[:MAX_PAGE_TEXT],
+                "truncated": len(text) > MAX_PAGE_TEXT}
+
+
+def _as_browser_error(exc: ChannelError) -> BrowserError:
+    if isinstance(exc, CommandTimeout):
+        return BrowserError(504, "browser_timeout", str(exc))
+    if isinstance(exc, ChannelClosed):
+        return BrowserError(502, "channel_closed", str(exc))
+    return BrowserError(502, "browser_error", str(exc))
+

@@ -1,0 +1,204 @@
+"""Sign-in the model never sees, end to end in Docker (contract 8): tasks/sign-in-demo.toml through
+run-task's code path, the agent's chromium (as user ``browser``, its sandbox on, under the desktop's
+seccomp profile) on the demo site of ours (a container on a Docker network of ours that only the gateway
+joins), answered from a ``--sign-in`` file. Afterwards no value typed is anywhere: not in the run
+directory (record, screenshots), not in what the controller printed, not in the scripted server's
+captured requests, not in the gateway's decision log. Cancels at each of the three steps type nothing
+more; the browser's DevTools pipe is out of the desktop user's reach."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import urllib.request
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from controller.run.record import read_record
+from controller.run.runner import RunOptions, run_task
+from controller.run.tasks import load_task
+from tests.helpers import run_signin_site
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ORIGIN = "http://signin-demo:8080"
+VALUES = ("sandbox-demo-pass", "424242", "person@example.test")
+
+
+@pytest.fixture(scope="module")
+def site(docker_client, desktop_image, test_labels):
+    """(network name, subnet, site container, site URL from the host)."""
+    ident = f"ds-test-signin-{secrets.token_hex(4)}"
+    network = docker_client.networks.create(ident, driver="bridge", internal=True, labels=test_labels)
+    container = None
+    try:
+        network.reload()
+        subnet = network.attrs["IPAM"]["Config"][0]["Subnet"]
+        container = run_signin_site(docker_client, desktop_image, network.name, f"{ident}-site", test_labels)
+        container.reload()
+        address = container.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+        yield network.name, subnet, container, f"http://{address}:8080"
+    finally:
+        if container is not None:
+            container.remove(force=True)
+        network.remove()
+
+
+def stats(site_url: str) -> dict:
+    with urllib.request.urlopen(site_url + "/stats", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: str, *, expect_account: bool = True):
+    """Run the demo task answered from ``table`` (a --sign-in file); without ``expect_account`` the scripted
+    model looks once and stops (a cancelled sign-in never shows the account page the task's script waits for)."""
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    network_name, subnet, _container, _url = site
+    task = load_task(ROOT / "tasks" / "sign-in-demo.toml")
+    task = task.model_copy(update={"network": task.network.model_copy(update={"allow_addresses": (subnet,)})})
+    creds = tmp_path / "sign-in.toml"
+    creds.write_text(table)
+    creds.chmod(0o600)
+    out = io.StringIO()
+
+    def open_(t):
+        sb = DockerSandbox.start(t.sandbox_spec(), DockerOptions(image=desktop_image, extra_labels=test_labels),
+                                 client=docker_client)
+        sb.attach_gateway(network_name)
+        return sb
+
+    script = None
+    if not expect_account:
+        script = tmp_path / "look-once.jsonl"
+        script.write_text('{"actions": [{"type": "wait"}]}\n{"message": "not signed in"}\n')
+    outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, sign_in_file=creds, asker=None,
+                                               script=script),
+                       console=Console(file=out, width=200))
+    return outcome, out.getvalue()
+
+
+def leaks(paths: list[Path], texts: list[str]) -> list[str]:
+    """Where a value of :data:`VALUES` occurs: in the bytes of ``paths`` (files, recursively) or ``texts``."""
+    found = []
+    for path in paths:
+        for file in ([path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())):
+            data = file.read_bytes()
+            found += [f"{file}: {v}" for v in VALUES if v.encode() in data]
+    for n, text in enumerate(texts):
+        found += [f"text {n}: {v}" for v in VALUES if v in text]
+    return found
+
+
+def test_the_leak_search_finds_a_planted_value(tmp_path):
+    (tmp_path / "record.jsonl").write_text('{"type": "note", "x": "sandbox-demo-pass"}\n')
+    assert leaks([tmp_path], ["code 424242"]) == [f"{tmp_path / 'record.jsonl'}: sandbox-demo-pass", "text 0: 424242"]
+
+
+def test_signed_in_from_a_file_and_no_value_anywhere(site, docker_client, desktop_image, test_labels, tmp_path):
+    table = f'["{ORIGIN}"]\nmethod = "password"\nemail = "{VALUES[2]}"\npassword = "{VALUES[0]}"\n'
+    outcome, printed = run(site, docker_client, desktop_image, test_labels, tmp_path, table)
+    entries = read_record(outcome.record_dir / "record.jsonl")
+    signins = [e for e in entries if e["type"] == "sign_in"]
+    assert outcome.status == "passed", (outcome.reason, signins)
+    assert [(e["step"], e["method"], e["submitted"], e["outcome"], e["by"]) for e in signins] == [
+        (1, "password", [], "submitted", "sign-in file"), (2, None, ["email"], "submitted", "sign-in file"),
+        (3, None, ["password"], "submitted", "sign-in file")]
+    assert all(e["origin"] == ORIGIN for e in signins)
+    scripted = json.dumps(outcome.scripted_requests)
+    decisions = json.dumps([e for e in entries if e["type"] == "network"])
+    assert leaks([outcome.record_dir], [printed, scripted, decisions]) == []
+    assert [e for e in entries if e["type"] == "check"][0]["passed"]
+
+
+@pytest.mark.parametrize("table, step, posts", [
+    ('["http://elsewhere.test"]\nmethod = "password"\n', 1, {"/method": 0, "/email": 0, "/password": 0}),
+    (f'["{ORIGIN}"]\nmethod = "password"\n', 2, {"/method": 1, "/email": 0, "/password": 0}),
+    (f'["{ORIGIN}"]\nmethod = "password"\nemail = "{VALUES[2]}"\n', 3, {"/method": 1, "/email": 1, "/password": 0}),
+], ids=["method", "email", "password"])
+def test_a_cancel_at_any_step_types_nothing_more(site, docker_client, desktop_image, test_labels, tmp_path,
+                                                 table, step, posts):
+    before = stats(site[3])["posts"]
+    outcome, printed = run(site, docker_client, desktop_image, test_labels, tmp_path, table, expect_account=False)
+    after = stats(site[3])["posts"]
+    entries = read_record(outcome.record_dir / "record.jsonl")
+    signins = [e for e in entries if e["type"] == "sign_in"]
+    assert outcome.status == "failed" and signins[-1]["step"] == step and signins[-1]["outcome"] == "cancelled"
+    assert {path: after[path] - before[path] for path in posts} == posts
+    assert leaks([outcome.record_dir], [printed]) == []
+
+
+def test_the_devtools_pipe_is_out_of_the_desktop_users_reach(docker_client, desktop_image, test_labels):
+    """The audit's probe from the desktop user's shell: chromium runs as ``browser``, so its /proc (and
+    the pipe ends there) are closed to ``sandbox``; no process of ``browser`` listens on any TCP port, so
+    neither a page nor a shell can reach a DevTools endpoint."""
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from guest.cdp import wait_until
+
+    with DockerSandbox.start(SandboxSpec(browser_channel=True), DockerOptions(image=desktop_image, extra_labels=test_labels),
+                             client=docker_client) as sb:
+        sb.agent.launch("chromium", ["about:blank"])
+        pid = wait_until(lambda: sb.desktop.exec_run(["pgrep", "-u", "browser", "-o", "chromium"]).output.strip(), 30, 0.2)
+        assert pid, "chromium did not start as browser"
+        pid = int(pid)
+        probe = sb.desktop.exec_run(["sh", "-c", f"ls /proc/{pid}/fd/3; cat /proc/{pid}/fd/4 </dev/null; echo rc=$?"],
+                                    user="1000:1000").output.decode()
+        assert "Permission denied" in probe and "rc=1" in probe, probe
+        listening = sb.desktop.exec_run(["sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"]).output.decode()
+        rows = [line.split() for line in listening.splitlines()[1:] if line.split() and line.split()[0] != "sl"]
+        assert not [r for r in rows if len(r) > 7 and r[3] == "0A" and r[7] == "1003"], listening
+        assert sb.agent._request("GET", "/v1/browser", 4096).status == 200
+
+
+def test_answered_on_the_terminal_with_the_values_never_echoed(site, docker_client, desktop_image, tmp_path):
+    """run-task in a pty (the person's terminal): the three questions answered there; what the terminal
+    showed, the run directory and stdout hold no value (the values are read with the echo off)."""
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    network_name, subnet, _container, _url = site
+    task = (ROOT / "tasks" / "sign-in-demo.toml").read_text().replace('allow_addresses = ["10.213.78.0/24"]',
+                                                                       f'allow_addresses = ["{subnet}"]')
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "sign-in-demo.toml").write_text(task)
+    (tmp_path / "tasks" / "sign-in-demo.offline.jsonl").write_text(
+        (ROOT / "tasks" / "sign-in-demo.offline.jsonl").read_text())
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "run-task", str(tmp_path / "tasks" / "sign-in-demo.toml"), "--offline",
+         "--image", desktop_image, "--attach-network", network_name, "--runs-dir", str(tmp_path / "runs")],
+        stdin=slave, stdout=subprocess.PIPE, stderr=slave, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    os.close(slave)
+    answers = [("verified the sign-in destination", "y"), ("Choose a sign-in method", "2"),
+               ("verified the sign-in destination", "y"), ("E-mail address", VALUES[2]),
+               ("verified the sign-in destination", "y"), ("Password", VALUES[0])]
+    shown, deadline = b"", time.monotonic() + 240
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    shown += os.read(master, 65536)
+                except OSError:
+                    break
+            if answers and answers[0][0].encode() in shown.split(b"\n")[-1]:
+                os.write(master, (answers.pop(0)[1] + "\n").encode())
+                shown += b"\n"  # the question is answered: look for the next one on a new line
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = shown.decode("utf-8", "replace")
+    assert proc.returncode == 0 and not answers, text[-3000:]
+    assert "Credential origin: http://signin-demo:8080" in text
+    assert leaks([tmp_path / "runs"], [text, out.decode()]) == []
