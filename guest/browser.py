@@ -266,11 +266,13 @@ class BrowserHost:
         return frame if isinstance(frame, dict) else {}
 
     def _evaluate(self, pipe: Pipe, session: str, expression: str, *, isolated: bool = True,
-                  timeout: float = EVAL_TIMEOUT_S) -> Any:
+                  timeout: float = EVAL_TIMEOUT_S, frame: dict[str, Any] | None = None) -> Any:
+        """Run ``expression`` in the page (``isolated``: in this agent's world of the main frame, ``frame``
+        when the caller has just read it) and return its value."""
         params: dict[str, Any] = {"expression": expression, "returnByValue": True, "awaitPromise": False,
                                   "timeout": int(timeout * 1000)}
         if isolated:
-            frame = self._frame(pipe, session)
+            frame = frame or self._frame(pipe, session)
             world = pipe.call("Page.createIsolatedWorld", {"frameId": frame.get("id", ""), "worldName": WORLD,
                                                            "grantUniveralAccess": False}, session_id=session)
             params["contextId"] = world.get("executionContextId")
@@ -279,9 +281,9 @@ class BrowserHost:
             raise BrowserError(502, "page_script_failed", "a script in the page failed")
         return answer.get("result", {}).get("value")
 
-    def _run(self, pipe: Pipe, session: str, body: str) -> Any:
+    def _run(self, pipe: Pipe, session: str, body: str, frame: dict[str, Any] | None = None) -> Any:
         """Run ``body`` (statements ending in ``return``) after :data:`HELPERS_JS` in the isolated world."""
-        return self._evaluate(pipe, session, "(() => {" + HELPERS_JS + body + "})()")
+        return self._evaluate(pipe, session, "(() => {" + HELPERS_JS + body + "})()", frame=frame)
 
     # -- sign-in -------------------------------------------------------------------------------------
     def signin_page(self) -> SignInPage:
@@ -294,7 +296,7 @@ class BrowserHost:
             try:
                 session = self._active_page(pipe)
                 frame = self._frame(pipe, session)
-                found = self._run(pipe, session, "return [scan(), document.title.slice(0, 500)];")
+                found = self._run(pipe, session, "return [scan(), document.title.slice(0, 500)];", frame)
             except ChannelError as exc:
                 raise _as_browser_error(exc) from None
         form = None

@@ -76,11 +76,18 @@ TARGET_SERVER = Path(__file__).resolve().parents[1] / "controller" / "audit" / "
 def run_origin_target(client: Any, image: str, network: str, name: str, alias: str, port: int,
                       labels: dict[str, str], timeout: float = 60.0) -> Any:
     """A hardened container of ``image`` on Docker ``network`` (reachable there as ``alias``) serving
-    HTTP on ``port`` with the audit's target server (an allowed origin), once it listens. Raises
-    AssertionError when it exits or is not ready within ``timeout`` seconds; the caller removes it."""
+    HTTP on ``port`` with the audit's target server (an allowed origin), once it listens (:func:`run_server`)."""
+    return run_server(client, image, ["python3", "-c", TARGET_SERVER.read_text(encoding="utf-8")],
+                      json.dumps({"role": "allowed", "http": [port]}), network, name, alias, labels, timeout)
+
+
+def run_server(client: Any, image: str, entrypoint: list[str], argument: str, network: str, name: str, alias: str,
+               labels: dict[str, str], timeout: float = 60.0) -> Any:
+    """A hardened container of ``image`` running ``entrypoint + [argument]`` on Docker ``network``
+    (reachable there as ``alias``), once it printed ``"ready": true``. Raises AssertionError when it exits
+    or is not ready within ``timeout`` seconds; the caller removes it."""
     container = client.containers.run(
-        image, entrypoint=["python3", "-c", TARGET_SERVER.read_text(encoding="utf-8")],
-        command=[json.dumps({"role": "allowed", "http": [port]})], name=name, detach=True,
+        image, entrypoint=entrypoint, command=[argument], name=name, detach=True,
         user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
         pids_limit=64, mem_limit="128m", labels=labels, network=network,
         networking_config={network: client.api.create_endpoint_config(aliases=[alias])})
@@ -90,7 +97,7 @@ def run_origin_target(client: Any, image: str, network: str, name: str, alias: s
         if container.status not in ("created", "running") or time.monotonic() > deadline:
             logs = container.logs(tail=20)
             container.remove(force=True)
-            raise AssertionError(f"the origin container did not get ready: {logs!r}")
+            raise AssertionError(f"the {alias} container did not get ready: {logs!r}")
         time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
     return container
 
@@ -101,20 +108,6 @@ SIGNIN_SITE = "/opt/desktop-sandbox/src/images/signin-demo/site.py"
 
 def run_signin_site(client: Any, image: str, network: str, name: str, labels: dict[str, str],
                     alias: str = "signin-demo", timeout: float = 60.0) -> Any:
-    """A hardened container of ``image`` on Docker ``network`` (reachable there as ``alias``) serving the
-    sign-in demo site on ports 8080 and 8081, once it listens. Raises AssertionError when it exits or is not
-    ready within ``timeout`` seconds; the caller removes it."""
-    container = client.containers.run(
-        image, entrypoint=["python3", SIGNIN_SITE], command=['{"http": [8080, 8081]}'], name=name, detach=True,
-        user="1000:1000", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
-        pids_limit=64, mem_limit="128m", labels=labels, network=network,
-        networking_config={network: client.api.create_endpoint_config(aliases=[alias])})
-    deadline = time.monotonic() + timeout
-    while b'"ready": true' not in container.logs():
-        container.reload()
-        if container.status not in ("created", "running") or time.monotonic() > deadline:
-            logs = container.logs(tail=20)
-            container.remove(force=True)
-            raise AssertionError(f"the sign-in site did not get ready: {logs!r}")
-        time.sleep(0.1)  # poll interval of a bounded condition wait (the server listening)
-    return container
+    """The sign-in demo site (ports 8080 and 8081) in a container of ``image`` (:func:`run_server`)."""
+    return run_server(client, image, ["python3", SIGNIN_SITE], '{"http": [8080, 8081]}', network, name, alias,
+                      labels, timeout)

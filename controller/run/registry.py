@@ -247,11 +247,16 @@ class ApprovalRegistry:
                     for c in checks],
             actions=[clean(a, 1000) for a in actions], screenshot=screenshot, deadline_s=self.timeout_s,
         )
+        return self._add(request)
+
+    def _add(self, request: Request) -> Request:
+        """Register a new pending request and tell the views; one asked after the run was cancelled or
+        ended is withdrawn at once. Returns it."""
         with self._lock:
             self._requests[request.id] = request
             self.version += 1
             closed = self.closed
-        if closed is not None:  # asked after the run was cancelled or ended: withdrawn at once
+        if closed is not None:
             self.withdraw(request, closed)
         self._publish(request)
         return request
@@ -270,14 +275,7 @@ class ApprovalRegistry:
             options=[{"id": clean(o["id"], 80), "label": clean(o.get("label", ""), 200),
                       "field_ids": [clean(i, 80) for i in o.get("field_ids", [])]} for o in options],
         )
-        with self._lock:
-            self._requests[request.id] = request
-            self.version += 1
-            closed = self.closed
-        if closed is not None:
-            self.withdraw(request, closed)
-        self._publish(request)
-        return request
+        return self._add(request)
 
     def answer_signin(self, request_id: str, response: Any, *, by: str) -> Request:
         """A person's answer to a sign-in request: ``{"action": "cancel"}`` or ``{"action": "submit",
@@ -300,19 +298,11 @@ class ApprovalRegistry:
             raise AnswerRefused(400, "invalid_answer", "a sign-in answer is {\"action\": \"submit\", \"fields\": [...]} "
                                 "or {\"action\": \"cancel\"}")
         values, option = _check_signin_submit(request, response)
-        with self._lock:  # the values and the decision in one step: a losing answer leaves nothing behind
-            decided = request.pending
-            if decided:
-                request._values, request.selected_option = values, option
-                request.submitted_fields = [field_id for field_id, _ in values]
-                request.state, request.by, request.reason = "submitted", clean(by, 40), None
-                request.decided_at = _now_iso()
-                request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
-                self.version += 1
-        del values
-        if decided:
-            request._decided.set()
-            self._publish(request)
+
+        def keep() -> None:  # under the deciding lock: a losing answer leaves nothing behind
+            request._values, request.selected_option = values, option
+            request.submitted_fields = [field_id for field_id, _ in values]
+        if self._decide(request, "submitted", by, keep=keep):
             return request
         raise self._refusal(request)
 
@@ -403,11 +393,15 @@ class ApprovalRegistry:
             pending = [r for r in self._requests.values() if r.pending]
         return {"version": version, "pending": [r.as_json() for r in pending]}
 
-    def _decide(self, request: Request, state: State, by: str, reason: str | None = None) -> bool:
-        """Decide ``request`` if it is still pending (under the lock); True when this call decided it."""
+    def _decide(self, request: Request, state: State, by: str, reason: str | None = None, *,
+                keep: Callable[[], None] | None = None) -> bool:
+        """Decide ``request`` if it is still pending (under the lock; ``keep`` runs there too, before the
+        decision, to store what comes with it); True when this call decided it."""
         with self._lock:
             if not request.pending:
                 return False
+            if keep is not None:
+                keep()
             request.state, request.by, request.reason = state, by, reason
             request.decided_at = _now_iso()
             request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
@@ -521,16 +515,16 @@ def _check_signin_submit(request: Request, response: dict[str, Any]) -> tuple[li
         raise refuse("type must be browser_authentication")
     raw_fields = response.get("fields", [])
     option = response.get("selected_option")
-    try:
-        checked = FillRequest.model_validate({"credential_origin": request.credential_origin or "-",
-                                              "fields": raw_fields, "selected_option": option}
-                                             if raw_fields or option is not None else
-                                             {"credential_origin": "-", "fields": [{"field_id": "x", "value": "x"}]})
-    except ValidationError as exc:
-        first = exc.errors(include_input=False, include_url=False)[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "answer"
-        raise refuse(f"{where}: {first.get('msg', 'invalid')}") from None
-    given = [(f.field_id, f.value) for f in checked.fields] if (raw_fields or option is not None) else []
+    given: list[tuple[str, str]] = []
+    if raw_fields or option is not None:  # the wire's limits (an empty answer has nothing to check)
+        try:
+            checked = FillRequest.model_validate({"credential_origin": request.credential_origin or "-",
+                                                  "fields": raw_fields, "selected_option": option})
+        except ValidationError as exc:
+            first = exc.errors(include_input=False, include_url=False)[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "answer"
+            raise refuse(f"{where}: {first.get('msg', 'invalid')}") from None
+        given = [(f.field_id, f.value) for f in checked.fields]
     known = {f["id"]: f for f in request.fields}
     if request.options:
         by_id = {o["id"]: o for o in request.options}

@@ -119,8 +119,6 @@ class RunOptions:
     writes the events of its session's turn into it)."""
     sign_in_file: Path | None = None
     """``--sign-in FILE``: answers sign-in requests from this 0600 TOML file (contract 8)."""
-    sign_in_answered_elsewhere: bool = False
-    """Someone outside the run answers sign-in requests (the local Agents API's client)."""
     before_finish: Callable[[str, str, str | None, list[dict[str, Any]]], None] | None = None
     """Called with the run's final ``(status, reason, final_message, checks)`` after teardown, just before
     ``run_finished`` is written (the record still takes entries); its exceptions are ignored."""
