@@ -6,15 +6,17 @@
 * :meth:`BrowserHost.signin_page` -- the active tab's origin as the browser knows it (the main frame's
   ``securityOrigin`` from ``Page.getFrameTree``, never page text) and its sign-in form
   (:class:`wire.browser.SignInForm`), found by :data:`HELPERS_JS`;
-* :meth:`BrowserHost.fill` -- type values into that form and submit it, only while the origin is the
-  request's ``credential_origin`` (checked before every value); values go in through ``Input.insertText``
-  (the browser's own text input: the page sees input events as from a keyboard) and are never put into a
-  script, a log or an answer; a field the page rewrites while it is typed into is retried, then cleared;
-  a form that is still there after the submit has the typed values cleared;
+* :meth:`BrowserHost.fill` -- put values into that form and submit it, only while the main frame's
+  origin is the request's ``credential_origin`` (checked before every value); a value is set on the field
+  itself from the isolated world, passed as an argument of a call bound to the checked document (never
+  through the keyboard focus, which a frame of another origin can take; never in a script's text, a log
+  or an answer); a field the page rewrites is retried, then cleared; a form whose document is still there
+  after the submit has the values cleared;
 * :meth:`BrowserHost.page_text` -- the text of a page opened in a background tab (the ``page`` checks).
 
-Scripts run in an isolated world (``Page.createIsolatedWorld``): the page shares the DOM but not the
-scripts' globals, so it cannot replace the functions they call. Every command has a deadline and the
+Scripts run in an isolated world (``Page.createIsolatedWorld``), never in the page's own: the page
+shares the DOM but not the scripts' globals or prototypes, so it cannot replace the functions they call
+or the getters they read (``hasFocus``, ``visibilityState``), and every answer is a boolean or bounded text. Every command has a deadline and the
 answers are size-capped (:mod:`guest.cdp`); the scanner reads at most :data:`MAX_INPUTS` inputs and
 :data:`wire.browser.MAX_LABEL_CHARS` characters of a label, so a page of 10 000 inputs or 1 MB labels
 costs bounded work. Forms in iframes are not looked at (a sign-in form must be the page's own).
@@ -149,6 +151,21 @@ function clear(el) {
 """ % {"max_inputs": MAX_INPUTS, "max_label": MAX_LABEL_CHARS, "max_fields": MAX_FIELDS, "max_options": MAX_OPTIONS}
 
 
+SET_VALUE_JS = "function (id, value) {" + HELPERS_JS + """
+  const el = findField(id);
+  if (!el) return 'gone';
+  el.focus();
+  Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(el, value);
+  el.dispatchEvent(new Event('input', {bubbles: true}));
+  el.dispatchEvent(new Event('change', {bubbles: true}));
+  const now = findField(id);
+  if (!now) return 'unstable';
+  const max = now.maxLength > 0 ? Math.min(now.maxLength, value.length) : value.length;
+  return now.value.length === max || (now.type === 'email' && now.value.length > 0) ? 'set' : 'unstable';
+}"""
+"""The fill of one field (:meth:`BrowserHost._type_into`), called with ``(field id, value)``."""
+
+
 class BrowserError(Exception):
     """A request the browser cannot serve: HTTP ``status``, error ``code`` and message."""
 
@@ -244,15 +261,15 @@ class BrowserHost:
         for target in pages[:20]:
             try:
                 session = self._attach(pipe, str(target["targetId"]))
-                state = self._evaluate(pipe, session, "[document.visibilityState, document.hasFocus()]",
-                                       isolated=False, timeout=2.0)
+                state = self._evaluate(pipe, session, "[document.visibilityState === 'visible', "
+                                       "document.hasFocus() === true]", timeout=2.0)
             except ChannelClosed:
                 raise
             except (ChannelError, KeyError, BrowserError) as exc:
                 problems.append(f"{type(exc).__name__}: {str(exc)[:100]}")
                 continue
             if isinstance(state, list) and len(state) == 2:
-                visible.append((state[0] == "visible", bool(state[1]), session))
+                visible.append((state[0] is True, state[1] is True, session))
         if not visible:
             raise BrowserError(409, "no_page", "no tab of the agent's chromium answers"
                                + (f" ({'; '.join(problems[:3])})" if problems else ""))
@@ -265,21 +282,25 @@ class BrowserHost:
         frame = pipe.call("Page.getFrameTree", session_id=session, timeout=timeout).get("frameTree", {}).get("frame", {})
         return frame if isinstance(frame, dict) else {}
 
-    def _evaluate(self, pipe: Pipe, session: str, expression: str, *, isolated: bool = True,
-                  timeout: float = EVAL_TIMEOUT_S, frame: dict[str, Any] | None = None) -> Any:
-        """Run ``expression`` in the page (``isolated``: in this agent's world of the main frame, ``frame``
-        when the caller has just read it) and return its value."""
+    def _evaluate(self, pipe: Pipe, session: str, expression: str, *, timeout: float = EVAL_TIMEOUT_S,
+                  frame: dict[str, Any] | None = None) -> Any:
+        """Run ``expression`` in this agent's isolated world of the main frame (``frame`` when the caller
+        has just read it) and return its value. Never in the page's own world: there the page defines
+        what the DOM's getters answer, and how large."""
         params: dict[str, Any] = {"expression": expression, "returnByValue": True, "awaitPromise": False,
-                                  "timeout": int(timeout * 1000)}
-        if isolated:
-            frame = frame or self._frame(pipe, session)
-            world = pipe.call("Page.createIsolatedWorld", {"frameId": frame.get("id", ""), "worldName": WORLD,
-                                                           "grantUniveralAccess": False}, session_id=session)
-            params["contextId"] = world.get("executionContextId")
+                                  "timeout": int(timeout * 1000),
+                                  "contextId": self._world(pipe, session, frame or self._frame(pipe, session))}
         answer = pipe.call("Runtime.evaluate", params, session_id=session, timeout=timeout + 1.0)
         if "exceptionDetails" in answer:
             raise BrowserError(502, "page_script_failed", "a script in the page failed")
         return answer.get("result", {}).get("value")
+
+    @staticmethod
+    def _world(pipe: Pipe, session: str, frame: dict[str, Any]) -> Any:
+        """This agent's isolated world in ``frame``'s document: its execution context id."""
+        world = pipe.call("Page.createIsolatedWorld", {"frameId": frame.get("id", ""), "worldName": WORLD,
+                                                       "grantUniveralAccess": False}, session_id=session)
+        return world.get("executionContextId")
 
     def _run(self, pipe: Pipe, session: str, body: str, frame: dict[str, Any] | None = None) -> Any:
         """Run ``body`` (statements ending in ``return``) after :data:`HELPERS_JS` in the isolated world."""
@@ -330,8 +351,8 @@ class BrowserHost:
 
         def loaded() -> bool:
             try:
-                return self._evaluate(pipe, session, "document.readyState", isolated=False,
-                                      timeout=SHORT_TIMEOUT_S) == "complete"
+                return self._evaluate(pipe, session, "document.readyState === 'complete'",
+                                      timeout=SHORT_TIMEOUT_S) is True
             except (ChannelError, BrowserError) as exc:
                 if isinstance(exc, ChannelClosed):
                     raise
@@ -348,8 +369,6 @@ class BrowserHost:
                 and option_ids) or any(f.field_id not in field_ids for f in request.fields):
             return FillResult(outcome="form_changed", origin=want)
         loader = self._frame(pipe, session).get("loaderId")
-        target = self._target_of(session)
-        url_before = self._target_url(pipe, target)
         typed: list[str] = []
         if request.selected_option is not None and option_ids:
             chosen = self._run(pipe, session, f"const el = findOption({json.dumps(request.selected_option)});"
@@ -378,11 +397,9 @@ class BrowserHost:
             return true;""")
 
         def moved() -> bool:
-            # The tab's URL from the browser's own target list first: a command sent to the page while its
-            # document is swapped for the next one (a new renderer process) may never be answered, so the
-            # page is asked with a short deadline only.
-            if self._target_url(pipe, target) != url_before:
-                return True
+            # A new document only (a new loaderId): pushState or a hash change keep the document, and the
+            # typed values with it. The page is asked with a short deadline: a command sent while its
+            # document is being swapped for the next (a new renderer process) may go unanswered.
             try:
                 return self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("loaderId") != loader
             except ChannelError:
@@ -390,49 +407,35 @@ class BrowserHost:
         navigated = bool(wait_until(moved, NAVIGATION_WAIT_S))
         if not navigated:
             self._clear(pipe, session, typed)
-        after = _origin_of(self._target_url(pipe, target))
-        if after == "null":  # the browser's list had no URL yet: ask the page (a short deadline)
-            try:
-                frame = self._frame(pipe, session, timeout=SHORT_TIMEOUT_S)
-                after = str(frame.get("securityOrigin") or "null")
-            except ChannelError:
-                pass
+        try:
+            after = str(self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("securityOrigin") or "null")
+        except ChannelError:
+            after = "null"
         return FillResult(outcome="submitted", navigated=navigated, origin=after)
 
-    def _target_of(self, session: str) -> str | None:
-        with self._state:
-            return next((t for t, s in self._sessions.items() if s == session), None)
-
-    def _target_url(self, pipe: Pipe, target: str | None) -> str:
-        """The tab's URL as the browser's target list has it ('' when the tab is gone)."""
-        infos = pipe.call("Target.getTargets").get("targetInfos", [])
-        return next((str(t.get("url", "")) for t in infos if isinstance(t, dict) and t.get("targetId") == target), "")
-
     def _type_into(self, pipe: Pipe, session: str, origin: str, field_id: str, value: str) -> str:
-        """Type ``value`` into field ``field_id``: ``ok``, ``origin_changed``, ``form_changed`` or ``field_unstable``."""
-        ident = json.dumps(field_id)
-        expected = len(value)
+        """Put ``value`` into field ``field_id`` of the main frame's document: ``ok``, ``origin_changed``,
+        ``form_changed`` or ``field_unstable``.
+
+        The value is set on the element itself (the input's own value setter, from this agent's isolated
+        world, then ``input`` and ``change`` events), passed as an argument of a call bound to that
+        document's context: never through the focus, which a frame of another origin could take between a
+        focus check and typed input, and never into a document that replaced this one (the call fails
+        with its context). A field the page rewrites at once is retried, then cleared."""
         for _attempt in range(FILL_ATTEMPTS):
-            if self._origin(pipe, session) != origin:
+            frame = self._frame(pipe, session)
+            if str(frame.get("securityOrigin") or "") != origin:
                 return "origin_changed"
-            focused = self._run(pipe, session, f"""
-                const el = findField({ident});
-                if (!el) return 'gone';
-                el.focus(); if (el.select) el.select();
-                return document.activeElement === el ? 'focused' : 'unfocused';""")
-            if focused == "gone":
+            context = self._world(pipe, session, frame)
+            answer = pipe.call("Runtime.callFunctionOn", {
+                "functionDeclaration": SET_VALUE_JS, "executionContextId": context, "returnByValue": True,
+                "arguments": [{"value": field_id}, {"value": value}]}, session_id=session, timeout=EVAL_TIMEOUT_S + 1.0)
+            if "exceptionDetails" in answer:
+                return "field_unstable"
+            result = answer.get("result", {}).get("value")
+            if result == "gone":
                 return "form_changed"
-            if focused != "focused":
-                continue
-            if self._origin(pipe, session) != origin:
-                return "origin_changed"
-            pipe.call("Input.insertText", {"text": value}, session_id=session)
-            done = self._run(pipe, session, f"""
-                const el = findField({ident});
-                if (!el || document.activeElement !== el) return false;
-                const max = el.maxLength > 0 ? Math.min(el.maxLength, {expected}) : {expected};
-                return el.value.length === max || (el.type === 'email' && el.value.length > 0);""")
-            if done:
+            if result == "set":
                 return "ok"
             self._clear(pipe, session, [field_id])
         return "field_unstable"
@@ -463,7 +466,7 @@ class BrowserHost:
                     try:
                         if str(self._frame(pipe, session).get("url", "")) in ("", "about:blank"):
                             return False  # the tab's first, empty document: the page is not there yet
-                        return self._evaluate(pipe, session, "document.readyState", isolated=False, timeout=2.0) == "complete"
+                        return self._evaluate(pipe, session, "document.readyState === 'complete'", timeout=2.0) is True
                     except (ChannelError, BrowserError) as exc:
                         if isinstance(exc, ChannelClosed):
                             raise

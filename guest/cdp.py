@@ -11,7 +11,8 @@ through ``/proc`` either (docs/ARCHITECTURE.md, "Contract 8").
 :class:`Pipe` is a small, strict client: one reader thread splits messages, answers are matched to
 commands by ``id`` (sessions by ``sessionId``, the flat mode of ``Target.attachToTarget``), events go
 to listeners. The browser is treated as hostile like everything in the guest: a message larger than
-:data:`MAX_MESSAGE_BYTES` closes the channel (:class:`ChannelClosed`), every command has a deadline
+:data:`MAX_MESSAGE_BYTES` is dropped unread (its command times out; a page that makes one answer huge
+cannot cut the agent off from its browser), every command has a deadline
 (:class:`CommandTimeout`), and a protocol error comes back as :class:`CommandFailed`.
 """
 
@@ -24,7 +25,7 @@ import time
 from typing import Any, Callable
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""Largest message the agent accepts from the browser (bytes); a larger one closes the channel."""
+"""Largest message the agent accepts from the browser (bytes); a larger one is dropped."""
 COMMAND_TIMEOUT_S = 10.0
 """Default deadline of one command (seconds)."""
 READ_CHUNK = 256 * 1024
@@ -69,6 +70,8 @@ class Pipe:
         self._waiting: dict[int, list[Any]] = {}
         self._listeners: list[EventListener] = []
         self._closed: str | None = None
+        self.dropped = 0
+        """Messages dropped for being over the cap (their commands time out)."""
         self._reader = threading.Thread(target=self._read_loop, name="cdp-reader", daemon=True)
         self._reader.start()
 
@@ -136,6 +139,7 @@ class Pipe:
 
     def _read_loop(self) -> None:
         buffer = bytearray()
+        skipping = False  # inside a message over the cap: its bytes are dropped up to its NUL
         try:
             while True:
                 try:
@@ -146,6 +150,11 @@ class Pipe:
                 if not chunk:
                     self._close("the browser closed the channel")
                     return
+                if skipping:
+                    end = chunk.find(b"\0")
+                    if end < 0:
+                        continue
+                    chunk, skipping = chunk[end + 1:], False
                 buffer += chunk
                 while True:
                     end = buffer.find(b"\0")
@@ -155,14 +164,15 @@ class Pipe:
                     del buffer[:end + 1]
                     self._dispatch(raw)
                 if len(buffer) > self._max:
-                    self._close(f"a message from the browser exceeded {self._max} bytes")
-                    return
+                    buffer.clear()  # its command, if any, times out; the channel stays
+                    skipping = True
+                    self.dropped += 1
         finally:
             buffer.clear()
 
     def _dispatch(self, raw: bytes) -> None:
         if len(raw) > self._max:
-            self._close(f"a message from the browser exceeded {self._max} bytes")
+            self.dropped += 1
             return
         try:
             message = json.loads(raw)

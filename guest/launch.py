@@ -33,7 +33,9 @@ pipes, starts the argv as the *channel user* (``--channel-user``, ``browser``: a
 that neither the desktop user nor the agent can reach the browser's memory, profile or pipe ends through
 ``/proc``) with the pipes' browser ends as its fds 3 and 4, and answers ``{"pid": int, "channel": true}``
 with the agent's two ends attached (``SCM_RIGHTS``: first the end the agent writes to, then the end it
-reads from). No port, socket path or file is ever made for the channel.
+reads from). No port, socket path or file is ever made for the channel. A channel app takes no options
+beyond its allowlist entry (only URLs: nothing after the fixed argv may start with ``-``), so no request
+can add ``--remote-debugging-port`` or ``--no-sandbox``.
 """
 
 from __future__ import annotations
@@ -157,6 +159,10 @@ class Launcher:
         assert self.on_channel is not None
         if any("\x00" in a for a in argv):
             raise LaunchError(400, "invalid_request", "arguments must not contain NUL bytes")
+        extra = argv[len(self.channel_apps[app]):]
+        if any(a.startswith("-") for a in extra):
+            raise LaunchError(400, "invalid_request", f"{app!r} takes URLs only, no options (its options are "
+                                                      "the allowlist's: a debugging port or --no-sandbox never)")
         if self.broker:
             pid, fds = self._ask_broker(app, argv, channel=True)
         else:
@@ -375,8 +381,11 @@ class _BrokerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         user = self.channel_user
         if user is None:
             return {"error": "this broker starts no channel apps (no --channel-user)"}
-        if not allowed_argv(self.channel_apps, argv):
+        fixed = next((p for p in self.channel_apps.values() if argv[:len(p)] == p), None)
+        if fixed is None:
             return {"error": "argv does not start with an allowlisted channel app"}
+        if any(a.startswith("-") for a in argv[len(fixed):]):
+            return {"error": "a channel app takes no options beyond the allowlist's"}
         env = dict(self.base_env, DISPLAY=display, HOME=user.pw_dir, USER=user.pw_name,
                    LOGNAME=user.pw_name, SHELL=user.pw_shell, XAUTHORITY=os.path.join(user.pw_dir, ".Xauthority"))
         home = user.pw_dir if os.path.isdir(user.pw_dir) else "/"

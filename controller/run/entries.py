@@ -322,7 +322,8 @@ class SignIn(_Entry):
     was given for), ``outcome`` (``submitted``, ``origin_changed``, ``form_changed``, ``field_unstable``,
     ``no_form``; ``cancelled``, ``timeout``, ``withdrawn``, ``no_approver`` when nothing was typed;
     ``refused_origin`` when the page's origin is not one the policy lets through, so nothing was asked;
-    ``error``), ``navigated`` (a new document loaded after the submit), ``by`` (who answered) and
+    ``same_form`` when the site showed the same form again after a submit answered from a ``--sign-in``
+    file, which would only give the same values again; ``error``), ``navigated`` (a new document loaded after the submit), ``by`` (who answered) and
     ``detail``."""
 
     type: Literal["sign_in"] = "sign_in"

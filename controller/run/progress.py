@@ -164,10 +164,12 @@ class RunPrinter:
                 case Check():
                     self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
                 case SignIn():
-                    ids = ", ".join(clean(i, 40) for i in entry.submitted) or "no field"
-                    method = f" method {clean(entry.method, 40)}," if entry.method else ""
-                    self.line(f"  sign-in at {clean(entry.origin, 200)} (step {entry.step}):{method} {ids}: "
-                              f"{clean(entry.outcome, 40)}" + (f" ({clean(entry.by, 20)})" if entry.by else ""),
+                    given = [f"method {clean(entry.method, 40)}"] if entry.method else []
+                    given += [clean(i, 40) for i in entry.submitted]
+                    self.line(f"  sign-in at {clean(entry.origin, 200)}, form {entry.step}: "
+                              f"{', '.join(given) or 'nothing given'}: {clean(entry.outcome, 40)}"
+                              + (f" ({clean(entry.by, 20)})" if entry.by else "")
+                              + (f": {clean(entry.detail, 200)}" if entry.detail else ""),
                               style="green" if entry.outcome == "submitted" else "yellow")
         except Exception:  # noqa: BLE001 - the console must never break the run or its record
             pass

@@ -28,7 +28,7 @@ from rich.text import Text
 
 from controller.run.entries import (
     ENTRY_TYPES, FORMAT, Action, Approval, Check, ComputerCall, EntryError, Expectation, ModelResponse, Network,
-    NetworkLog, RunFinished, RunStarted, Screenshot, as_entry, entry_format,
+    NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
 )
 from controller.run.progress import expectation_text, observed_text
 from controller import json_semantics
@@ -280,6 +280,8 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
         "checks_passed": len([c for c in checks if c.passed]),
         "checks_total": len(checks),
         "checks": [_check_fields(c) for c in checks],
+        "sign_ins": [{k: getattr(e, k) for k in ("step", "origin", "method", "submitted", "outcome", "by", "detail")}
+                     for e in by(SignIn)],
         "expectations_met": len(expectations) - len(unmet),
         "expectations_unmet": len(unmet),
         "expectation_waits": sum(e.waits for e in expectations),
@@ -334,6 +336,13 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
         approvals += "; opt-in: --approve-safety-check " + ", ".join(str(c) for c in s["approvals_opt_in"])
     row("approvals", shown(approvals))
     row("network decisions", f"{s['network_allowed']} allowed, {s['network_denied']} denied")
+    if s["sign_ins"]:
+        outcomes: dict[str, int] = {}
+        for sign_in in s["sign_ins"]:
+            outcomes[sign_in["outcome"]] = outcomes.get(sign_in["outcome"], 0) + 1
+        row("sign-in", shown(f"{_count(len(s['sign_ins']), 'request')} at "
+                             f"{', '.join(sorted({i['origin'] for i in s['sign_ins']}))}: "
+                             + ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())))
     u = s["usage"]
     usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
     if not u["complete"]:

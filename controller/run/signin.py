@@ -95,6 +95,18 @@ def check_signin_file(path: Path) -> None:
     read_signin_file(path).clear()
 
 
+def pick_option(options: list[dict[str, Any]], wanted: str) -> dict[str, Any] | None:
+    """The option ``wanted`` names (the terminal's answer, a file's ``method``): its number in the list
+    (1-based), its id, or a whole word of its label, case-insensitive, in that order; None for no match."""
+    wanted = wanted.strip().lower()
+    if not wanted:
+        return None
+    if wanted.isdigit() and 1 <= int(wanted) <= len(options):
+        return options[int(wanted) - 1]
+    return (next((o for o in options if o["id"].lower() == wanted), None)
+            or next((o for o in options if wanted in o["label"].lower().split()), None))
+
+
 def answer_from_table(request: Request, table: dict[str, str]) -> dict[str, Any]:
     """The answer a ``--sign-in`` table gives ``request``: the option named by ``method`` (an option id,
     or a case-insensitive word of its label), then for each active field the value under its id, else
@@ -103,10 +115,7 @@ def answer_from_table(request: Request, table: dict[str, str]) -> dict[str, Any]
     option = None
     active = request.fields
     if request.options:
-        wanted = table.get("method", "").strip().lower()
-        option = next((o for o in request.options if wanted and o["id"].lower() == wanted), None)
-        if option is None:  # else a whole word of a label
-            option = next((o for o in request.options if wanted and wanted in o["label"].lower().split()), None)
+        option = pick_option(request.options, table.get("method", ""))
         if option is None:
             return cancel
         active = [f for f in request.fields if f["id"] in option["field_ids"]]
@@ -232,15 +241,14 @@ class SignInPrompter:
             if request.options:
                 listing = [f"  {n}. {clean(o['label'], 200)}" for n, o in enumerate(request.options, start=1)]
                 while option is None:
-                    line = self.asker.ask_until("Choose a sign-in method, or enter cancel:", done, hint="", lines=listing)
-                    listing = []
+                    line = self.asker.ask_until("Choose a sign-in method (its number or name), or enter cancel:",
+                                                done, hint="", lines=listing)
                     if line is None:
                         return
-                    choice = line.strip().lower()
-                    if choice == "cancel":
+                    if line.strip().lower() == "cancel":
                         return self._send(request, {"action": "cancel"})
-                    if choice.isdigit() and 1 <= int(choice) <= len(request.options):
-                        option = request.options[int(choice) - 1]
+                    option = pick_option(request.options, line)
+                    listing = [] if option else [f"  {clean(line, 80)!r} names none of the methods above"]
                 active = [f for f in request.fields if f["id"] in option["field_ids"]] if option else active
             fields: list[dict[str, str]] = []
             try:
@@ -269,13 +277,10 @@ class SignInPrompter:
                 fields.clear()
 
     def _send(self, request: Request, response: dict[str, Any]) -> None:
-        try:
+        try:  # what came of it is the run's sign_in line; only a refusal is said here
             self.registry.answer_signin(request.id, response, by="terminal")
         except AnswerRefused as refused:
             self.console.print(f"  not taken: {clean(refused.message, 300)} ({refused.code}): {request.state}",
-                               markup=False, emoji=False, highlight=False)
-        else:
-            self.console.print(f"  sign-in at {clean(request.credential_origin or '?', 300)}: {request.state}",
                                markup=False, emoji=False, highlight=False)
         finally:
             response.clear()
@@ -321,7 +326,8 @@ class SignInFlow:
         for step in range(1, MAX_STEPS + 1):
             key = self._key(page)
             self._done.add(key)
-            if not self._ask_and_fill(page, step):
+            by = self._ask_and_fill(page, step)
+            if by is None:
                 return True
             try:
                 page = self.agent.signin_page()
@@ -329,10 +335,15 @@ class SignInFlow:
                 return True
             if page is None or page.form is None or not self.allows(page.origin):
                 return True
+            if self._key(page) == key and by == "sign-in file":  # the file would give the same values again
+                self._record(None, step, page, "same_form", detail="the page showed the same form again after the "
+                             "submit: the site did not take the file's values")
+                return True
         return True
 
-    def _ask_and_fill(self, page: Any, step: int) -> bool:
-        """One request and its fill; True when the form was submitted (the sign-in may go on)."""
+    def _ask_and_fill(self, page: Any, step: int) -> str | None:
+        """One request and its fill: who answered when the form was submitted (the sign-in may go on),
+        else None."""
         from controller.agent_client import AgentError
         from wire.browser import FillField, FillRequest
 
@@ -350,26 +361,26 @@ class SignInFlow:
             outcome = {"denied": "timeout", "withdrawn": "withdrawn"}.get(request.state, request.state)
             if request.by == "no-approver":
                 outcome = "no_approver"
-            self._record(request, step, page, outcome)
-            return False
+            self._record(request, step, page, outcome, detail=request.reason)
+            return None
         values = self.registry.take_values(request)
         try:
             fill = FillRequest(credential_origin=page.origin, selected_option=request.selected_option,
                                fields=[FillField(field_id=i, value=v) for i, v in values])
         except ValueError:
             self._record(request, step, page, "error", detail="the answer does not fit the fill's limits")
-            return False
+            return None
         finally:
             values.clear()
         try:
             result = self.agent.signin_fill(fill)
         except AgentError as exc:
             self._record(request, step, page, "error", detail=f"{exc.code}: {exc}")
-            return False
+            return None
         finally:
             del fill
         self._record(request, step, page, result.outcome, navigated=result.navigated)
-        return result.outcome == "submitted"
+        return request.by if result.outcome == "submitted" else None
 
     def _record(self, request: Request | None, step: int, page: Any, outcome: str, *,
                 navigated: bool | None = None, detail: str | None = None) -> None:

@@ -12,7 +12,8 @@ those in :data:`DENIED`, which fail with EPERM. The list names the kernel surfac
 has no business with: kernel modules and kexec, mounts and the new mount API (so a user namespace, which
 would hold CAP_SYS_ADMIN over its own mounts, can make none), ``setns``, the keyring, BPF, perf events,
 io_uring, userfaultfd, reading or writing other processes' memory (``process_vm_*``, ``kcmp``,
-``pidfd_getfd``), file handles, clocks, swap, reboot, quotas, accounting, and the obsolete calls. What it
+``pidfd_getfd``), file handles, clocks, swap, reboot, quotas, accounting, and the obsolete calls, and raw packet and netfilter
+sockets (:data:`SOCKET_RULES`: a user namespace's own network namespace would grant them). What it
 adds to the container's reach over Docker's default is the namespace creation chromium needs and
 ``chroot`` (chromium's sandbox chroots each renderer into an empty directory inside its namespace).
 
@@ -47,6 +48,18 @@ DENIED = (
 )
 """System calls refused (EPERM) by :func:`desktop_profile`."""
 
+AF_NETLINK, AF_PACKET, NETLINK_NETFILTER = 16, 17, 12
+SOCKET_RULES = (
+    # raw packet sockets (CAP_NET_RAW, which a user namespace grants over its own network namespace)
+    {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+     "args": [{"index": 0, "value": AF_PACKET, "op": "SCMP_CMP_EQ"}]},
+    # nf_tables / netfilter configuration (likewise granted there; a frequent home of kernel bugs)
+    {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+     "args": [{"index": 0, "value": AF_NETLINK, "op": "SCMP_CMP_EQ"},
+              {"index": 2, "value": NETLINK_NETFILTER, "op": "SCMP_CMP_EQ"}]},
+)
+"""Sockets refused (EPERM) by :func:`desktop_profile`: chromium needs neither."""
+
 ARCHITECTURES = ("SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM")
 """The ABIs the profile covers (amd64 and arm64 hosts with their compat ABIs)."""
 
@@ -58,7 +71,7 @@ def desktop_profile() -> dict[str, Any]:
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": list(ARCHITECTURES),
-        "syscalls": [{"names": list(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}],
+        "syscalls": [{"names": list(DENIED), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}, *SOCKET_RULES],
     }
 
 

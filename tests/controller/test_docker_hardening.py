@@ -44,3 +44,24 @@ def test_size_bytes(text, expected):
 def test_size_bytes_refuses_malformed(text):
     with pytest.raises(ValueError):
         size_bytes(text)
+
+
+def test_the_browser_channel_profile_denies_the_kernel_surfaces_a_user_namespace_opens():
+    """The desktop's seccomp profile for a task with the agent's chromium (controller/sandbox/seccomp.py):
+    user namespaces are allowed, but mounts, setns, modules, BPF, io_uring, the keyring and raw packet /
+    netfilter sockets are refused; a sandbox without the channel keeps Docker's default."""
+    import json
+
+    from controller.sandbox import SandboxSpec
+    from controller.sandbox.docker import DockerOptions, _desktop_hardening
+    from controller.sandbox.seccomp import desktop_profile
+
+    profile = desktop_profile()
+    denied = set(profile["syscalls"][0]["names"])
+    assert {"mount", "setns", "init_module", "bpf", "io_uring_setup", "keyctl", "pivot_root", "open_tree"} <= denied
+    assert not {"unshare", "clone", "clone3", "chroot"} & denied
+    families = [rule["args"][0]["value"] for rule in profile["syscalls"][1:]]
+    assert families == [17, 16]
+    with_channel = _desktop_hardening(SandboxSpec(browser_channel=True), DockerOptions())["security_opt"]
+    assert any(o.startswith("seccomp=") and json.loads(o[8:]) == profile for o in with_channel)
+    assert not any(o.startswith("seccomp") for o in _desktop_hardening(SandboxSpec(), DockerOptions())["security_opt"])

@@ -154,6 +154,10 @@ def test_the_devtools_pipe_is_out_of_the_desktop_users_reach(docker_client, desk
         rows = [line.split() for line in listening.splitlines()[1:] if line.split() and line.split()[0] != "sl"]
         assert not [r for r in rows if len(r) > 7 and r[3] == "0A" and r[7] == "1003"], listening
         assert sb.agent._request("GET", "/v1/browser", 4096).status == 200
+        # The desktop user may make a user namespace (chromium's sandbox needs them) but not mount in it.
+        ns = sb.desktop.exec_run(["sh", "-c", "unshare -Ur true && echo userns-ok; unshare -Urm true || echo mount-refused"],
+                                 user="1000:1000").output.decode()
+        assert "userns-ok" in ns and "mount-refused" in ns, ns
 
 
 def test_answered_on_the_terminal_with_the_values_never_echoed(site, docker_client, desktop_image, tmp_path):

