@@ -43,6 +43,7 @@ import json
 from typing import Any
 
 from controller.report.marks import overlay
+from controller.run.progress import sign_in_text
 from controller.run.record import summarize
 from controller.text import clean
 from wire.actions import describe
@@ -195,6 +196,8 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
             checks.append(d)
         elif kind == "network_log":
             network_logs.append(d)
+        elif kind == "sign_in":
+            bucket["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
         elif kind not in ("run_started", "run_finished"):
             bucket["other"].append(_other(d))
     by_call = {cid: s for s in steps for cid in s["call_ids"] if cid is not None}

@@ -96,6 +96,17 @@ def observed_text(check: Check) -> str:
     return clean(repr(check.observed))
 
 
+def sign_in_text(d: dict[str, Any]) -> str:
+    """One line for a ``sign_in`` entry (as JSON): ``sign-in at ORIGIN, form N: method M, email: submitted
+    (console)``, every piece escaped (the progress lines and the HTML report)."""
+    given = [f"method {clean(str(d['method']), 40)}"] if d.get("method") else []
+    given += [clean(str(i), 40) for i in d.get("submitted") or []]
+    return (f"sign-in at {clean(str(d.get('origin')), 200)}, form {clean(str(d.get('step')), 10)}: "
+            f"{', '.join(given) or 'nothing given'}: {clean(str(d.get('outcome')), 40)}"
+            + (f" ({clean(str(d['by']), 20)})" if d.get("by") else "")
+            + (f": {clean(str(d['detail']), 200)}" if d.get("detail") else ""))
+
+
 def expectation_text(entry: Expectation, limit: int = 300) -> str:
     """An ``expectation`` record entry as one printable line: ``turn 3: 2 expectations met after 2
     waits (1.4s)`` or ``turn 5: deadline of 30s passed: expect[0] not_color #ffffff ...; observed 0.0%
@@ -164,12 +175,7 @@ class RunPrinter:
                 case Check():
                     self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
                 case SignIn():
-                    given = [f"method {clean(entry.method, 40)}"] if entry.method else []
-                    given += [clean(i, 40) for i in entry.submitted]
-                    self.line(f"  sign-in at {clean(entry.origin, 200)}, form {entry.step}: "
-                              f"{', '.join(given) or 'nothing given'}: {clean(entry.outcome, 40)}"
-                              + (f" ({clean(entry.by, 20)})" if entry.by else "")
-                              + (f": {clean(entry.detail, 200)}" if entry.detail else ""),
+                    self.line(f"  {sign_in_text(entry.as_json())}",
                               style="green" if entry.outcome == "submitted" else "yellow")
         except Exception:  # noqa: BLE001 - the console must never break the run or its record
             pass

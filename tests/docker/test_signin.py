@@ -12,6 +12,7 @@ import io
 import json
 import os
 import secrets
+import time
 import urllib.request
 from pathlib import Path
 
@@ -167,7 +168,6 @@ def test_answered_on_the_terminal_with_the_values_never_echoed(site, docker_clie
     import select
     import subprocess
     import sys
-    import time
 
     network_name, subnet, _container, _url = site
     task = (ROOT / "tasks" / "sign-in-demo.toml").read_text().replace('allow_addresses = ["10.213.78.0/24"]',
@@ -206,3 +206,77 @@ def test_answered_on_the_terminal_with_the_values_never_echoed(site, docker_clie
     assert proc.returncode == 0 and not answers, text[-3000:]
     assert "Credential origin: http://signin-demo:8080" in text
     assert leaks([tmp_path / "runs"], [text, out.decode()]) == []
+
+
+def test_answered_in_the_console_by_a_person_in_a_browser(site, docker_client, desktop_image, test_labels, tmp_path):
+    """run-task's code path with the web console as its view (``run-task --ui``, no terminal): a person in
+    Debian's chromium (Playwright) answers the three cards (the method by its radio button, then the
+    e-mail, then the password, typed with key events); the run passes and no value is anywhere."""
+    import threading
+
+    from controller.chromium import launch as launch_chromium
+    from controller.console.server import ConsoleServer
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from tests.require import require_browser
+
+    require_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    network_name, subnet, _container, _url = site
+    task = load_task(ROOT / "tasks" / "sign-in-demo.toml")
+    task = task.model_copy(update={"network": task.network.model_copy(update={"allow_addresses": (subnet,)})})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    server = ConsoleServer(runs).start()
+    lives: list = []
+    ended: dict = {}
+    out = io.StringIO()
+
+    def open_(t):
+        sb = DockerSandbox.start(t.sandbox_spec(), DockerOptions(image=desktop_image, extra_labels=test_labels),
+                                 client=docker_client)
+        sb.attach_gateway(network_name)
+        return sb
+
+    def on_live(live):
+        server.add_run(live)
+        lives.append(live)
+
+    def run() -> None:
+        try:
+            ended["outcome"] = run_task(task, open_, RunOptions(runs_dir=runs, live=False, asker=None, on_live=on_live),
+                                        console=Console(file=out, width=200))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            ended["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+            page = browser.new_context().new_page()
+            page.goto(server.url)
+            deadline = time.monotonic() + 120
+            while not lives and time.monotonic() < deadline:
+                time.sleep(0.1)  # poll interval of a bounded condition wait (the run's live view)
+            assert lives, "the run never showed itself in the console"
+            page.goto(f"{server.base}/runs/{lives[0].run_id}")
+            for value in (None, VALUES[2], VALUES[0]):
+                card = page.locator(".card[data-request-id]").filter(has=page.locator("h3", has_text="Sign in"))
+                expect(card).to_have_count(1, timeout=90_000)
+                expect(card.locator("code.credential-origin")).to_have_text(ORIGIN)
+                if value is None:
+                    card.get_by_label("Use a password").check()
+                else:
+                    card.locator("input[type=password]").first.press_sequentially(value)
+                card.get_by_role("button", name="Submit").click()
+                expect(card).to_have_count(0, timeout=30_000)
+            browser.close()
+        thread.join(120)
+    finally:
+        server.stop()
+    assert "error" not in ended, ended.get("error")
+    outcome = ended["outcome"]
+    signins = [e for e in read_record(outcome.record_dir / "record.jsonl") if e["type"] == "sign_in"]
+    assert outcome.status == "passed", (outcome.reason, signins)
+    assert [(e["step"], e["outcome"], e["by"]) for e in signins] == [(n, "submitted", "console") for n in (1, 2, 3)]
+    assert leaks([outcome.record_dir], [out.getvalue()]) == []
