@@ -40,6 +40,7 @@ can add ``--remote-debugging-port`` or ``--no-sandbox``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -260,20 +261,24 @@ def spawn_with_pipes(argv: list[str], env: dict[str, str], prefix: list[str] | N
     the end that reads its fd 4])``, both close-on-exec, owned by the caller. Raises OSError."""
     to_child = os.pipe()
     from_child = os.pipe()
+    # The child's ends, moved above the numbers the actions write (a pipe end that happens to be fd 3 or 4
+    # would be overwritten by the first dup2 before the second one copies it).
+    ends = [fcntl.fcntl(to_child[0], fcntl.F_DUPFD_CLOEXEC, 10), fcntl.fcntl(from_child[1], fcntl.F_DUPFD_CLOEXEC, 10)]
+    _close_all([to_child[0], from_child[1]])
     try:
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
             (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_DUP2, to_child[0], 3),
-            (os.POSIX_SPAWN_DUP2, from_child[1], 4),
+            (os.POSIX_SPAWN_DUP2, ends[0], 3),
+            (os.POSIX_SPAWN_DUP2, ends[1], 4),
         ]
         full = [*(prefix or []), *argv]
         pid = os.posix_spawnp(full[0], full, env, file_actions=actions, setsid=True)
     except BaseException:
-        _close_all([*to_child, *from_child])
+        _close_all([*ends, to_child[1], from_child[0]])
         raise
-    _close_all([to_child[0], from_child[1]])
+    _close_all(ends)
     return pid, [to_child[1], from_child[0]]
 
 

@@ -23,10 +23,12 @@ case "${1:-desktop}" in
       /opt/desktop-sandbox/bin/python "$session/xauth.py" /home/sandbox/.Xauthority
     printf '%s\n' "$cookie" | setpriv --reuid=agent --regid=agent --init-groups -- \
       /opt/desktop-sandbox/bin/python "$session/xauth.py" /run/desktop-sandbox/xauthority
-    # The agent's chromium runs as `browser` (contract 8); its home may be absent on an old image.
+    # The agent's chromium runs as `browser` (contract 8). Without a writable home of its own (an old
+    # image or disk) the session still starts; only that browser cannot open the display.
     if [ -d /home/browser ]; then
       printf '%s\n' "$cookie" | setpriv --reuid=browser --regid=browser --init-groups -- \
-        /opt/desktop-sandbox/bin/python "$session/xauth.py" /home/browser/.Xauthority
+        /opt/desktop-sandbox/bin/python "$session/xauth.py" /home/browser/.Xauthority \
+        || echo "entrypoint: no X cookie for the user browser (/home/browser not writable): the agent's chromium cannot start" >&2
     fi
     unset cookie
     exec /usr/bin/supervisord --nodaemon --configuration "$conf_dir/desktop.conf" ;;

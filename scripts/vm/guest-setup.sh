@@ -30,6 +30,7 @@ tmpfs     /var/tmp       tmpfs  mode=1777,nosuid,nodev,size=32m               0 
 tmpfs     /var/log       tmpfs  mode=0755,nosuid,nodev,size=64m               0 0
 tmpfs     /dev/shm       tmpfs  mode=1777,nosuid,nodev,size=256m              0 0
 tmpfs     /home/sandbox  tmpfs  mode=0750,uid=1000,gid=1000,nosuid,nodev,size=512m  0 0
+tmpfs     /home/browser  tmpfs  mode=0700,uid=1003,gid=1003,nosuid,nodev,size=128m  0 0
 FSTAB
 : > /etc/machine-id
 
