@@ -112,11 +112,13 @@ class TerminalAsker:
             for text in lines:
                 self.console.print(text, markup=False, emoji=False, highlight=False)
             prompt = f"{question} {hint} " if hint else f"{question} "
-            self.console.print(prompt, end="", markup=False, emoji=False, highlight=False)
-            self.console.file.flush()
-            self._shown, self._owner = prompt, threading.get_ident()
+            # Echo off before the prompt shows (as getpass does): a value typed as soon as the question
+            # is on the screen is never echoed.
             restore = _echo_off(self.stream) if secret else None
             try:
+                self.console.print(prompt, end="", markup=False, emoji=False, highlight=False)
+                self.console.file.flush()
+                self._shown, self._owner = prompt, threading.get_ident()
                 while True:
                     if done():
                         self._shown = None

@@ -373,3 +373,53 @@ def test_an_origin_request_arriving_during_the_loops_question_waits_its_turn_on_
     # answer is whole
     assert "RESULT True" in lines, lines
     assert "Approve, deny or cancel? [a/c/D] c" in lines, lines
+
+
+class _TypesOnFlush:
+    """The terminal's output side for :func:`test_a_secret_typed_as_soon_as_its_question_shows_is_never_echoed`:
+    writes go to the pty's slave; on the flush that puts the prompt on the screen, the 'person' (the
+    master side) types the value at once, before the flush returns."""
+
+    def __init__(self, slave: int, master: int, value: bytes) -> None:
+        self.slave, self.master, self.value, self.typed = slave, master, value, False
+
+    def write(self, text: str) -> int:
+        return os.write(self.slave, text.encode())
+
+    def flush(self) -> None:
+        if not self.typed:
+            self.typed = True
+            os.write(self.master, self.value + b"\n")
+            # the line discipline echoes (or not) as the bytes arrive: wait until they are readable
+            deadline = time.monotonic() + 5
+            while not select.select([self.slave], [], [], 0.05)[0]:
+                assert time.monotonic() < deadline, "the typed line never reached the terminal"
+
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.slave
+
+
+def test_a_secret_typed_as_soon_as_its_question_shows_is_never_echoed():
+    """A value typed the moment its prompt is on the screen: the echo is already off (the terminal
+    showed only the question), and the line is read whole."""
+    from controller.run.approvals import TerminalAsker
+
+    master, slave = os.openpty()
+    try:
+        value = b"typed-at-once-4711"
+        out = _TypesOnFlush(slave, master, value)
+        stream = os.fdopen(os.dup(slave), "r", closefd=True)
+        asker = TerminalAsker(Console(file=out, force_terminal=False, emoji=False, width=200), stream)
+        got = asker.ask_until("Password (input hidden):", lambda: False, hint="", secret=True)
+        assert got == value.decode()
+        shown = b""
+        while select.select([master], [], [], 0.2)[0]:
+            shown += os.read(master, 65536)
+        assert b"Password (input hidden):" in shown
+        assert value not in shown, shown
+    finally:
+        os.close(master)
+        os.close(slave)
