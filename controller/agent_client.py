@@ -231,13 +231,14 @@ class AgentClient:
 
     # -- plumbing ----------------------------------------------------------------------------
     def _request(self, method: str, path: str, cap: int, *, params: dict[str, Any] | None = None,
-                 json_body: Any = None) -> Answer:
+                 json_body: Any = None, timeout: float | None = None) -> Answer:
         """One call: the status, headers and whole body of a 2xx answer of at most ``cap`` bytes,
-        complete within ``self.timeout`` seconds. Raises AgentError: the agent's own error for a
-        non-2xx answer (its body capped at :data:`JSON_MAX_BYTES`), or status 0 with ``unreachable``,
-        ``deadline``, ``too_large`` or ``bad_response``."""
+        complete within ``timeout`` seconds (default ``self.timeout``). Raises AgentError: the agent's
+        own error for a non-2xx answer (its body capped at :data:`JSON_MAX_BYTES`), or status 0 with
+        ``unreachable``, ``deadline``, ``too_large`` or ``bad_response``."""
         what = f"{method} {path}"
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         target = self._prefix + path + ("?" + urlencode(params) if params else "")
         body = None
         if json_body is not None:
@@ -247,7 +248,7 @@ class AgentClient:
                                             error_cap=JSON_MAX_BYTES)
         except TransportError as exc:
             if exc.code == "deadline":
-                raise AgentError(0, "deadline", f"{what}: no complete answer within the {self.timeout:g} s "
+                raise AgentError(0, "deadline", f"{what}: no complete answer within the {timeout:g} s "
                                                 "deadline of the call") from None
             raise AgentError(0, exc.code, f"{what}: {clean(exc.message, 2 * MAX_GUEST_TEXT)}") from None
         answer = Answer(reply.status, httpx.Headers(reply.headers), reply.body)
@@ -318,11 +319,15 @@ class AgentClient:
         body = _json(self._request("GET", "/v1/display", JSON_MAX_BYTES), what)
         return {name: _int_field(body, name, what, 1) for name in ("width", "height", "depth")}
 
-    def actions(self, actions: Sequence[dict[str, Any]]) -> int:
+    def actions(self, actions: Sequence[dict[str, Any]], expect_screen: dict[str, Any] | None = None) -> int:
         """Run Responses computer actions (screen px) in one request; returns ``executed`` (an int
-        >= 0, else ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`."""
+        >= 0, else ``bad_response``). Answer capped at :data:`JSON_MAX_BYTES`. ``expect_screen``: a bound
+        approval's screen check (``wire.screen_match.ScreenBinding`` as JSON, contract 1), sent in the
+        body; the agent refuses with 409 ``screen_changed`` (nothing ran) when the screen no longer
+        matches it."""
         what = "POST /v1/actions"
-        body = _json(self._request("POST", "/v1/actions", JSON_MAX_BYTES, json_body={"actions": list(actions)}), what)
+        body = _json(self._request("POST", "/v1/actions", JSON_MAX_BYTES,
+                                   json_body=_actions_body(actions, expect_screen)), what)
         return _int_field(body, "executed", what, 0)
 
     def screenshot(self, format: str = "png", quality: int | None = None, max_width: int | None = None,
@@ -341,11 +346,13 @@ class AgentClient:
     def actions_screenshot(self, actions: Sequence[dict[str, Any]], format: str = "png",
                            quality: int | None = None, max_width: int | None = None,
                            max_height: int | None = None,
-                           crop: tuple[int, int, int, int] | None = None) -> AgentStep:
+                           crop: tuple[int, int, int, int] | None = None,
+                           expect_screen: dict[str, Any] | None = None) -> AgentStep:
         """Run ``actions`` (screen px), then capture the screen, in one request
         (``POST /v1/actions?screenshot=FORMAT``, contract 1): one round trip instead of two, and the
         image is taken while the request still holds the input, so it shows the screen the actions
-        (a ``wait`` among them) left. Screenshot parameters as :meth:`screenshot`.
+        (a ``wait`` among them) left. Screenshot parameters as :meth:`screenshot`; ``expect_screen`` as
+        :meth:`actions`.
 
         The answer is capped at :func:`screenshot_cap`; ``X-Executed`` must be a decimal integer and
         ``X-Settled`` absent, ``true`` or ``false``, the image headers as :meth:`screenshot`, else
@@ -355,7 +362,7 @@ class AgentClient:
         what = "POST /v1/actions?screenshot"
         params = {"screenshot": format, **self._screenshot_params(quality, max_width, max_height, crop)}
         answer = self._request("POST", "/v1/actions", screenshot_cap(max_width, max_height, crop), params=params,
-                               json_body={"actions": list(actions)})
+                               json_body=_actions_body(actions, expect_screen))
         if "X-Executed" not in answer.headers and answer.body[:1] == b"{":
             # An older agent ignored the query and ran the actions only.
             body = _json(answer, what)
@@ -437,6 +444,93 @@ class AgentClient:
         if not (isinstance(body, dict) and isinstance(body.get("text"), str) and isinstance(body.get("origin"), str)):
             raise AgentError(0, "bad_response", f"{what}: not a page text")
         return body
+
+    # -- the agent's chromium as the SDK's BrowserToolset driver (contract 9) ------------------------
+    def browser_state(self) -> dict[str, Any]:
+        """``GET /v1/browser/state``: the tabs and the agent's observation, as the SDK's ``BrowserState``
+        JSON (:class:`wire.browser_tools.BrowserStateV1`, validated and written back with only the
+        fields of each change). Answer capped at :data:`JSON_MAX_BYTES`, deadline ``timeout``. Raises
+        AgentError: the agent's (409 ``no_browser`` / ``no_page``, 504 ``browser_timeout``, 502
+        ``channel_closed``), or ``bad_response`` for a shape not the schema's."""
+        from pydantic import ValidationError
+
+        from wire.browser_tools import BrowserStateV1
+
+        what = "GET /v1/browser/state"
+        body = _json(self._request("GET", "/v1/browser/state", JSON_MAX_BYTES), what)
+        try:
+            return BrowserStateV1.model_validate(body).wire()
+        except ValidationError as exc:
+            raise AgentError(0, "bad_response", f"{what}: not a browser state: {_first_problem(exc)}") from None
+
+    def browser_call(self, member: str, arguments: dict[str, Any]) -> Any:
+        """``POST /v1/browser/call`` ``{member, arguments}`` (:class:`wire.browser_tools.BrowserCall`):
+        the :class:`wire.browser_tools.BrowserCallResult` (``result``, ``target`` in viewport CSS px,
+        ``viewport`` in screen px). The answer is capped at :data:`BROWSER_CALL_MAX_BYTES` (an image of
+        ``MAX_IMAGE_BYTES`` in base64, and room for a read report); the deadline is the longer of
+        ``timeout`` and what the member may take on the agent (:func:`browser_call_seconds`). Raises
+        AgentError: the agent's refusal (400 ``invalid_request``, 409 ``no_browser`` / ``no_page``,
+        422 with one of ``wire.browser_tools.REFUSAL_CODES``, 504 ``browser_timeout``, 502
+        ``channel_closed``), or ``bad_response`` for a result not the schema's."""
+        from pydantic import ValidationError
+
+        from wire.browser_tools import BrowserCallResult
+
+        what = "POST /v1/browser/call"
+        answer = self._request("POST", "/v1/browser/call", BROWSER_CALL_MAX_BYTES,
+                               json_body={"member": member, "arguments": arguments},
+                               timeout=max(self.timeout, browser_call_seconds(member, arguments)))
+        try:
+            return BrowserCallResult.model_validate(_json(answer, what))
+        except ValidationError as exc:
+            raise AgentError(0, "bad_response", f"{what}: not a browser call result: {_first_problem(exc)}") from None
+
+
+def _actions_body(actions: Sequence[dict[str, Any]], expect_screen: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``POST /v1/actions`` body: ``{"actions": [...]}``, with ``expect_screen`` when given."""
+    body: dict[str, Any] = {"actions": list(actions)}
+    if expect_screen is not None:
+        body["expect_screen"] = expect_screen
+    return body
+
+
+def _first_problem(exc: Any) -> str:
+    """``where: message`` of a pydantic error's first problem, never the value (it is guest text)."""
+    first = exc.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(part) for part in first.get("loc", ())) or "body"
+    return clean(f"{where}: {first.get('msg')}", MAX_GUEST_TEXT)
+
+
+def _image_cap() -> int:
+    from wire.browser_tools import MAX_IMAGE_BYTES
+
+    return (MAX_IMAGE_BYTES + 2) // 3 * 4 + JSON_MAX_BYTES
+
+
+BROWSER_CALL_MAX_BYTES = _image_cap()
+"""Cap in bytes on a ``POST /v1/browser/call`` answer: the largest image the agent sends
+(``wire.browser_tools.MAX_IMAGE_BYTES``) in base64, plus :data:`JSON_MAX_BYTES` for the JSON around it
+(a read report is bounded far below: 20 000 characters of text, 200 elements)."""
+
+BROWSER_CALL_MARGIN_S = 10.0
+"""Seconds a browser call's deadline allows beyond the longest the member may wait on the agent."""
+
+
+def browser_call_seconds(member: str, arguments: Any) -> float:
+    """The deadline (seconds) of one browser call: what the member may wait on the agent (``wait_for``:
+    its ``timeout_ms``; ``navigate`` / ``new_tab``: the load wait, ``wire.browser_tools.LOAD_TIMEOUT_S``;
+    ``hold_keys``: its ``duration_ms``) plus :data:`BROWSER_CALL_MARGIN_S`."""
+    from wire.browser_tools import LOAD_TIMEOUT_S
+
+    args = arguments if isinstance(arguments, dict) else {}
+    waits = 0.0
+    if member == "wait_for" and isinstance(args.get("timeout_ms"), int):
+        waits = min(max(args["timeout_ms"], 0), 30_000) / 1000
+    elif member in ("navigate", "new_tab"):
+        waits = LOAD_TIMEOUT_S
+    elif member == "hold_keys" and isinstance(args.get("duration_ms"), int):
+        waits = min(max(args["duration_ms"], 0), 3000) / 1000
+    return waits + BROWSER_CALL_MARGIN_S
 
 
 DIRECT_PROBE_S = 1.0

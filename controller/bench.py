@@ -2,7 +2,7 @@
 path into a Docker sandbox, each beside its floor, all measured in one run.
 
 ``python -m controller.bench [--iterations N] [--baseline-iterations M] [--no-baseline] [--image TAG]
-[--no-docker] [--console-iterations K] [--no-console] [--json FILE]``
+[--no-docker] [--console-iterations K] [--no-console] [--browser] [--browser-iterations B] [--json FILE]``
 
 **Loopback.** A private Xvfb 1280x800x24 with a few terminals full of text (a realistic, compressible
 screen), the agent as a real subprocess on 127.0.0.1, wall time per operation in ms:
@@ -53,6 +53,25 @@ hop before it.
 or Playwright): action-to-pixels in the console's page beside its floor (the same click straight to the
 agent, its screenshot polled), and the controller's CPU cost of the live view at 5 frames a second.
 
+**Browser tools** (``--browser``; skipped, with the reason, without Xvfb, Debian's chromium, setpriv as
+root, or ``images/apps.json``): the agent as a real subprocess on a private Xvfb 1280x800x24 with
+Debian's chromium as its channel app (the argv ``images/apps.json`` declares, run as ``nobody`` when
+root), showing :data:`BROWSER_PAGE` (a form of some twenty controls and a page of text, served on
+127.0.0.1). One model step each way, on the same page and the same button, sampled round-robin:
+
+- ``browser step (BrowserToolset)``: ``read_page`` (filter all) + ``click`` (the button's ref from that
+  read) + ``screenshot`` (the viewport, PNG), each one ``BrowserToolset.execute`` over
+  :class:`controller.run.browser_driver.GuestBrowserDriver`, as a run's browser calls go (the SDK reads
+  the state before and after each member: three requests a member); its members also apart
+  (``browser read_page`` / ``click`` / ``screenshot``, timed inside the step);
+- ``browser step (driver only)``: the same three members straight on the driver (no state reads);
+- ``computer step (settled)``: the computer driver's step, :class:`SandboxDriver` click on the same
+  button (its screen px from the browser click's ``target`` and ``viewport``) then the screenshot with the
+  settle (the click, a ``wait`` and the capture of the whole screen in one request);
+- ``computer click+screenshot (no settle)``: the same without the settle.
+
+``browser / computer`` = browser step (BrowserToolset) p50 / computer step (settled) p50.
+
 Sampling: every case of a group is sampled round-robin (sample i of each case before sample i+1 of
 any), agent and baseline alike, so load on the machine spreads over all of them; the in-guest rows run
 in blocks between rounds of driver samples. p50 is the median; p95 is the nearest-rank percentile
@@ -65,7 +84,8 @@ browser receives the live view's 5 fps.
 
 One module (about 490 lines): the two sections share the report, and each target sits beside the
 measurement it judges; the console's section, with its browser, is its own; the sampling and the
-percentiles both take are :mod:`controller.bench_sampling`.
+percentiles both take are :mod:`controller.bench_sampling`; the browser tools section sits here too, beside
+the computer step it is compared with.
 """
 
 from __future__ import annotations
@@ -73,11 +93,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from controller.agent_client import AgentClient
@@ -451,6 +473,190 @@ def run_sandbox(backend: str, image: str | None, iterations: int = 50, rounds: i
                 "idle_wait_settled": settled}
 
 
+#: The browser tools section's page: a heading, some text and a form of about twenty controls; the
+#: ``Count`` button's click changes nothing on the page (a counter in the page's script).
+BROWSER_PAGE = ("<!doctype html><html><head><title>Bench form</title>"
+                "<style>body { font: 15px sans-serif; margin: 24px }"
+                " label { display: block; margin: 4px 0 }</style></head><body><h1>Shipping details</h1>"
+                + "".join(f"<p>Paragraph {i}: the parcel leaves the depot in the morning and reaches the "
+                          f"address given below before the evening; sign on delivery.</p>" for i in range(8))
+                + "<form onsubmit='event.preventDefault()'>"
+                + "".join(f"<label>Field {i} <input name=f{i} value='value {i}'></label>" for i in range(12))
+                + "<label>Service <select><option>Standard</option><option>Express</option></select></label>"
+                + "<label><input type=checkbox> Insure the parcel</label>"
+                + "<label><input type=radio name=t checked> Morning</label>"
+                + "<label><input type=radio name=t> Evening</label>"
+                + "<label>Notes <textarea>none</textarea></label>"
+                + "<button type=button onclick='window.count = (window.count || 0) + 1'>Count</button>"
+                + "<button type=submit>Send</button></form></body></html>")
+CHROMIUM_PATH = "/usr/bin/chromium"
+APPS_JSON = Path(__file__).resolve().parents[1] / "images" / "apps.json"
+
+
+def _browser_unavailable() -> str | None:
+    """Why the browser tools section cannot run here, or None."""
+    if not (os.path.isfile(CHROMIUM_PATH) and os.access(CHROMIUM_PATH, os.X_OK)):
+        return f"{CHROMIUM_PATH} not installed (apt-get install chromium)"
+    if not shutil.which("Xvfb"):
+        return "Xvfb not installed (apt-get install xvfb)"
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        return "setpriv not found (util-linux): needed to start chromium as nobody when running as root"
+    if not APPS_JSON.is_file():
+        return f"{APPS_JSON} not found (run from a checkout)"
+    return None
+
+
+def _serve_page(body: bytes) -> Any:
+    """An HTTP server of ``body`` (text/html) on 127.0.0.1 (a free port), serving on a daemon thread."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run_browser(iterations: int = 30) -> dict[str, Any]:
+    """The browser tools section (module doc): ``{"screen", "page", "rows", "members", "ratio"}`` (rows
+    and members: name -> percentiles, ms; ratio: browser step p50 / computer settled step p50), or
+    ``{"skipped": why}``."""
+    why = _browser_unavailable()
+    if why:
+        return {"skipped": why}
+    import tempfile
+    from contextlib import ExitStack
+
+    from openai.lib.browser import BrowserToolset
+    from openai.types.responses import ResponseFunctionToolCall
+
+    from controller.run.browser_driver import GuestBrowserDriver
+    from guest.cdp import wait_until
+
+    with ExitStack() as stack:  # torn down in reverse: client, agent (and its chromium), page server, Xvfb
+        top = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ds-bench-browser-",
+                                                                   ignore_cleanup_errors=True)))
+        profile = top / "profile"
+        profile.mkdir()
+        prefix: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(profile, "nobody", "nogroup")
+            os.chmod(top, 0o755)
+            prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "env", f"HOME={profile}"]
+        declared = json.loads(APPS_JSON.read_text())["chromium"]
+        argv = [a if not a.startswith("--user-data-dir=") else f"--user-data-dir={profile}" for a in declared["argv"]]
+        server = Xvfb(1280, 800, 24).start()
+        stack.callback(server.stop)
+        page = _serve_page(BROWSER_PAGE.encode())
+        stack.callback(page.server_close)
+        stack.callback(page.shutdown)
+        url = f"http://127.0.0.1:{page.server_address[1]}/"
+        env = {k: v for k, v in server.env().items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+        apps = {"chromium": {"argv": [*prefix, *argv], "channel": declared["channel"]}}
+        agent = AgentProcess(server.display, apps=apps, env=dict(env, HOME=str(top)), cwd=str(top)).start()
+        stack.callback(agent.stop)
+        client = stack.enter_context(AgentClient(agent.base_url, agent.token, timeout=60))
+        client.launch("chromium", [url])
+        browser = GuestBrowserDriver(client)
+        if not wait_until(lambda: any(t["title"] == "Bench form" for t in browser.state()["tabs"]), 30, 0.1):
+            raise RuntimeError("the agent's chromium did not show the bench page")
+        toolset = BrowserToolset(browser, members=["read_page", "click", "screenshot"], confirm=lambda c: True,
+                                 url_policy=lambda c, u: True)
+        calls = iter(range(1, 1 << 30))
+
+        def execute(member: str, **arguments: Any) -> dict[str, Any]:
+            out = toolset.execute(ResponseFunctionToolCall(
+                type="function_call", call_id=f"call_bench_{next(calls)}", name="browser_" + member,
+                arguments=json.dumps({"tab_id": None, **arguments})))
+            payload = json.loads(out["output"][0]["text"])
+            if not payload["ok"]:
+                raise RuntimeError(f"browser_{member} failed: {clean(str(payload.get('error')), 200)}")
+            return payload
+
+        def count_ref(report: dict[str, Any]) -> str:
+            return next(e["ref"] for e in report["elements"] if e["label"] == "Count")
+
+        execute("click", target=count_ref(execute("read_page", filter="all")["result"]))
+        box, view = browser.last.target, browser.last.viewport
+        if not box or not view:
+            raise RuntimeError("the browser click reported no box or viewport")
+        spot = (int(view["x"] + box["x"] + box["width"] / 2), int(view["y"] + box["y"] + box["height"] / 2))
+        plain = SandboxDriver(client, ScreenshotPolicy(settle=False))
+        settling = SandboxDriver(client, POLICY)
+        plain.capture()
+        settling.capture()
+        client.actions([{"type": "wait"}])
+        members: dict[str, list[float]] = {"read_page": [], "click": [], "screenshot": []}
+        rounds = {"n": 0}
+
+        def browser_step(i: int) -> None:
+            t0 = time.perf_counter()
+            report = execute("read_page", filter="all")["result"]
+            t1 = time.perf_counter()
+            execute("click", target=count_ref(report))
+            t2 = time.perf_counter()
+            execute("screenshot")
+            t3 = time.perf_counter()
+            rounds["n"] += 1
+            if rounds["n"] > 1:  # the first step is interleave's warm-up round
+                for member, seconds in (("read_page", t1 - t0), ("click", t2 - t1), ("screenshot", t3 - t2)):
+                    members[member].append(seconds * 1000.0)
+
+        def driver_step(i: int) -> None:
+            report = browser.read_page({"tab_id": None, "filter": "all"})
+            browser.click({"tab_id": None, "target": count_ref(report)})
+            browser.screenshot({"tab_id": None})
+
+        def computer_step(driver: SandboxDriver) -> Callable[[int], Any]:
+            def run(i: int) -> None:
+                driver.plan_calls([1])  # a computer_call of one click, as the run's hooks plan it
+                driver.click({"type": "click", "x": spot[0], "y": spot[1], "button": "left"})
+                driver.screenshot()
+            return run
+
+        cases: dict[tuple[str, str], tuple[Callable[[int], Any], int]] = {
+            ("browser step (BrowserToolset)", "agent"): (browser_step, iterations),
+            ("browser step (driver only)", "agent"): (driver_step, iterations),
+            ("computer step (settled)", "agent"): (computer_step(settling), iterations),
+            ("computer click+screenshot (no settle)", "agent"): (computer_step(plain), iterations),
+        }
+        rows = _rows(interleave(cases))
+        browser_p50, computer_p50 = _p50(rows, "browser step (BrowserToolset)"), _p50(rows, "computer step (settled)")
+        ratio = round(browser_p50 / computer_p50, 2) if browser_p50 and computer_p50 else None
+        return {"screen": "1280x800x24", "page": f"{len(BROWSER_PAGE)} bytes, button at screen {spot}",
+                "rows": rows, "members": {name: percentiles(v) for name, v in members.items()}, "ratio": ratio}
+
+
+def browser_lines(section: dict[str, Any]) -> list[str]:
+    """The browser tools section as plain text lines."""
+    if "skipped" in section:
+        return [f"browser tools: skipped ({clean(section['skipped'], 400)})"]
+    lines = ["browser tools: GuestBrowserDriver beside SandboxDriver on one page in the agent's chromium, "
+             f"local agent on a private Xvfb {section['screen']} ({section['page']})",
+             f"{'operation':40} {'p50':>8} {'p95':>8} {'n':>4}"]
+    for name, row in section["rows"].items():
+        a = row["agent"]
+        lines.append(f"{name:40} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4}")
+    for name, a in section["members"].items():
+        lines.append(f"{'  browser ' + name + ' (BrowserToolset)':40} {a['p50']:>8.2f} {a['p95']:>8.2f} {a['n']:>4}")
+    ratio = section.get("ratio")
+    lines.append(f"browser / computer step (p50): {ratio:.2f}x" if ratio is not None else "browser / computer step: -")
+    return lines
+
+
 def _wait_settled(sandbox: Any) -> bool | None:
     """The ``settled`` answer of one ``wait`` (the agent client reports only ``executed``)."""
     import httpx
@@ -468,12 +674,15 @@ def _p50(rows: dict[str, dict[str, Any]], name: str) -> float | None:
 
 def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iterations: int = 10,
               baseline: bool = True, image: str | None = DEFAULT_IMAGE,
-              console_iterations: int | None = 30, backend: str | None = "docker") -> dict[str, Any]:
+              console_iterations: int | None = 30, backend: str | None = "docker",
+              browser_iterations: int | None = None) -> dict[str, Any]:
     """Every section (module doc; ``backend`` None skips the sandbox one, ``console_iterations`` None the
-    console; ``image`` None: the backend's default); returns the report dict."""
+    console, ``browser_iterations`` None the browser tools; ``image`` None: the backend's default);
+    returns the report dict."""
     results = run_loopback(iterations, baseline_iterations, type_iterations, baseline)
     sandbox = run_sandbox(backend, image, iterations) if backend else {"skipped": "--no-docker"}
     console = run_console(console_iterations) if console_iterations else {"skipped": "--no-console"}
+    browser = run_browser(browser_iterations) if browser_iterations else {"skipped": "no --browser"}
     derived: dict[str, float] = {}
     checks: dict[str, bool] = {}
     png = results["click+screenshot png"]
@@ -509,7 +718,8 @@ def run_bench(iterations: int = 50, baseline_iterations: int = 20, type_iteratio
         checks[f"{name} idle-screen waits settled"] = all(v is True for v in sandbox["idle_wait_settled"])
     checks.update(console_checks(console))
     return {"screen": "1280x800x24", "iterations": iterations, "settle_rule": SETTLE_RULE,
-            "results": results, "docker": sandbox, "console": console, "derived": derived, "checks": checks}
+            "results": results, "docker": sandbox, "console": console, "browser": browser, "derived": derived,
+            "checks": checks}
 
 
 def _fmt(value: float | None, width: int) -> str:
@@ -542,6 +752,8 @@ def render(report: dict[str, Any]) -> str:
                          f"{(str(row['x_floor']) + 'x') if 'x_floor' in row else '-':>8} {_fmt(row.get('adds'), 8)}")
     if "console" in report:
         lines += ["", *console_lines(report["console"])]
+    if "browser" in report:
+        lines += ["", *browser_lines(report["browser"])]
     for name, value in report["derived"].items():
         lines.append(f"{name}: {value:.2f}")
     lines.append("times in ms; p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; "
@@ -592,6 +804,8 @@ def _print(report: dict[str, Any]) -> None:
         console.print(table)
     for line in console_lines(report["console"]) if "console" in report else ():
         console.print(line, markup=False, emoji=False, highlight=False)
+    for line in browser_lines(report["browser"]) if "browser" in report else ():
+        console.print(line, markup=False, emoji=False, highlight=False)
     for name, value in report["derived"].items():
         console.print(f"{name}: {value:.2f}", highlight=False)
     console.print("p50 median, p95 nearest rank; ratio = baseline p50 / agent p50; x floor = p50 / in-guest floor "
@@ -612,12 +826,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--backend", default="docker", help="backend of the sandbox section (docker | vm)")
     parser.add_argument("--console-iterations", type=int, default=30, help="action-to-pixels samples in the console")
     parser.add_argument("--no-console", action="store_true", help="skip the web console section")
+    parser.add_argument("--browser", action="store_true",
+                        help="also the browser tools section: a browser step beside a computer step")
+    parser.add_argument("--browser-iterations", type=int, default=30, help="samples of each browser tools case")
     parser.add_argument("--json", help="also write the report to this file")
     ns = parser.parse_args(argv)
     report = run_bench(ns.iterations, ns.baseline_iterations, ns.type_iterations, baseline=not ns.no_baseline,
                        image=ns.image if ns.backend == "docker" or ns.image != DEFAULT_IMAGE else None,
                        console_iterations=None if ns.no_console else ns.console_iterations,
-                       backend=None if ns.no_docker else ns.backend)
+                       backend=None if ns.no_docker else ns.backend,
+                       browser_iterations=ns.browser_iterations if ns.browser else None)
     _print(report)
     if ns.json:
         with open(ns.json, "w", encoding="utf-8") as fh:

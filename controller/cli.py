@@ -26,6 +26,7 @@ from controller.commands.build import build as build_command
 from controller.commands.common import console
 from controller.commands.down import down as down_command
 from controller.commands.render import render as render_command
+from controller.commands.replay import replay_run
 from controller.commands.report import report as report_command
 from controller.commands.run_suite import run_suite
 from controller.commands.run_task import run_task, sandbox_opener
@@ -158,6 +159,10 @@ def run_task_cmd(
     attach_network: list[str] = typer.Option(
         [], "--attach-network", help="Docker network the sandbox's gateway also joins (a local site the task "
                                      "reaches, e.g. the sign-in demo's; repeatable; docker backend only)."),
+    record_typed_text: bool = typer.Option(
+        False, "--record-typed-text", help="Keep the text the model (or a person taking over) typed in the run "
+                                           "record, so that `replay` can type it again; off by default (typed "
+                                           "text may hold secrets)."),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -182,7 +187,7 @@ def run_task_cmd(
              legacy=legacy, approve_safety_check=approve_safety_check, approve_origin=approve_origin,
              confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, backend=backend, ui=ui,
              approval_timeout=approval_timeout, runner=runner, arch=arch, opener=sandbox_opener, sign_in=sign_in,
-             attach_network=attach_network)
+             attach_network=attach_network, record_typed_text=record_typed_text)
 
 
 @app.command()
@@ -199,6 +204,39 @@ def report(
     review page beside the record (controller.report) and print its path.
     """
     report_command(run, as_json=as_json, as_html=as_html)
+
+
+@app.command()
+def replay(
+    run: Path = typer.Argument(..., help="A recorded run directory (runs/<id>) or its record.jsonl."),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP + " Built if missing."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    runs_dir: Path = typer.Option(Path("runs"), help="Where the replay's run record goes."),
+    write_task: Optional[Path] = typer.Option(None, "--write-task", help="Also save the replay as this task file, "
+                                              "its offline script beside it (for run-suite)."),
+    attach_network: list[str] = typer.Option(
+        [], "--attach-network", help="Docker network the sandbox's gateway also joins (as for run-task)."),
+    tolerance: int = typer.Option(16, "--tolerance", min=0, max=255,
+                                  help="Largest RGB channel difference a pixel may have and still count as unchanged."),
+    max_changed: float = typer.Option(0.05, "--max-changed", min=0.0, max=1.0,
+                                      help="Largest share of a region's pixels that may differ for the step to match."),
+) -> None:
+    """Replay a recorded run on a fresh sandbox as a regression test, without a model or an API key.
+
+    Each recorded computer call runs again once the screen matches, where its actions land, the
+    screenshot the model chose it on (the screen comparison rule, docs/ARCHITECTURE.md); a person's
+    actions during a takeover are performed again as a person's. Prints one row per step -- matched,
+    diverged, not reached -- then the task's checks.
+
+    \b
+    Exit status:
+      0    every step matched and every check passed
+      1    a step diverged (the replay stopped there), a check failed or the run failed
+      2    the record cannot be replayed (e.g. typed text recorded as its length only), or bad input
+      130  cancelled
+    """
+    replay_run(run, image_tag=image_tag, backend=backend, runs_dir=runs_dir, write_task_to=write_task,
+               opener=sandbox_opener, attach_network=attach_network, tolerance=tolerance, max_changed=max_changed)
 
 
 @app.command()

@@ -56,10 +56,11 @@ from pydantic import ValidationError
 
 from wire.actions import (ACTION_ADAPTER, ACTION_TYPES, MAX_PATH_POINTS, MAX_TEXT_CHARS, BaseAction, Type, Wait,
                           first_outside)
+from wire.screen_match import ScreenBinding, as_encoded, compare_crops
 
 from . import keys as keynames
 from . import pointer
-from .capture import Capture
+from .capture import BadCapture, Capture, to_image
 from .damage import DamageWatch
 from .display import DisplayConnection, DisplayUnavailable
 from .held import Held
@@ -205,29 +206,59 @@ class Executor:
         """Validate and execute a request; returns the number of actions executed (see :meth:`execute`)."""
         return self.execute(raw_actions).executed
 
-    def execute(self, raw_actions: Any, then: Callable[[], Any] | None = None) -> Outcome:
+    def execute(self, raw_actions: Any, then: Callable[[], Any] | None = None,
+                expect: ScreenBinding | None = None) -> Outcome:
         """Validate and execute a request; returns its :class:`Outcome`.
 
         ``then``: called once every action ran and every key and button is released, while the input
         lock is still held (so no other request's input comes in between); what it returns is the
-        outcome's ``then``. Not called when the request fails.
+        outcome's ``then``. Not called when the request fails. ``expect``: the screen must still show
+        what a person approved (:meth:`check_screen`), checked under the input lock after validation
+        and before the first action.
 
         Raises:
-            ActionError: 400 (validation, ``timeout``), 409 ``busy``.
+            ActionError: 400 (validation, ``timeout``), 409 ``busy``, 409 ``screen_changed`` (nothing ran).
             DisplayUnavailable: the X server went away (503).
         """
         self._acquire()
-        return self._execute_locked(raw_actions, then)
+        return self._execute_locked(raw_actions, then, expect)
 
-    def try_execute(self, raw_actions: Any, then: Callable[[], Any] | None = None) -> Outcome | None:
+    def try_execute(self, raw_actions: Any, then: Callable[[], Any] | None = None,
+                    expect: ScreenBinding | None = None) -> Outcome | None:
         """:meth:`execute` for a request that is quick to run, when the input lock is free right now;
         None, having done nothing, when the lock is held or the request is not quick
-        (:func:`quick`). Never waits for the lock, so the agent can run it on its event loop."""
-        if not quick(raw_actions) or not self._lock.acquire(blocking=False):
+        (:func:`quick`; one with ``expect`` never is: the grab and compare take milliseconds). Never
+        waits for the lock, so the agent can run it on its event loop."""
+        if expect is not None or not quick(raw_actions) or not self._lock.acquire(blocking=False):
             return None
-        return self._execute_locked(raw_actions, then)
+        return self._execute_locked(raw_actions, then, None)
 
-    def _execute_locked(self, raw_actions: Any, then: Callable[[], Any] | None) -> Outcome:
+    def check_screen(self, expect: ScreenBinding) -> None:
+        """Raise 409 ``screen_changed`` unless the screen still matches ``expect`` by the comparison rule
+        (:mod:`wire.screen_match`): ``expect.frame`` grabbed, scaled to ``expect.size`` as screenshots
+        are (:func:`guest.capture.to_image`), compared in ``expect.regions`` with its crops. The error
+        carries ``executed`` 0 and each region's ``changed`` share. A binding that cannot be read is
+        400 ``invalid_request``."""
+        try:
+            if not (0 < expect.size[0] <= expect.frame[2] and 0 < expect.size[1] <= expect.frame[3]):
+                raise ValueError(f"size {expect.size[0]}x{expect.size[1]} is not the frame's "
+                                 f"{expect.frame[2]}x{expect.frame[3]} or a downscale of it")
+            reference = expect.reference()
+        except ValueError as exc:
+            raise ActionError(400, "invalid_request", f"expect_screen: {exc}") from None
+        try:
+            raw, frame, _screen = self.capture.grab(tuple(expect.frame))
+        except BadCapture as exc:
+            raise ActionError(400, "invalid_request", f"expect_screen: {exc}") from None
+        current = as_encoded(to_image(raw, frame, expect.size), expect.jpeg_quality)
+        result = compare_crops(reference, current, list(expect.regions), expect.rule)
+        if not result.matched:
+            raise ActionError(409, "screen_changed", f"the screen changed where the approved actions land: "
+                              f"{result.summary()}", 0, executed=0,
+                              regions=[{**r.region.model_dump(), "changed": r.changed} for r in result.regions])
+
+    def _execute_locked(self, raw_actions: Any, then: Callable[[], Any] | None,
+                        expect: ScreenBinding | None = None) -> Outcome:
         """The body of :meth:`execute`, entered with the input lock held; releases it."""
         settled: bool | None = None
         try:
@@ -237,6 +268,8 @@ class Executor:
             prepared = prepare(raw_actions, (info.width, info.height))
             if prepared:
                 prepared[-1].last = True
+            if expect is not None:
+                self.check_screen(expect)
             held = Held()
             try:
                 for index, item in enumerate(prepared):
@@ -269,6 +302,22 @@ class Executor:
                 held.release_all(dpy)
         except DisplayUnavailable:
             pass  # the server is gone, and with it every pressed key
+
+    def hold_keys(self, keysyms: list[int], seconds: float) -> None:
+        """Hold ``keysyms`` down for ``seconds`` under the input lock, then release every key and button
+        (as every action request ends): the browser driver's ``hold_keys`` member. Raises ActionError 409
+        ``busy``, DisplayUnavailable."""
+        self._acquire()
+        held = Held()
+        try:
+            with self.conn.session() as dpy:
+                self.keyboard.hold(dpy, held, keysyms)
+                dpy.sync()
+            # The hold itself: the member asks for keys down for this long (not a wait for a condition).
+            time.sleep(seconds)
+        finally:
+            self._release_all(held)
+            self._lock.release()
 
     def release(self) -> None:
         """Release every key and button the server reports down (``POST /v1/release``)."""

@@ -38,12 +38,15 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wire.browser import FillRequest
+from wire.browser_tools import BrowserCall, call_problem
+from wire.screen_match import ScreenBinding
 
 from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, WAIT_QUIET_S, ActionError, Executor
 from .capture import BadCapture, Capture, Shot
 from .display import DisplayConnection, DisplayUnavailable
 from .files import DEFAULT_MAX_BYTES, FileError, FileReader
 from .browser import BrowserError, BrowserHost
+from .browser_tools import BrowserTools
 from .launch import Launcher, LaunchError
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,12 @@ class AgentConfig:
     wait_cap: float = WAIT_CAP_S
     wait_quiet: float = WAIT_QUIET_S
     request_timeout: float = REQUEST_TIMEOUT_S
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """``field.path: message`` of a validation error's first problem, never the input's value."""
+    err = exc.errors(include_input=False)[0]
+    return f"{'.'.join(str(p) for p in err.get('loc', ())) or 'body'}: {err.get('msg', 'invalid')}"
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -126,6 +135,7 @@ def create_app(config: AgentConfig) -> FastAPI:
                         wait_quiet=config.wait_quiet, request_timeout=config.request_timeout)
     files = FileReader(config.files_roots, config.max_file_bytes)
     browser = BrowserHost()
+    tools = BrowserTools(browser, executor)
     launcher = Launcher(config.apps, config.display, channel_apps=config.channel_apps, on_channel=browser.take_channel)
 
     app = FastAPI(title="desktop-sandbox guest agent", version="1", docs_url=None, redoc_url=None,
@@ -134,6 +144,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     app.state.capture = capture
     app.state.launcher = launcher
     app.state.browser = browser
+    app.state.browser_tools = tools
 
     class Unauthorized(Exception):
         pass
@@ -264,9 +275,15 @@ def create_app(config: AgentConfig) -> FastAPI:
         body = await json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("actions"), list):
             raise ActionError(400, "invalid_action", "body must be an object with an 'actions' list")
-        outcome = executor.try_execute(body["actions"], then)
+        expect = None
+        if body.get("expect_screen") is not None:
+            try:
+                expect = ScreenBinding.model_validate(body["expect_screen"])
+            except ValidationError as exc:
+                raise ActionError(400, "invalid_request", "expect_screen: " + _first_problem(exc)) from None
+        outcome = executor.try_execute(body["actions"], then, expect)
         if outcome is None:
-            outcome = await run_in_threadpool(executor.execute, body["actions"], then)
+            outcome = await run_in_threadpool(executor.execute, body["actions"], then, expect)
         if then is not None:
             extra = {"X-Executed": str(outcome.executed)}
             if outcome.settled is not None:
@@ -347,5 +364,22 @@ def create_app(config: AgentConfig) -> FastAPI:
         if not url.startswith(("http://", "https://")) or len(url) > 2048:
             raise ActionError(400, "invalid_request", "url must be an http:// or https:// URL of at most 2048 characters")
         return browser.page_text(url)
+
+    # The agent's chromium as the SDK's BrowserToolset driver (contract 9, wire/browser_tools.py).
+    @app.get("/v1/browser/state", dependencies=auth)
+    def browser_state() -> dict[str, Any]:
+        """The SDK's ``BrowserState`` with its observation (:class:`wire.browser_tools.BrowserStateV1`)."""
+        return tools.state()
+
+    @app.post("/v1/browser/call", dependencies=auth)
+    async def browser_call(request: Request) -> dict[str, Any]:
+        """Run one browser member (:class:`wire.browser_tools.BrowserCall` -> ``BrowserCallResult``);
+        a bad body is 400 ``invalid_request`` naming the field and the rule, never its value."""
+        body = await json_body(request)
+        problem = call_problem(body)
+        if problem is not None:
+            raise ActionError(400, "invalid_request", problem)
+        result = await run_in_threadpool(tools.call, BrowserCall.model_validate(body))
+        return result.wire()
 
     return app

@@ -192,6 +192,13 @@ class BrowserHost:
         self._sessions: dict[str, str] = {}
         self._state = threading.Lock()
         self._busy = threading.Lock()
+        self._channel_callbacks: list[Any] = []
+
+    def on_channel(self, callback: Any) -> None:
+        """Call ``callback(pipe)`` for each channel taken from now on (after it is in place; outside the
+        host's locks). The browser tools use it to set up a new chromium at once."""
+        with self._state:
+            self._channel_callbacks.append(callback)
 
     # -- the channel ---------------------------------------------------------------------------------
     def take_channel(self, app: str, pid: int, write_fd: int, read_fd: int) -> None:
@@ -209,8 +216,11 @@ class BrowserHost:
             old, self._pipe, self._pid = self._pipe, Pipe(write_fd, read_fd), pid
             self._sessions = {}
             self._pipe.add_listener(self._on_event)
+            pipe, callbacks = self._pipe, list(self._channel_callbacks)
         if old is not None:
             old.close()
+        for callback in callbacks:
+            callback(pipe)
 
     def _on_event(self, method: str, params: dict[str, Any], _session: str | None) -> None:
         if method == "Target.detachedFromTarget":

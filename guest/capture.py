@@ -75,6 +75,17 @@ class Shot:
     size: tuple[int, int]
 
 
+def to_image(raw: bytearray | bytes, frame: tuple[int, int, int, int], size: tuple[int, int]) -> Image.Image:
+    """Grabbed BGRX pixels of ``frame`` (screen px) as an RGB image of ``size`` (image px), downscaled as
+    every screenshot is (bilinear, ``reducing_gap`` 2): the one scaling rule, so an image compared with
+    a screenshot (:mod:`wire.screen_match`) is made the same way."""
+    w, h = frame[2], frame[3]
+    image = Image.frombuffer("RGB", (w, h), raw, "raw", "BGRX", 0, 1)
+    if tuple(size) != (w, h):
+        image = image.resize(tuple(size), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    return image
+
+
 def scaled_size(w: int, h: int, max_width: int | None, max_height: int | None) -> tuple[int, int]:
     """Image size for a ``w`` x ``h`` frame under the optional bounds (rule in the module doc)."""
     scale = 1.0
@@ -184,9 +195,7 @@ class Capture:
         if fmt == "png" and size == (w, h):
             # Hot path: straight from the grabbed BGRX pixels, one packing pass (guest.png).
             return Shot(png.encode_bgrx(raw, w, h), "image/png", screen, frame, size)
-        image = Image.frombuffer("RGB", (w, h), raw, "raw", "BGRX", 0, 1)
-        if size != (w, h):
-            image = image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
+        image = to_image(raw, frame, size)
         if fmt == "png":
             return Shot(png.encode_image(image), "image/png", screen, frame, size)
         buf = io.BytesIO()

@@ -28,6 +28,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "tests/conformance/harness.py), for a target whose desktop is not a local Xvfb; "
              "default: a private Xvfb with the guest agent on it",
     )
+    parser.addoption(
+        "--browser-conformance-target", action="append", default=[],
+        help="module:factory building a browser driver from the browser suite's site base URL (returned or "
+             "yielded; repeatable); default: this project's GuestBrowserDriver over a local agent with chromium",
+    )
 
 
 @pytest.fixture(scope="session")

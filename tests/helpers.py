@@ -1,16 +1,21 @@
 """Small pieces several test folders share: an HTTP handler's reply, a quiet handler served on a
 thread of this process, a process that has exited, the timings section of the
-terminal summary, an origin web server in a container of the guest image (stopping a child process is
-:func:`guest.localrun.terminate`)."""
+terminal summary, an origin web server in a container of the guest image, a local desktop whose agent
+holds Debian's chromium (stopping a child process is :func:`guest.localrun.terminate`)."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,3 +116,49 @@ def run_signin_site(client: Any, image: str, network: str, name: str, labels: di
     """The sign-in demo site (ports 8080 and 8081) in a container of ``image`` (:func:`run_server`)."""
     return run_server(client, image, ["python3", SIGNIN_SITE], '{"http": [8080, 8081]}', network, name, alias,
                       labels, timeout)
+
+
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's chromium, the agent's channel app (``images/apps.json``)."""
+
+
+def chromium_missing() -> str | None:
+    """Why a local desktop with chromium cannot start here (a sentence), or None when it can: it needs
+    :data:`CHROMIUM`, ``Xvfb``, and ``setpriv`` (chromium keeps its sandbox, so it runs as ``nobody``
+    when the tests run as root)."""
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"{CHROMIUM} not installed (apt-get install chromium)"
+    missing = [c for c in ("Xvfb", "setpriv") if shutil.which(c) is None]
+    return f"{', '.join(missing)} not installed (apt-get install xvfb util-linux)" if missing else None
+
+
+@contextmanager
+def chromium_desktop(*args: Any, sandbox: Any = None, chromium_args: tuple[str, ...] = (),
+                     **options: Any) -> Iterator[Any]:
+    """A started :class:`tests.loop.local_sandbox.LocalSandbox` (private Xvfb 1280x800 and the real agent;
+    ``args`` and ``options`` go to it: ``pickup=True`` for the demo app), or of its subclass ``sandbox``,
+    whose only app is Debian's chromium as the agent's channel app: its argv and channel as
+    ``images/apps.json`` declares them plus ``chromium_args``, its profile in a directory of its own, run
+    as ``nobody`` when the tests run as root (chromium keeps its sandbox; the guest runs it as the user
+    ``browser``). Launch it with ``sandbox.agent.launch("chromium", [url])``. Everything is stopped and
+    removed on exit."""
+    from tests.loop.local_sandbox import LocalSandbox
+
+    top = Path(tempfile.mkdtemp(prefix="ds-chromium-"))
+    profile = top / "profile"
+    profile.mkdir()
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(profile, "nobody", "nogroup")
+        os.chmod(top, 0o755)
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "env", f"HOME={profile}"]
+    root = Path(__file__).resolve().parents[1]
+    declared = json.loads((root / "images" / "apps.json").read_text())["chromium"]
+    argv = [a if not a.startswith("--user-data-dir=") else f"--user-data-dir={profile}" for a in declared["argv"]]
+    apps = {"chromium": {"argv": [*prefix, *argv, *chromium_args], "channel": declared["channel"]}}
+    desktop = (sandbox or LocalSandbox)(*args, apps=apps, **options)
+    try:
+        yield desktop.start()
+    finally:
+        desktop.close()
+        shutil.rmtree(top, ignore_errors=True)

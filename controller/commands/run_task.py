@@ -14,6 +14,7 @@ import typer
 
 from controller.commands.common import backend_class, console, refuse, say, with_arch, writable_runs_dir
 from wire.actions import ACTION_TYPES
+from wire.browser_tools import GUEST_MEMBERS
 
 RUNNERS = ("sdk", "agent-framework")
 """``run-task --runner`` values: the SDK's own loop, or an Agent Framework agent (:mod:`controller.af`)."""
@@ -24,7 +25,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
              approve_safety_check: list[str], approve_origin: list[str], confirm_actions: str, step: bool,
              runs_dir: Path, backend: str, ui: bool, approval_timeout: float, runner: str, arch: str,
              opener: Callable[..., Callable[[Any], Any]], sign_in: Optional[Path] = None,
-             attach_network: Optional[list[str]] = None) -> None:
+             attach_network: Optional[list[str]] = None, record_typed_text: bool = False) -> None:
     """Run ``task_file`` with the command's options; the sandbox comes from ``opener(backend, image_tag)``
     (``arch=`` added when given; :func:`sandbox_opener` unless replaced). Prints the record path on stdout
     and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
@@ -44,10 +45,11 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
             refuse(f"cannot load task: {exc}")
         backend_class(backend)
         confirm = [a.strip() for a in confirm_actions.split(",") if a.strip()]
-        unknown = [a for a in confirm if a not in ACTION_TYPES]
+        known = [*ACTION_TYPES, *(m for m in GUEST_MEMBERS if m not in ACTION_TYPES)]
+        unknown = [a for a in confirm if a not in known]
         if unknown:
-            refuse(f"--confirm-actions: unknown action type(s) {', '.join(unknown)} "
-                   f"(one of {', '.join(ACTION_TYPES)})")
+            refuse(f"--confirm-actions: unknown action type(s) {', '.join(unknown)} (a computer action type: "
+                   f"{', '.join(ACTION_TYPES)}; or a browser member: {', '.join(GUEST_MEMBERS)})")
         if any(not code.strip() for code in approve_safety_check):
             refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
         origins = approve_origins(approve_origin)
@@ -81,6 +83,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
             approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
             confirm_actions=confirm, step=step, signals_before=noted, runner=runner, loop=loop, sign_in_file=sign_in,
+            record_typed_text=record_typed_text,
         )
         server = None
         if ui and not noted:

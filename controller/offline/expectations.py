@@ -29,6 +29,7 @@ from PIL import Image, ImageChops
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.validation import describe_validation_error
+from wire.screen_match import MAX_REGION_PNG_BYTES, MatchRule, changed_share, decode_crop
 
 DEFAULT_TIMEOUT_S = 30.0
 """Seconds a turn may wait for its expectations when it does not set ``expect_timeout_s``."""
@@ -86,8 +87,32 @@ class ChangedExpectation(_Region):
     fraction: float = Field(0.01, gt=0, le=1, description="least share (0-1] of the region's pixels that must pass")
 
 
-Expectation = Annotated[Union[ColorExpectation, NotColorExpectation, ChangedExpectation], Field(discriminator="kind")]
-KINDS = (ColorExpectation, NotColorExpectation, ChangedExpectation)
+class MatchesExpectation(_Region):
+    """The region still shows what ``png`` shows (the same region of a recorded screenshot), by the screen
+    comparison rule (`wire/screen_match.py`): at least ``fraction`` of its pixels are within
+    ``tolerance`` in every channel of the recorded ones (what ``desktop-sandbox replay`` expects before each
+    step; the defaults are the rule's)."""
+
+    kind: Literal["matches"]
+    png: str = Field(min_length=1, max_length=2 * MAX_REGION_PNG_BYTES,
+                     description="the region as it was recorded: a base64 PNG of exactly `w` x `h` px")
+    tolerance: int = Field(MatchRule().tolerance, ge=0, le=255,
+                           description="largest difference in any RGB channel (0-255) that still counts as the "
+                                       "same colour")
+    fraction: float = Field(round(1 - MatchRule().max_changed, 6), gt=0, le=1,
+                            description="least share (0-1] of the region's pixels that must pass")
+
+    def reference(self) -> Image.Image:
+        """The recorded region (RGB). Raises ValueError when ``png`` is not a PNG of ``w`` x ``h`` px."""
+        img = decode_crop(self.png)
+        if img.size != (self.w, self.h):
+            raise ValueError(f"png is {img.width}x{img.height}, the region {self.w}x{self.h}")
+        return img
+
+
+Expectation = Annotated[Union[ColorExpectation, NotColorExpectation, ChangedExpectation, MatchesExpectation],
+                        Field(discriminator="kind")]
+KINDS = (ColorExpectation, NotColorExpectation, ChangedExpectation, MatchesExpectation)
 
 
 class Retry(_Strict):
@@ -118,6 +143,13 @@ class TurnExpectations(_Strict):
                                                             "found no selection yet); make them idempotent")
 
 
+class TurnTimeout(_Strict):
+    """``expect_timeout_s`` alone, on a browser turn without ``expect``: the deadline of its element
+    targets (the same field, bounds and default as :class:`TurnExpectations`)."""
+
+    expect_timeout_s: float = TurnExpectations.model_fields["expect_timeout_s"]
+
+
 TURN_FIELDS = frozenset(TurnExpectations.model_fields)
 """The turn keys this module owns: ``expect``, ``expect_timeout_s``, ``expect_retry``."""
 
@@ -134,18 +166,37 @@ def parse_turn(turn: dict[str, Any]) -> TurnExpectations | None:
     if not data:
         return None
     try:
-        return TurnExpectations.model_validate(data)
+        parsed = TurnExpectations.model_validate(data)
     except ValidationError as exc:
         tags = {"expect": tuple(m.model_fields["kind"].annotation.__args__[0] for m in KINDS)}
         raise ValueError(describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags=tags)) from None
+    for i, exp in enumerate(parsed.expect):
+        if exp.kind == "matches":
+            try:
+                exp.reference()
+            except ValueError as exc:
+                raise ValueError(f"expect[{i}].png: {exc}") from None
+    return parsed
 
 
-def describe(exp: ColorExpectation | NotColorExpectation | ChangedExpectation) -> str:
+def timeout_s(turn: dict[str, Any]) -> float:
+    """The turn's ``expect_timeout_s`` (seconds, before the sandbox's ``time_scale``), its default when
+    left out. Raises ValueError (one line naming the field) when it is not valid."""
+    data = {"expect_timeout_s": turn["expect_timeout_s"]} if "expect_timeout_s" in turn else {}
+    try:
+        return TurnTimeout.model_validate(data).expect_timeout_s
+    except ValidationError as exc:
+        raise ValueError(describe_validation_error(exc, known_keys=_KNOWN_KEYS)) from None
+
+
+def describe(exp: ColorExpectation | NotColorExpectation | ChangedExpectation | MatchesExpectation) -> str:
     """What ``exp`` asks for, one line: ``color #1d5fd1 +-16 in >=90% of 80x70 at (400,225)`` (model px)."""
     where = f"{exp.w}x{exp.h} at ({exp.x},{exp.y})"
     share = f">={exp.fraction * 100:g}%"
     if exp.kind == "changed":
         return f"changed by more than {exp.tolerance} in {share} of {where} since the previous turn"
+    if exp.kind == "matches":
+        return f"matches the recorded screen +-{exp.tolerance} in {share} of {where}"
     return f"{exp.kind} {exp.rgb.lower()} +-{exp.tolerance} in {share} of {where}"
 
 
@@ -209,7 +260,7 @@ def _inside(exp: Any, image: Image.Image) -> bool:
     return exp.x + exp.w <= image.width and exp.y + exp.h <= image.height
 
 
-def check(exp: ColorExpectation | NotColorExpectation | ChangedExpectation, image: Image.Image,
+def check(exp: ColorExpectation | NotColorExpectation | ChangedExpectation | MatchesExpectation, image: Image.Image,
           baseline: Image.Image | None = None) -> Outcome:
     """Check ``exp`` on ``image`` (RGB, model px); ``baseline`` is the earlier screenshot ``changed``
     compares with. Never raises for image content: a region outside the image, or a ``changed``
@@ -219,6 +270,9 @@ def check(exp: ColorExpectation | NotColorExpectation | ChangedExpectation, imag
                        possible=False)
     box = (exp.x, exp.y, exp.x + exp.w, exp.y + exp.h)
     region = image.crop(box)
+    if exp.kind == "matches":
+        share = 1.0 - changed_share(exp.reference(), region, exp.tolerance)
+        return Outcome(share >= exp.fraction, share, f"{share:.1%} of the region as recorded ({_dominant(region)})")
     if exp.kind == "changed":
         if baseline is None:
             return Outcome(False, None, "no earlier screenshot to compare with", possible=False)

@@ -1,11 +1,12 @@
 """The offline script (contract 3): a JSONL file, one model turn a line, loaded and checked before
 any sandbox starts, so a typo is reported with its file and line rather than as a failed run.
 
-Each turn is one of the three contract shapes (``actions``, the legacy single ``action``, or
-``message``), with the optional ``pending_safety_checks``, ``usage`` (null only), ``comment`` (a string)
-and screen expectations (:mod:`controller.offline.expectations`). Actions follow the action schema in
-its model form (:func:`wire.actions.parse_action`) with no negative coordinate (model px); whether a
-point lies inside the model image is known only at run time. A script larger than
+Each turn is one of the four contract shapes (``actions``, the legacy single ``action``, ``browser``
+or ``message``), with the optional ``pending_safety_checks`` (computer turns), ``usage`` (null only),
+``comment`` (a string) and screen expectations (:mod:`controller.offline.expectations`). Actions follow
+the action schema in its model form (:func:`wire.actions.parse_action`) with no negative coordinate
+(model px); whether a point lies inside the model image is known only at run time. Browser calls
+follow the SDK's own tool schemas (:mod:`controller.offline.browser`). A script larger than
 :data:`MAX_SCRIPT_BYTES` is refused unread.
 """
 
@@ -15,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from controller.offline import browser as br
 from controller.offline import expectations as ex
 from controller.validation import lone_surrogate, read_input_or_raise
 from wire.actions import ActionInvalid, first_outside, parse_action
@@ -70,12 +72,15 @@ def validate_first_turn(turn: dict[str, Any], where: str) -> None:
 
 
 def validate_turn(turn: Any, where: str = "turn") -> None:
-    """Raise :class:`ScriptError` unless ``turn`` is one of the three contract shapes."""
+    """Raise :class:`ScriptError` unless ``turn`` is one of the four contract shapes."""
     if not isinstance(turn, dict):
         raise ScriptError(f"{where}: a turn must be a JSON object")
-    kinds = [k for k in ("actions", "action", "message") if k in turn]
+    kinds = [k for k in ("actions", "action", "message", "browser") if k in turn]
     if len(kinds) != 1:
-        raise ScriptError(f"{where}: a turn needs exactly one of actions, action, message")
+        raise ScriptError(f"{where}: a turn needs exactly one of actions, action, browser, message")
+    if kinds[0] == "browser":
+        _validate_browser_turn(turn, where)
+        return
     allowed = {kinds[0], "usage", "comment"} | ({"pending_safety_checks"} if kinds[0] != "message" else set())
     extra = set(turn) - allowed - ex.TURN_FIELDS
     if extra:
@@ -112,6 +117,35 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
         for name in ("code", "message"):
             if check.get(name) is not None and not isinstance(check[name], str):
                 raise ScriptError(f"{where}: pending safety check {name} must be a string or null")
+
+
+def _validate_browser_turn(turn: dict[str, Any], where: str) -> None:
+    """Raise :class:`ScriptError` unless ``turn`` is a valid browser turn: its calls as
+    :func:`controller.offline.browser.validate_entries` accepts them, ``comment``, ``usage`` (null), and
+    ``expect`` / ``expect_timeout_s``; ``expect_timeout_s`` alone only where a call's target is an element
+    description (it bounds their re-reads). ``expect_retry`` and ``pending_safety_checks`` belong to
+    computer turns."""
+    extra = set(turn) - {"browser", "usage", "comment"} - ex.TURN_FIELDS
+    if extra:
+        raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
+    if "expect_retry" in turn:
+        raise ScriptError(f"{where}: expect_retry: only a computer turn redoes actions; a browser turn has none")
+    try:
+        br.validate_entries(turn["browser"], where)
+    except ValueError as exc:
+        raise ScriptError(str(exc)) from None
+    described = br.described_targets(turn["browser"])
+    try:
+        if "expect" in turn or not described:
+            ex.parse_turn(turn)
+        else:
+            ex.timeout_s(turn)
+    except ValueError as exc:
+        raise ScriptError(f"{where}: {exc}") from None
+    if "comment" in turn and not isinstance(turn["comment"], str):
+        raise ScriptError(f"{where}: comment must be a string")
+    if "usage" in turn and turn["usage"] is not None:
+        raise ScriptError(f"{where}: usage may only be null (leave usage out of that response)")
 
 
 def _validate_action(action: Any, where: str) -> None:

@@ -6,6 +6,9 @@ listens on 127.0.0.1 only. Script format (contract, JSONL, one model turn a line
 - ``{"actions": [...], "pending_safety_checks": [{"id","code","message"}]}`` -> one GA
   ``computer_call`` with batched ``actions``;
 - ``{"action": {...}, "pending_safety_checks": [...]}`` -> the legacy single-``action`` form;
+- ``{"browser": [{"member", "arguments"}, ...]}`` -> one ``function_call`` per entry, named
+  ``browser_<member>`` (the SDK's structured browser tools, :mod:`controller.offline.browser`), call ids
+  ``call_NNNN_bKK`` (turn NNNN, entry KK from 0), ``tab_id`` null where it is left out;
 - ``{"message": "..."}`` -> the final assistant message.
 
 Optional per line: ``"usage": null`` leaves usage out of that response (the run record then marks
@@ -26,10 +29,25 @@ assistant message saying so and keeps the failure in :attr:`ScriptedModel.unmet`
 ends the run ``failed``. ``on_expectation`` (optional) sees one entry per resolved turn (met, or
 given up), for the run record.
 
+Browser turns: a ``target`` given as an element description ``{"label", "role"}`` is sent as the ref
+of the matching element in the latest read report of the request (:func:`controller.offline.browser.resolve`).
+While one matches no element the server answers a ``browser_read_page`` call (``filter``
+``interactive``; call id ``call_NNNN_read_MMM``) instead, as a live model would read the page again;
+these reads are waits like the expectation waits (not script turns, :attr:`ScriptedModel.wait_allowance`)
+and end the same way: after the turn's ``expect_timeout_s`` (times ``time_scale``) since the first
+read, or :data:`MAX_WAITS_PER_TURN` reads, it gives up with a final message and an ``unmet`` entry
+whose items have kind ``target``. A browser turn's screen expectations are checked first, on the
+latest image of the request (a browser screenshot's ``input_image`` counts as a computer screenshot
+does), and their waits are ``browser_screenshot`` calls. A turn's calls must be declared in the
+request's tools (a computer turn: the computer tool; a browser turn: each ``browser_<member>``, with
+``browser_screenshot`` for expectations and ``browser_read_page`` for element descriptions), else 400
+``invalid_tools``.
+
 Each line is checked when the script is loaded (:mod:`controller.offline.script`).
 
 The turn to answer is derived from the request's conversation (the number of ``computer_call_output``
-items in it that answer script turns, not waits), so the server is stateless across runs (except for
+items in it that answer script turns, not waits, plus the number of browser turns that
+``function_call_output`` items answer), so the server is stateless across runs (except for
 the time each turn's first wait was answered, kept by that wait's item id, and the conversations
 below). A request may continue an earlier one with ``previous_response_id`` (as Agent Framework's
 Responses client does): the server keeps each answered request's new input and output under the
@@ -37,8 +55,10 @@ response id it gave, and reads such a request as that chain's items followed by 
 the real API does; nothing else about the field matters (an id it never gave is 400
 ``previous_response_not_found``; a request with ``"store": false`` is not kept). Like the
 real API, it refuses a request whose ``computer_call_output`` does not acknowledge exactly the
-pending safety checks of its call (ids, codes and messages, in order), or whose screenshot is not a
-well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the mime; and it refuses
+pending safety checks of its call (ids, codes and messages, in order), a ``function_call_output`` for
+no ``function_call`` of the conversation, or a screenshot (or a ``function_call_output``'s
+``input_image``) that is not a well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the
+mime; and it refuses
 (``invalid_image``) a request for a turn with expectations that holds no screenshot it can decode.
 Refusals are HTTP 400 ``{"error": {"code", "message", "param", "type"}}``.
 
@@ -62,6 +82,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from controller.offline import browser as br
 from controller.offline import expectations as ex
 from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.script import (  # noqa: F401 - ScriptError, load_script: re-exported
@@ -105,8 +126,10 @@ class ScriptedModel:
     ``on_expectation``: called (from the server's thread) with one dict per turn whose expectations
     were resolved -- met (``met: True``, ``waits``, ``waited_s``, ``expected``) or given up
     (``met: False`` plus ``reason``, ``timeout_s`` and ``unmet``: one ``{index, kind, expectation,
-    expected, observed}`` per expectation that did not hold, regions in model px). Its exceptions
-    are ignored. ``unmet``: the given-up entry once the scripted model gave up, else None.
+    expected, observed}`` per expectation that did not hold, regions in model px; for a browser turn's
+    element descriptions, kind ``target``, ``index`` the call's place in the turn, ``expectation`` the
+    description, ``observed`` what the latest read report held, escaped). Its exceptions are ignored.
+    ``unmet``: the given-up entry once the scripted model gave up, else None.
     ``clock``: seconds, monotonic (tests may pass their own).
     """
 
@@ -123,7 +146,10 @@ class ScriptedModel:
         self.errors: list[dict[str, Any]] = []
         self.on_expectation = on_expectation
         self.unmet: dict[str, Any] | None = None
-        self._expect = [ex.parse_turn(turn) for turn in turns]
+        self._expect = [ex.parse_turn(turn) if "expect" in turn or "expect_timeout_s" not in turn else None
+                        for turn in turns]
+        self._targets = [br.described_targets(turn["browser"]) if "browser" in turn else [] for turn in turns]
+        self._timeouts = [ex.timeout_s(turn) for turn in turns]
         self._clock = clock
         self.time_scale = 1.0
         """Multiplies every turn's ``expect_timeout_s`` (the sandbox's ``time_scale``: a slower guest
@@ -139,8 +165,9 @@ class ScriptedModel:
     @property
     def wait_allowance(self) -> int:
         """The most ``wait`` calls this script can insert in one run (:data:`MAX_WAITS_PER_TURN` for
-        each turn with expectations): requests a client's step limit should allow beyond the turns."""
-        return MAX_WAITS_PER_TURN * sum(1 for e in self._expect if e is not None)
+        each turn with expectations, and as many again for each browser turn with element descriptions,
+        for its re-reads): requests a client's step limit should allow beyond the turns."""
+        return MAX_WAITS_PER_TURN * (sum(1 for e in self._expect if e is not None) + sum(1 for t in self._targets if t))
 
     def _call_ids(self, index: int) -> tuple[str, str]:
         return f"cu_{index:04d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}"
@@ -199,18 +226,97 @@ class ScriptedModel:
         items = items if isinstance(items, list) else []
         index = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "computer_call_output"
                     and not _WAIT_CALL.match(str(item.get("call_id", ""))))
+        index += len({match.group(1) for item in items if isinstance(item, dict)
+                      and item.get("type") == "function_call_output"
+                      and (match := br.BROWSER_CALL.match(str(item.get("call_id", ""))))})
         if index >= len(self.turns):
             return self._refuse("script_exhausted",
                                 f"the script has {len(self.turns)} turns; turn {index} was requested")
+        missing = self._undeclared(index, body)
+        if missing is not None:
+            return self._refuse("invalid_tools", missing)
         expected = self._expect[index]
-        if expected is not None:
+        reads = [item for item in items if isinstance(item, dict) and item.get("type") == "function_call"
+                 and str(item.get("call_id", "")).startswith(f"call_{index:04d}_read_")]
+        if expected is not None and not reads:  # once re-reads began, the expectations had held
             try:
                 answer = self._expectations(index, expected, items, body)
             except ValueError as exc:
                 return self._refuse("invalid_image", str(exc))
             if answer is not None:
                 return 200, answer
+        if self._targets[index]:
+            return 200, self._resolve(index, items, reads, body)
         return 200, self._response(index, self.turns[index], body)
+
+    def _undeclared(self, index: int, body: dict[str, Any]) -> str | None:
+        """Why turn ``index`` cannot be answered with the request's tools, or None: a computer turn needs
+        the computer tool; a browser turn each ``browser_<member>`` it calls, ``browser_screenshot`` for
+        its expectation waits and ``browser_read_page`` for its element descriptions."""
+        turn = self.turns[index]
+        tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+        if "actions" in turn or "action" in turn:
+            if not any(t.get("type") in ("computer", "computer_use_preview") for t in tools):
+                return f"turn {index} is a computer turn but the request declares no computer tool"
+            return None
+        if "browser" not in turn:
+            return None
+        declared = {t.get("name") for t in tools if t.get("type") == "function"}
+        needed = [f"browser_{entry['member']}" for entry in turn["browser"]]
+        needed += ["browser_screenshot"] if self._expect[index] is not None else []
+        needed += ["browser_read_page"] if self._targets[index] else []
+        absent = sorted({name for name in needed if name not in declared})
+        if absent:
+            return f"turn {index} calls {', '.join(absent)}, which the request's tools do not declare"
+        return None
+
+    def _resolve(self, index: int, items: list[Any], reads: list[dict[str, Any]],
+                 body: dict[str, Any]) -> dict[str, Any]:
+        """Browser turn ``index`` with each element description replaced by its ref in the request's
+        latest read report; while one matches nothing, a ``browser_read_page`` re-read; past the turn's
+        deadline (or :data:`MAX_WAITS_PER_TURN` reads) the final message that gives up."""
+        turn = self.turns[index]
+        elements, seen = br.latest_read(items)
+        refs: dict[int, str] = {}
+        misses: list[tuple[int, dict[str, Any]]] = []
+        for i, target in self._targets[index]:
+            ref = br.resolve(target, elements) if elements is not None else None
+            if ref is None:
+                misses.append((i, target))
+            else:
+                refs[i] = ref
+        now = self._clock()
+        with self._lock:
+            started = self._wait_started.get(str(reads[0].get("id"))) if reads else None
+        waited = round(now - started, 3) if started is not None else 0.0
+        entry: dict[str, Any] = {"turn": index, "call_id": f"call_{index:04d}_b00", "waits": len(reads),
+                                 "waited_s": waited}
+        if not misses:
+            if reads:
+                self._emit({**entry, "met": True, "expected": [br.describe(t) for _, t in self._targets[index]]})
+            return self._response(index, turn, body, refs=refs)
+        timeout = self._timeouts[index] * self.time_scale
+        reason = None
+        if waited >= timeout:
+            reason = f"deadline of {timeout:g}s passed"
+        elif len(reads) >= MAX_WAITS_PER_TURN:
+            reason = f"{MAX_WAITS_PER_TURN} reads answered"
+        if reason is None:
+            tab = turn["browser"][misses[0][0]]["arguments"].get("tab_id")
+            number = len(reads) + 1
+            ids = (f"fc_{index:04d}_r{number:03d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_read_{number:03d}")
+            if number == 1:
+                with self._lock:
+                    self._wait_started[ids[0]] = now
+            return self._response(index, turn, body, calls=[
+                (*ids, "browser_read_page",
+                 {"filter": "interactive", "tab_id": tab if isinstance(tab, str) else None})])
+        unmet = [{"index": i, "kind": "target", "expectation": dict(target), "expected": br.describe(target),
+                  "observed": seen if elements is None else br.observed_labels(target, elements)}
+                 for i, target in misses]
+        return self._give_up(index, body, {**entry, "met": False, "reason": reason, "timeout_s": timeout,
+                                           "unmet": unmet}, f"after {len(reads)} reads, {waited:g}s",
+                             lambda u: f"browser[{u['index']}] target {u['expected']}")
 
     def _refuse(self, code: str, message: str) -> tuple[int, dict[str, Any]]:
         payload = {"error": {"code": code, "message": message, "param": None, "type": "invalid_request_error"}}
@@ -239,7 +345,8 @@ class ScriptedModel:
             seen = before_call.get(f"call_{index - 1:04d}", 0)
             baseline = ex.decode_image(images[seen - 1]) if seen else None
         outcomes = [ex.check(e, latest, baseline) for e in expected.expect]
-        waits = [item for item in items if isinstance(item, dict) and item.get("type") == "computer_call"
+        waits = [item for item in items if isinstance(item, dict)
+                 and item.get("type") in ("computer_call", "function_call")
                  and str(item.get("call_id", "")).startswith(f"call_{index:04d}_wait_")]
         now = self._clock()
         with self._lock:
@@ -274,36 +381,50 @@ class ScriptedModel:
                 if due:
                     return self._wait(index, len(waits) + 1, body, now, actions=retry.actions)
             return self._wait(index, len(waits) + 1, body, now)
-        failure = {**entry, "met": False, "reason": reason, "timeout_s": expected.expect_timeout_s * self.time_scale,
-                   "unmet": unmet}
+        return self._give_up(index, body, {**entry, "met": False, "reason": reason,
+                                           "timeout_s": expected.expect_timeout_s * self.time_scale, "unmet": unmet},
+                             f"after {len(waits)} waits, {waited:g}s", lambda u: f"expect[{u['index']}] {u['expected']}")
+
+    def _give_up(self, index: int, body: dict[str, Any], failure: dict[str, Any], spent: str,
+                 name: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+        """Turn ``index``'s end without its expectations (``failure``: the ``expectation`` entry, kept
+        as :attr:`unmet` when it is the first): the final message naming the first unmet one
+        (``name(unmet)``) and what was ``spent`` waiting."""
         with self._lock:
             if self.unmet is None:
                 self.unmet = failure
         self._emit(failure)
+        unmet = failure["unmet"]
         first = unmet[0]
         more = f" (and {len(unmet) - 1} more)" if len(unmet) > 1 else ""
-        text = (f"scripted model gave up at turn {index} ({reason}, after {len(waits)} waits, {waited:g}s): "
-                f"expect[{first['index']}] {first['expected']}: observed {first['observed']}{more}")
+        text = (f"scripted model gave up at turn {index} ({failure['reason']}, {spent}): "
+                f"{name(first)}: observed {first['observed']}{more}")
         return self._response(index, {"message": text}, body)
 
     def _wait(self, index: int, number: int, body: dict[str, Any], now: float,
               actions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The ``wait`` call answering turn ``index`` for the ``number``-th time (1-based); with
         ``actions`` (the turn's ``expect_retry``), a call carrying those instead, under the same call
-        id scheme (the legacy single-action form only ever gets a ``wait``)."""
+        id scheme (the legacy single-action form only ever gets a ``wait``). A browser turn's wait is a
+        ``browser_screenshot`` call (of its first call's tab)."""
         ids = (f"cu_{index:04d}_w{number:03d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_wait_{number:03d}")
-        legacy = (body.get("tools") or [{}])[0].get("type") == "computer_use_preview"
-        turn: dict[str, Any] = {"action": {"type": "wait"}} if legacy else {"actions": list(actions or [{"type": "wait"}])}
         if number == 1:
             with self._lock:
                 self._wait_started[ids[0]] = now
+        if "browser" in self.turns[index]:
+            tab = self.turns[index]["browser"][0]["arguments"].get("tab_id")
+            return self._response(index, self.turns[index], body, calls=[
+                (*ids, "browser_screenshot", {"tab_id": tab if isinstance(tab, str) else None})])
+        legacy = any(isinstance(t, dict) and t.get("type") == "computer_use_preview" for t in body.get("tools") or [])
+        turn: dict[str, Any] = {"action": {"type": "wait"}} if legacy else {"actions": list(actions or [{"type": "wait"}])}
         return self._response(index, turn, body, ids=ids)
 
     def _validate_request(self, body: dict[str, Any]) -> tuple[str, str] | None:
         tools = body.get("tools")
-        if not isinstance(tools, list) or len(tools) != 1 or not isinstance(tools[0], dict) or \
-                tools[0].get("type") not in ("computer", "computer_use_preview"):
-            return "invalid_tools", "exactly one computer tool is required"
+        if not isinstance(tools, list) or not tools or not all(isinstance(t, dict) for t in tools) or \
+                sum(t.get("type") in ("computer", "computer_use_preview") for t in tools) > 1 or \
+                not all(t.get("type") in ("computer", "computer_use_preview", "function") for t in tools):
+            return "invalid_tools", "tools must be at most one computer tool and function tools, at least one"
         if body.get("stream"):
             return "unsupported", "streaming is not supported by the scripted server"
         items = body.get("input")
@@ -312,8 +433,14 @@ class ScriptedModel:
         if not isinstance(items, list):
             return "invalid_input", "input must be a string or a list of items"
         calls: dict[str, dict[str, Any]] = {}
+        functions: set[str] = set()
         for item in items:
             if not isinstance(item, dict):
+                continue
+            if item.get("type") in ("function_call", "function_call_output"):
+                problem = _function_item_problem(item, functions)
+                if problem is not None:
+                    return problem
                 continue
             if item.get("type") in ("computer_call", "computer_call_output") and \
                     not isinstance(item.get("call_id", ""), str):
@@ -345,10 +472,27 @@ class ScriptedModel:
         return None
 
     def _response(self, index: int, turn: dict[str, Any], body: dict[str, Any],
-                  ids: tuple[str, str] | None = None) -> dict[str, Any]:
+                  ids: tuple[str, str] | None = None, refs: dict[int, str] | None = None,
+                  calls: list[tuple[str, str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """The Response answering turn ``index`` with ``turn``; ``ids`` (item id, call id) of its computer
+        call; ``refs``: entry index -> the ref sent for a browser entry's element description; ``calls``:
+        ``(item id, call id, name, arguments)`` function calls to send instead of the turn's."""
         item_id, call_id = ids or self._call_ids(index)
-        if "message" in turn:
-            output: list[dict[str, Any]] = [{
+        if calls is None and "browser" in turn:
+            calls = []
+            for k, entry in enumerate(turn["browser"]):
+                arguments = br.fill_defaults(entry["member"], entry["arguments"])
+                if k in (refs or {}):
+                    arguments["target"] = refs[k]
+                calls.append((f"fc_{index:04d}_{k:02d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_b{k:02d}",
+                              f"browser_{entry['member']}", arguments))
+        if calls is not None and "message" not in turn:
+            output: list[dict[str, Any]] = [
+                {"type": "function_call", "id": fc_id, "call_id": fc_call, "name": name,
+                 "arguments": json.dumps(arguments), "status": "completed"}
+                for fc_id, fc_call, name, arguments in calls]
+        elif "message" in turn:
+            output = [{
                 "type": "message", "id": f"msg_{index:04d}_{uuid.uuid4().hex[:8]}", "role": "assistant",
                 "status": "completed",
                 "content": [{"type": "output_text", "text": turn["message"], "annotations": []}],
@@ -400,8 +544,9 @@ class ScriptedModel:
 
 
 def _screenshots(items: list[Any]) -> tuple[list[str], dict[str, int]]:
-    """The image URLs of a request's input, in order (``input_image`` parts of messages and
-    ``computer_call_output`` screenshots), and for each ``computer_call`` id how many came before it."""
+    """The image URLs of a request's input, in order (``input_image`` parts of messages and of
+    ``function_call_output`` items, ``computer_call_output`` screenshots), and for each ``computer_call``
+    id (and each browser turn, as ``call_NNNN``) how many came before its call."""
     images: list[str] = []
     before_call: dict[str, int] = {}
     for item in items:
@@ -413,10 +558,47 @@ def _screenshots(items: list[Any]) -> tuple[list[str], dict[str, int]]:
             output = item.get("output")
             if isinstance(output, dict) and isinstance(output.get("image_url"), str):
                 images.append(output["image_url"])
+        elif item.get("type") == "function_call":
+            match = br.BROWSER_CALL.match(str(item.get("call_id", "")))
+            if match:
+                before_call.setdefault(f"call_{match.group(1)}", len(images))
+        elif item.get("type") == "function_call_output":
+            images += br.output_images(item)
         elif isinstance(item.get("content"), list):
             images += [part["image_url"] for part in item["content"] if isinstance(part, dict)
                        and part.get("type") == "input_image" and isinstance(part.get("image_url"), str)]
     return images, before_call
+
+
+def _function_item_problem(item: dict[str, Any], functions: set[str]) -> tuple[str, str] | None:
+    """Why a ``function_call`` / ``function_call_output`` item is refused, as the real API refuses it
+    (``(code, message)``), or None; ``functions`` collects the call ids of the calls seen so far."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str):
+        return "invalid_input", f"{item.get('type')}.call_id must be a string"
+    if item.get("type") == "function_call":
+        functions.add(call_id)
+        return None
+    if call_id not in functions:
+        return "invalid_input", f"function_call_output for unknown call_id {call_id[:80]!r}"
+    output = item.get("output")
+    if isinstance(output, str):
+        return None
+    if not isinstance(output, list):
+        return "invalid_input", "function_call_output.output must be a string or a list of content parts"
+    for part in output:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_text" and isinstance(part.get("text"), str):
+            continue
+        if kind == "input_image" and "image_url" in part:
+            why = _check_data_url(part["image_url"])
+            if why is not None:
+                return "invalid_image", why
+            continue
+        if kind in ("input_image", "input_file") and isinstance(part.get("file_id"), str):
+            continue
+        return "invalid_input", f"function_call_output part {str(kind)[:40]!r} is not a valid content part"
+    return None
 
 
 def create_app(model: ScriptedModel) -> FastAPI:

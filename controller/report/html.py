@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import os
 import re
 import stat
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jinja2
+from PIL import Image
 
 from controller.report.steps import build_view
 from controller.run.record import read_entries
@@ -149,6 +151,31 @@ def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
                 ref["src"] = str(image_url(raw))
 
 
+def _resolve_crops(view: dict[str, Any], directory: Path) -> None:
+    """Cut the replayed region of each diverged replay step (``crops`` of an unmet ``matches``
+    expectation) from the screenshot it was judged on, inlined as a PNG ``data:`` URL; the raw file name
+    is dropped from the view. A screenshot that cannot be read leaves ``replayed`` None (the page says so)."""
+    for step in view["steps"]:
+        for exp in step["expectations"]:
+            for unmet in exp["unmet"]:
+                crops = unmet.get("crops")
+                if not crops:
+                    continue
+                data, _why = read_shot(directory, crops.pop("shot_file"))
+                if data is None:
+                    continue
+                x, y, w, h = crops["region"]
+                try:
+                    with Image.open(io.BytesIO(data)) as img:
+                        if x + w > img.width or y + h > img.height:
+                            continue
+                        out = io.BytesIO()
+                        img.convert("RGB").crop((x, y, x + w, y + h)).save(out, format="PNG")
+                except (OSError, Image.DecompressionBombError):
+                    continue
+                crops["replayed"] = f"data:image/png;base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
+
+
 def render_report(run_dir: Path, *, embed_images: bool = True,
                   image_url: Callable[[str], str] | None = None, home_url: str | None = None) -> str:
     """The review page of the run in ``run_dir`` (``runs/<id>``, or its ``record.jsonl``) as HTML text.
@@ -165,6 +192,7 @@ def render_report(run_dir: Path, *, embed_images: bool = True,
     entries = read_entries(run_dir)
     view = build_view(entries, directory.resolve().name)
     _resolve_images(view, directory, embed_images, image_url)
+    _resolve_crops(view, directory)
     return _ENV.get_template("report.html").render(csp=CSP, home_url=home_url, **view)
 
 

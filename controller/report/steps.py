@@ -16,7 +16,10 @@ one plain dict (the template's only input; nothing in it is a raw record string)
   described with :func:`wire.actions.describe`, typed text as its length only), ``shot`` (see
   :func:`shot_ref`), ``overlay`` (:func:`controller.report.marks.overlay`, model px, None without a
   screenshot), ``failed`` (driver calls that failed), ``approvals``, ``network``, ``expectations``,
-  ``human`` (``human_action`` entries) and ``other`` (entry types this report does not know);
+  ``human`` (``human_action`` entries), ``browser`` (the step's ``browser_call`` entries: member,
+  one line of text (:func:`controller.run.progress.browser_call_text`), ok, error, the image file a
+  screenshot or zoom returned; the elements they acted on are the overlay's ``boxes``,
+  :func:`browser_boxes`) and ``other`` (entry types this report does not know);
 * ``unshown``: screenshots no step shows (e.g. the screen after the last call of a cancelled run);
 * ``checks``: kind, target, rule, expected, observed (JSON text), passed, detail;
 * ``verdict``: status, reason, final message, whether the gateway's decision log was read in full;
@@ -39,11 +42,14 @@ the template escapes HTML on top.
 
 from __future__ import annotations
 
+import re
+
 import json
+import math
 from typing import Any
 
-from controller.report.marks import overlay
-from controller.run.progress import sign_in_text
+from controller.report.marks import MAX_MARKS, num, overlay
+from controller.run.progress import browser_call_text, sign_in_text
 from controller.run.record import summarize
 from controller.text import clean
 from wire.actions import describe
@@ -83,8 +89,13 @@ def shot_ref(data: dict[str, Any]) -> dict[str, Any]:
     size = data.get("image_size")
     ok = isinstance(size, (list, tuple)) and len(size) == 2 and all(
         isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 100_000 for v in size)
+    frame = data.get("frame")
+    frame_ok = isinstance(frame, (list, tuple)) and len(frame) == 4 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100_000 for v in frame) and frame[2] > 0 \
+        and frame[3] > 0
     return {"raw_file": data.get("file"), "file": text(data.get("file"), SHORT),
             "image_size": (size[0], size[1]) if ok else None,
+            "frame_box": tuple(frame) if frame_ok else None,
             "frame": value_text(data.get("frame"), SHORT), "screen_size": value_text(data.get("screen_size"), SHORT),
             "reencoded": bool(data.get("reencoded")), "sha256": text(data.get("sha256"), SHORT),
             "src": None, "missing": None}
@@ -108,19 +119,73 @@ def _network(d: dict[str, Any]) -> dict[str, Any]:
             "held_ms": held if isinstance(held, (int, float)) and not isinstance(held, bool) else None}
 
 
-def _expectation(d: dict[str, Any]) -> dict[str, Any]:
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+
+def _crops(u: dict[str, Any], shot: dict[str, Any] | None) -> dict[str, Any] | None:
+    """For an unmet ``matches`` expectation (a replayed step that diverged): the recorded region (its
+    ``png``, checked to be base64 of a PNG and at most 512 KiB) and where to cut the replayed one from
+    (the screenshot the expectation was judged on, ``shot``: its ``raw_file``); the page shows both side
+    by side (:mod:`controller.report.html` cuts the second). None for any other expectation."""
+    exp = u.get("expectation") if isinstance(u.get("expectation"), dict) else {}
+    png = exp.get("png")
+    box = [exp.get(k) for k in ("x", "y", "w", "h")]
+    if u.get("kind") != "matches" or not isinstance(png, str) or len(png) > 700_000 or not _BASE64.fullmatch(png) \
+            or not png.startswith("iVBORw0KGgo") \
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100_000 for v in box):
+        return None
+    return {"recorded": f"data:image/png;base64,{png}", "region": tuple(box),
+            "shot_file": shot.get("raw_file") if shot else None, "replayed": None,
+            "where": text(f"{box[2]}x{box[3]} at ({box[0]},{box[1]})", SHORT)}
+
+
+def _expectation(d: dict[str, Any], shot: dict[str, Any] | None = None) -> dict[str, Any]:
     unmet = [u for u in (d.get("unmet") or []) if isinstance(u, dict)][:20]
     return {"turn": text(d.get("turn"), SHORT), "met": bool(d.get("met")), "waits": text(d.get("waits"), SHORT),
             "waited_s": d.get("waited_s") if isinstance(d.get("waited_s"), (int, float)) else None,
             "expected": [text(e) for e in (d.get("expected") or [])[:20]], "reason": text(d.get("reason")),
             "unmet": [{"kind": text(u.get("kind"), SHORT), "expected": text(u.get("expected")),
-                       "observed": value_text(u.get("observed"), MEDIUM)} for u in unmet]}
+                       "observed": value_text(u.get("observed"), MEDIUM), "crops": _crops(u, shot)} for u in unmet]}
 
 
 def _human(d: dict[str, Any]) -> dict[str, Any]:
     action = d.get("action")
     shown = describe(action, clean=clean) if isinstance(action, dict) else text(action)
     return {"by": text(d.get("by"), SHORT), "action": shown}
+
+
+def _browser(d: dict[str, Any]) -> dict[str, Any]:
+    return {"call_id": text(d.get("call_id"), SHORT), "member": text(d.get("member"), SHORT),
+            "ok": d.get("ok") is True, "text": browser_call_text(d), "error": text(d.get("error")),
+            "screenshot": text(d.get("screenshot"), SHORT)}
+
+
+def browser_boxes(calls: list[dict[str, Any]], shot: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The boxes of the elements a step's browser calls acted on, in the px of the step's screenshot
+    ``shot`` (:func:`shot_ref`): each call's ``target`` (viewport CSS px) placed at its ``viewport``
+    (screen px; the agent's chromium runs at device scale 1, so one CSS px is one screen px), then into
+    the image by the screenshot's ``frame`` (screen px) and ``image_size``. Calls without a target or a
+    viewport, and boxes wholly outside the image, are not drawn. Each box: ``n`` (the call's number in the
+    step), ``x``, ``y``, ``w``, ``h`` and ``label`` (the member), all formatted."""
+    if not shot or not shot.get("image_size") or not shot.get("frame_box"):
+        return []
+    (iw, ih), (fx, fy, fw, fh) = shot["image_size"], shot["frame_box"]
+    sx, sy = iw / fw, ih / fh
+    boxes = []
+    for n, d in enumerate(calls, 1):
+        target, view = d.get("target"), d.get("viewport")
+        try:
+            x = (float(view["x"]) + float(target["x"]) - fx) * sx
+            y = (float(view["y"]) + float(target["y"]) - fy) * sy
+            w, h = float(target["width"]) * sx, float(target["height"]) * sy
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not all(math.isfinite(v) for v in (x, y, w, h)) or w <= 0 or h <= 0 or x >= iw or y >= ih \
+                or x + w <= 0 or y + h <= 0:
+            continue
+        boxes.append({"n": str(n), "x": num(x), "y": num(y), "w": num(w), "h": num(h),
+                      "label": f"{n} {text(d.get('member'), SHORT)}"})
+    return boxes[:MAX_MARKS]
 
 
 def _other(d: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +208,8 @@ def _new_step(n: int, d: dict[str, Any], shot: dict[str, Any] | None) -> dict[st
                          "tokens": text(usage.get("total_tokens"), SHORT),
                          "error": value_text(d.get("error"), MEDIUM) if d.get("error") is not None else None},
             "text": text(said, LONG) if isinstance(said, str) else None,
-            "failed": [], "approvals": [], "network": [], "expectations": [], "human": [], "other": []}
+            "failed": [], "approvals": [], "network": [], "expectations": [], "human": [], "other": [],
+            "browser": [], "raw_browser": []}
 
 
 def _call(d: dict[str, Any], first: int) -> dict[str, Any]:
@@ -167,6 +233,7 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
     shots: list[dict[str, Any]] = []
     latest: dict[str, Any] | None = None
     later: list[tuple[int, dict[str, Any]]] = []  # (entries' position as a step count, entry) to place by call_id
+    judged_on: dict[int, dict[str, Any] | None] = {}  # an expectation -> the screenshot before it
     checks, network_logs = [], []
     for d in dicts:
         kind = d.get("type")
@@ -185,6 +252,7 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
             step["call_ids"].add(d.get("call_id"))
         elif kind in ("approval", "action", "expectation"):
             later.append((len(steps), d))
+            judged_on[id(d)] = latest
         elif kind == "network":
             bucket["network"].append(_network(d))
         elif kind == "human_action" and step is not None:
@@ -196,6 +264,9 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
             checks.append(d)
         elif kind == "network_log":
             network_logs.append(d)
+        elif kind == "browser_call" and step is not None:
+            step["browser"].append(_browser(d))
+            step["raw_browser"].append(d)
         elif kind == "sign_in":
             bucket["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
         elif kind not in ("run_started", "run_finished"):
@@ -218,7 +289,7 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
         elif kind == "approval":
             step["approvals"].append(_approval(d))
         elif kind == "expectation":
-            step["expectations"].append(_expectation(d))
+            step["expectations"].append(_expectation(d, judged_on.get(id(d))))
         else:
             step["failed"].append({"action": text(d.get("action"), SHORT), "error": text(d.get("error"))})
     final = finished.get("final_message")
@@ -239,6 +310,9 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
                 call["raw_actions"] = []
         actions = [a for c in step["calls"] for a in c.pop("raw_actions")]
         step["overlay"] = overlay(actions, shot["image_size"]) if shot and shot["image_size"] else None
+        boxes = browser_boxes(step.pop("raw_browser"), shot)
+        if step["overlay"] is not None:
+            step["overlay"]["boxes"] = boxes
     return {
         "header": _header(started, finished, summary, run_id),
         "before": before, "steps": steps,
@@ -273,7 +347,7 @@ def _header(started: dict[str, Any], finished: dict[str, Any], s: dict[str, Any]
         "counts": [("steps", s["steps"]), ("input actions", s["actions"]), ("failed actions", s["actions_failed"]),
                    ("screenshots", s["screenshots"]), ("approved", s["approvals_approved"]),
                    ("denied", s["approvals_denied"]), ("network allowed", s["network_allowed"]),
-                   ("network denied", s["network_denied"]),
+                   ("network denied", s["network_denied"]), ("browser calls", s["browser_calls"]),
                    ("checks passed", f"{s['checks_passed']}/{s['checks_total']}"),
                    ("tokens", s["usage"]["total_tokens"])],
     }

@@ -28,6 +28,7 @@ from PIL import Image
 
 from controller.run.mapping import Frame, ModelSpace, fit_size
 from wire.actions import ActionInvalid, as_dict, parse_action
+from wire.screen_match import MatchRule, ScreenBinding, bind
 
 try:  # the SDK's protocol; the driver is structurally compatible either way
     from openai import ComputerDriver as _ComputerDriverBase
@@ -41,6 +42,16 @@ class DriverError(RuntimeError):
 
 class ModelSpaceUnknown(DriverError):
     """A pointer action arrived before any screenshot was sent, so model px have no meaning yet."""
+
+
+class ScreenChanged(DriverError):
+    """An approved action did not run: the screen no longer showed, where it lands, what the person
+    approved it on (the agent's 409 ``screen_changed``), and the approval was not given again.
+    ``denied``: a person answered no to the new screen (else nobody could be asked again)."""
+
+    def __init__(self, message: str, *, denied: bool) -> None:
+        super().__init__(message)
+        self.denied = denied
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class SentScreenshot:
 class AgentLike(Protocol):
     """The part of ``controller.agent_client.AgentClient`` the driver uses."""
 
-    def actions(self, actions: list[dict[str, Any]]) -> Any: ...
+    def actions(self, actions: list[dict[str, Any]], expect_screen: dict[str, Any] | None = None) -> Any: ...
     def screenshot(self, **kwargs: Any) -> Any: ...
     def release(self) -> Any: ...
 
@@ -161,6 +172,18 @@ class SandboxDriver(_ComputerDriverBase):
         screenshot: ``controller.run.approvals.ActionGate``)."""
         self._plan: list[int] = []  # driver actions left in each planned call, in order
         self._taken: tuple[ScreenshotPolicy, Any] | None = None  # the image taken with the last action
+        self.last_shot: SentScreenshot | None = None
+        """The last screenshot sent to the model (what a person approving a call is shown)."""
+        self.bind_rule: MatchRule | None = None
+        """The comparison rule approvals are bound to the screen with (:mod:`wire.screen_match`); None:
+        approvals are not bound (the task's ``[approvals] bind_screen = false``)."""
+        self.on_screen_changed: Callable[[Any], bool] | None = None
+        """Called when the agent refused a bound action (``screen_changed``) with the agent's error: the
+        run records the void approval and asks the person again on a new screenshot (binding the next
+        action anew through :meth:`bind_next`); True to send the action again, False to stop
+        (:class:`ScreenChanged`)."""
+        self._binding: ScreenBinding | None = None
+        self._last_point: tuple[int, int] | None = None  # model px of the last point acted on
 
     # -- helpers -------------------------------------------------------------------------------
     def _space(self) -> ModelSpace:
@@ -168,12 +191,13 @@ class SandboxDriver(_ComputerDriverBase):
             raise ModelSpaceUnknown("no screenshot has been sent yet, so model coordinates cannot be mapped")
         return self.model_space
 
-    def _send(self, actions: list[dict[str, Any]]) -> None:
+    def _send(self, actions: list[dict[str, Any]], **extra: Any) -> None:
+        """Send mapped actions (screen px) in one request (``extra``: its ``expect_screen``)."""
         if self.on_forward is not None:
             self.on_forward(actions)
         self._input_since_capture = True
         try:
-            self.agent.actions(actions)
+            self.agent.actions(actions, **extra)
         except Exception as exc:
             self.last_error = str(exc)
             raise
@@ -220,9 +244,52 @@ class SandboxDriver(_ComputerDriverBase):
             return True
         return False
 
+    # -- approvals bound to the screen ----------------------------------------------------------
+    def bind_next(self, actions: list[Any], shot: SentScreenshot | None = None) -> ScreenBinding | None:
+        """Bind the next action sent to ``shot`` (default: :attr:`last_shot`, the screenshot the person
+        approving was shown): the regions ``actions`` (model px; an SDK call's actions or their dicts)
+        touch, or around the last point acted on when they touch none, compared by :attr:`bind_rule`.
+        The agent checks them before that action runs (``expect_screen``, contract 1). Returns the
+        binding (None when binding is off, no screenshot was sent yet or nothing can be compared)."""
+        shot = shot or self.last_shot
+        if self.bind_rule is None or shot is None:
+            self._binding = None
+            return None
+        points: list[tuple[int, int]] = []
+        for action in actions:
+            try:
+                points += parse_action(_as_dict(action)).points()
+            except (ActionInvalid, DriverError):
+                continue  # the action itself is refused later, with its own error
+        frame = shot.frame if isinstance(shot.frame, Frame) else Frame(*shot.frame)
+        quality = None
+        if shot.mime == "image/jpeg":  # the driver's own re-encode (size cap) uses at most 85
+            quality = min(self.policy.quality, 85) if shot.reencoded else self.policy.quality
+        with Image.open(io.BytesIO(shot.data)) as img:
+            binding = bind(img.convert("RGB"), (frame.x, frame.y, frame.w, frame.h), points, self.bind_rule,
+                           fallback=self._last_point, jpeg_quality=quality)
+        self._binding = binding if binding.regions else None
+        return self._binding
+
+    def look(self) -> SentScreenshot:
+        """A screenshot under the policy for a person (a question asked again on the screen as it is
+        now), leaving the model's space, :attr:`last_shot` and the record's screenshots alone."""
+        raw = self.agent.screenshot(**self._shot_args(self.policy))
+        data: bytes = raw.data
+        mime = sniff_mime(data)
+        frame = raw.frame if isinstance(raw.frame, Frame) else Frame(*raw.frame)
+        with Image.open(io.BytesIO(data)) as img:
+            size = img.size
+        return SentScreenshot(data, mime, size, frame, tuple(raw.screen_size))
+
+    def clear_binding(self) -> None:
+        """Drop a binding no action used (its call was refused before any action ran)."""
+        self._binding = None
+
     def _act(self, action: Any) -> None:
-        """Map one action and send it (the last one of a planned call with the call's capture);
-        ``last_error`` says why when either step fails."""
+        """Map one action and send it (the last one of a planned call with the call's capture), with
+        the screen binding of an approval (:meth:`bind_next`) when one waits; ``last_error`` says why
+        when a step fails."""
         self.last_error = None
         self._taken = None  # an image taken before this action no longer shows the screen
         if self.before_step is not None:
@@ -233,16 +300,38 @@ class SandboxDriver(_ComputerDriverBase):
             self.last_error = str(exc)
             raise
         last = self._last_of_call()
+        while True:
+            binding, self._binding = self._binding, None
+            try:
+                self._send_mapped(mapped, last, binding)
+                break
+            except Exception as exc:
+                if binding is None or getattr(exc, "code", None) != "screen_changed":
+                    raise
+                if self.on_screen_changed is None or not self.on_screen_changed(exc):
+                    denied = bool(getattr(exc, "denied", False))
+                    self.last_error = "screen_changed"
+                    raise ScreenChanged("the screen changed where the approved action lands and the approval "
+                                        "was not given again: nothing of it ran", denied=denied) from None
+        try:
+            points = parse_action(_as_dict(action)).points()
+        except (ActionInvalid, DriverError):
+            points = []
+        if points:
+            self._last_point = points[-1]
+
+    def _send_mapped(self, mapped: dict[str, Any], last: bool, binding: ScreenBinding | None) -> None:
+        extra = {"expect_screen": binding.model_dump(mode="json")} if binding is not None else {}
         combined = getattr(self.agent, "actions_screenshot", None)
         if not (last and self.capture_with_last_action and combined is not None):
-            self._send([mapped])
+            self._send([mapped], **extra)
             return
         if self.on_forward is not None:
             self.on_forward([mapped])
         policy = self.policy
         actions = [mapped, {"type": "wait"}] if policy.settle else [mapped]
         try:
-            step = combined(actions, **self._shot_args(policy))
+            step = combined(actions, **self._shot_args(policy), **extra)
         except Exception as exc:
             self.last_error = str(exc)
             raise
@@ -340,6 +429,7 @@ class SandboxDriver(_ComputerDriverBase):
         shot = SentScreenshot(data, mime, size, frame, tuple(raw.screen_size))
         shot = self._cap(shot)
         self.model_space = ModelSpace(shot.image_size[0], shot.image_size[1], shot.frame)
+        self.last_shot = shot
         self.screenshots_sent += 1
         if self.on_screenshot is not None:
             self.on_screenshot(shot)
@@ -393,6 +483,7 @@ def wait_for_stable_screen(agent: AgentLike, *, timeout_s: float = 20.0, min_int
 __all__ = [
     "DriverError",
     "ModelSpaceUnknown",
+    "ScreenChanged",
     "ScreenshotPolicy",
     "SentScreenshot",
     "SandboxDriver",

@@ -26,7 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 5
+FORMAT = 6
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
@@ -34,7 +34,8 @@ origin access: ``approval`` lines for origin requests (``what`` origin_access, `
 ``cancelled`` and ``timeout``), ``request_id`` and ``held_ms`` on ``network`` and ``waited_for_origin_ms`` on
 ``screenshot``. Format 4 added ``agents_event`` (a run that is a turn of a local Agents API session).
 Format 5 added ``sign_in`` (a sign-in request and what came of it, contract 8) and ``page`` checks.
-Records of formats 1 to 4 read unchanged."""
+Format 6 added ``browser_call`` (a call of the SDK's browser tools, contract 9). Records of formats 1 to
+5 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -77,8 +78,11 @@ class RunStarted(_Entry):
     (``sha256:...``); ``time_scale``: the sandbox's slowness factor; ``policy``: the network policy;
     ``screen`` / ``model_view``: the task's screen and model-image settings; ``script``: the offline
     script path; ``sandbox_start_s``: seconds the sandbox took to start; ``runner``: the model loop that
-    drove the run (``sdk``: the openai SDK's ``ComputerToolset``; ``agent-framework``: an Agent
-    Framework agent, ``run-task --runner``)."""
+    drove the run (``sdk``: the openai SDK's ``ComputerToolset``, or its ``ResponsesToolRunner`` for a task
+    with the browser tools; ``agent-framework``: an Agent Framework agent, ``run-task --runner``);
+    ``screen_binding``: the comparison rule approvals were bound to the screen with (``margin``,
+    ``tolerance``, ``max_changed``; None: the task's ``[approvals] bind_screen = false``, approved calls
+    ran unchecked); ``typed_text``: typed text is kept in ``computer_call`` lines (``--record-typed-text``)."""
 
     type: Literal["run_started"] = "run_started"
     format: int = Field(FORMAT, strict=True, ge=1, le=FORMAT)
@@ -96,6 +100,8 @@ class RunStarted(_Entry):
     script: Optional[str] = None
     sandbox_start_s: Optional[float] = None
     runner: Optional[str] = None
+    screen_binding: Optional[dict[str, Any]] = None
+    typed_text: bool = False
 
 
 class Usage(_Model):
@@ -126,7 +132,8 @@ MAX_MODEL_TEXT = 4000
 
 class ComputerCall(_Entry):
     """A computer_call the model sent: ``form`` (``actions`` list or the legacy single ``action``),
-    ``actions`` as sent (coordinates in model px; ``type`` actions redacted to ``text_length``),
+    ``actions`` as sent (coordinates in model px; ``type`` actions redacted to ``text_length``, with
+    ``text`` beside it only when the run records typed text: ``run_started.typed_text``),
     ``pending_checks``: its pending safety checks (``{"id", "code"?, "message"?}``)."""
 
     type: Literal["computer_call"] = "computer_call"
@@ -152,7 +159,9 @@ class Screenshot(_Entry):
     ``mime``, ``image_size`` (model px), ``frame`` (x, y, w, h of the screen it shows, screen px),
     ``screen_size`` (screen px), ``reencoded`` (cut down to fit the size limit), ``waited_for_origin_ms``
     (milliseconds the screenshot waited for pending origin requests to be decided, so that it shows
-    the page after the decision; None when none was pending)."""
+    the page after the decision; None when none was pending). A browser ``screenshot`` or ``zoom``
+    (contract 9) is one too: its ``call_id`` is the browser call's, ``image_size`` the image's px and
+    ``frame`` the part of the screen the tab's viewport (or the zoomed region) covers."""
 
     type: Literal["screenshot"] = "screenshot"
     file: str
@@ -180,11 +189,15 @@ class Approval(_Entry):
     request is about (``scheme://host[:port]``, escaped); ``request_id``: the approval registry's id
     (an origin request's is the gateway's ``oreq_...``, the same as on its ``network`` lines);
     ``latency_ms``: from asking to the decision; ``screenshot``: the file of the screenshot the model
-    had when it asked. ``action`` shows typed text as its length only."""
+    had when it asked (the person was shown). ``action`` shows typed text as its length only.
+    ``decision: screen_changed`` (``by: agent``): an approval made void just before the call's first
+    action, because the screen no longer showed, where the actions land, what that screenshot showed
+    (contract 6, bound approvals): nothing ran, ``message`` says how much changed and ``screenshot`` is
+    the new screen the person is then asked on (an image the model was not sent)."""
 
     type: Literal["approval"] = "approval"
     what: Literal["safety_check", "action", "origin_access", "opt-in"]
-    decision: Literal["approved", "denied", "cancelled", "timeout", "withdrawn"]
+    decision: Literal["approved", "denied", "cancelled", "timeout", "withdrawn", "screen_changed"]
     by: str
     call_id: Optional[str] = None
     codes: list[Optional[str]] = Field(default_factory=list)
@@ -199,11 +212,13 @@ class Approval(_Entry):
 
 class HumanAction(_Entry):
     """An action a person performed from the console while they had control (after ``takeover``):
-    ``action`` described in screen px, typed text as its length only (the text a person typed never
-    enters the record); ``by``: the view it came from (console)."""
+    ``action`` described in screen px, typed text as its length only; ``input`` the action as sent to
+    the agent (screen px; ``type`` as ``text_length``, with ``text`` only when the run records typed
+    text), what ``replay`` performs again; ``by``: the view it came from (console, or replay)."""
 
     type: Literal["human_action"] = "human_action"
     action: str
+    input: Optional[dict[str, Any]] = None
     by: str = "console"
 
 
@@ -340,6 +355,55 @@ class SignIn(_Entry):
     detail: Optional[str] = None
 
 
+def browser_arguments(member: str, arguments: Any) -> Any:
+    """A browser call's arguments as the record keeps them: ``type``'s ``text`` replaced by
+    ``text_length`` (typed text never enters the record); other values as given."""
+    if not isinstance(arguments, Mapping):
+        return None
+    if member != "type":
+        return dict(arguments)
+    return {("text_length" if name == "text" else name):
+            ((len(value) if isinstance(value, str) else None) if name == "text" else value)
+            for name, value in arguments.items()}
+
+
+class BrowserResult(_Model):
+    """What a browser call returned, never its text: ``kind`` (none, text, read or image),
+    ``text_length`` (characters), ``elements`` (a read report's element count), ``omitted`` (its
+    omission codes)."""
+
+    kind: Literal["none", "text", "read", "image"]
+    text_length: Optional[int] = None
+    elements: Optional[int] = None
+    omitted: list[str] = Field(default_factory=list)
+
+
+class BrowserCall(_Entry):
+    """One call of the SDK's browser tools (contract 9) the loop handled: ``step`` (the model response it
+    came in, counted from 1), ``call_id``, ``member`` (``click``, ``read_page``...), ``arguments`` as the
+    model sent them (`type`'s text as its `text_length` only), ``ok``, ``error`` (why not, escaped: the
+    agent's refusal, the SDK's, a policy's or a person's), ``result`` (its summary: kind, text length,
+    element count, omissions), ``tab_id`` (the tab it named; None: the active one), ``target`` (the box of
+    the element acted on, ``x, y, width, height`` viewport CSS px), ``viewport`` (where the tab's viewport
+    lies on the screen, ``x, y, width, height`` screen px), ``screenshot`` (the file of the image a
+    ``screenshot`` or ``zoom`` returned, stored beside the record with its own ``screenshot`` line),
+    ``ms`` (milliseconds the call took)."""
+
+    type: Literal["browser_call"] = "browser_call"
+    step: Optional[int] = None
+    call_id: Optional[str] = None
+    member: Optional[str] = None
+    arguments: Optional[dict[str, Any]] = None
+    ok: bool
+    error: Optional[str] = None
+    result: Optional[BrowserResult] = None
+    tab_id: Optional[str] = None
+    target: Optional[dict[str, float]] = None
+    viewport: Optional[dict[str, float]] = None
+    screenshot: Optional[str] = None
+    ms: Optional[float] = Field(None, ge=0)
+
+
 RunStatus = Literal["passed", "failed", "cancelled", "error"]
 
 
@@ -357,7 +421,7 @@ class RunFinished(_Entry):
 
 Entry = Annotated[
     Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, AgentsEvent, SignIn, RunFinished],
+          NetworkLog, Check, Expectation, AgentsEvent, SignIn, BrowserCall, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
@@ -365,7 +429,7 @@ Entry = Annotated[
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
     for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, AgentsEvent, SignIn, RunFinished)
+                NetworkLog, Check, Expectation, AgentsEvent, SignIn, BrowserCall, RunFinished)
 }
 """Entry model per ``type``."""
 
@@ -420,7 +484,8 @@ def reference_markdown() -> str:
 
 
 __all__ = [
-    "ENTRY_TYPES", "FORMAT", "Action", "AgentsEvent", "Approval", "Check", "ComputerCall", "Entry", "EntryError", "Expectation",
+    "ENTRY_TYPES", "FORMAT", "Action", "AgentsEvent", "Approval", "BrowserCall", "BrowserResult", "Check",
+    "ComputerCall", "browser_arguments", "Entry", "EntryError", "Expectation",
     "HumanAction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
     "UnmetExpectation", "Usage", "as_entry", "entry_format", "problem", "reference_markdown",

@@ -6,14 +6,21 @@
 * **events**, numbered from 1 (``seq``), each a JSON-ready dict with a ``kind``:
 
   - ``record``: ``{"entry": <record entry as written>}`` -- every line of the run record, strings
-    escaped (:func:`clean_json`), typed text never present (the record has none);
+    escaped (:func:`clean_json`), typed text never present (the record has none); a ``browser_call``
+    entry's event also has ``text``, its one line (:func:`controller.run.progress.browser_call_text`:
+    member, arguments with typed text as its length, what it returned or why it failed, as the
+    terminal and the HTML report show it);
   - ``approvals``: ``{"snapshot": {"version", "pending": [...]}, "changed": {"id", "kind", "state",
     "by", "origin"}}`` -- after every change in the approval registry
     (:meth:`controller.run.registry.ApprovalRegistry.snapshot`); ``changed`` names the request that
     changed and its kind (safety_check | action | origin_access: a question of the gateway's, with
     its ``origin``);
   - ``action``: ``{"by": "model" | "human", "action": {...}, "screen": [w, h]}`` -- each action as
-    sent to the agent, in **screen px**, typed text replaced by ``text_length``;
+    sent to the agent, in **screen px**, typed text replaced by ``text_length``; and each call of the
+    browser tools the record got (a ``browser_call`` entry), as the action ``{"type": "browser_call",
+    "member", "call_id", "ok", "box"}``: ``box`` the element it acted on (``{x, y, width, height}``,
+    **screen px**, :func:`browser_box`; None when the call named no element or it lies outside the
+    tab's viewport);
   - ``control``: ``{"state": ..., "by": ...}`` -- the run's state (:data:`STATES`).
 
   A view reads them with :meth:`LiveRun.events_after` (blocking up to a timeout), so a view that
@@ -44,12 +51,14 @@ from theirs. Everything is under one condition variable.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.run.progress import browser_call_text
 from controller.run.registry import ApprovalRegistry, Request
 from controller.text import clean
 from wire.actions import ActionInvalid, describe, first_outside, parse_action
@@ -88,6 +97,31 @@ def clean_json(value: Any, limit: int = 4000) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean_json(v, limit) for v in value]
     return value
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def browser_box(target: Any, viewport: Any) -> dict[str, float] | None:
+    """Where a browser call's element is on the screen: ``target`` (``{x, y, width, height}``, viewport
+    CSS px, as a ``browser_call`` entry has it) placed at ``viewport`` (``{x, y, width, height}``, where
+    the tab's viewport lies on the screen, screen px) and cut to the viewport; the agent's chromium runs
+    at device scale 1, so one CSS px is one screen px. Returns ``{x, y, width, height}`` in screen px,
+    or None when either box is missing or malformed, or nothing of the element is inside the viewport."""
+    if not isinstance(target, dict) or not isinstance(viewport, dict):
+        return None
+    t = [_finite(target.get(k)) for k in ("x", "y", "width", "height")]
+    v = [_finite(viewport.get(k)) for k in ("x", "y", "width", "height")]
+    if None in t or None in v or t[2] <= 0 or t[3] <= 0 or v[2] <= 0 or v[3] <= 0:
+        return None
+    left, top = max(v[0] + t[0], v[0]), max(v[1] + t[1], v[1])
+    right, bottom = min(v[0] + t[0] + t[2], v[0] + v[2]), min(v[1] + t[1] + t[3], v[1] + v[3])
+    if right <= left or bottom <= top:
+        return None
+    return {"x": round(left, 1), "y": round(top, 1), "width": round(right - left, 1), "height": round(bottom - top, 1)}
 
 
 def shown_action(action: dict[str, Any]) -> dict[str, Any]:
@@ -174,17 +208,29 @@ class LiveRun:
                record_human: Callable[[dict[str, Any]], None],
                record_control: Callable[[str], None] | None = None, task_name: str | None = None) -> None:
         """The sandbox is up: ``agent`` (an ``AgentClient``), its ``screen`` size (screen px),
-        ``cancel(by)`` (cancels the run), ``record_human({"action", "by"})`` (writes a ``human_action``
-        entry), ``record_control(control)`` (writes a ``takeover`` entry: human | model)."""
+        ``cancel(by)`` (cancels the run), ``record_human({"action", "input", "by"})`` (writes a
+        ``human_action`` entry; ``input``: the action sent, screen px, its typed text redacted there), ``record_control(control)`` (writes a ``takeover`` entry: human | model)."""
         self._agent, self.screen, self._cancel, self._record_human = agent, tuple(screen), cancel, record_human
         self._record_control = record_control
         self.task_name = task_name
         self._set_state("running")
 
     def on_entry(self, entry: Any) -> None:
-        """The record's listener: each entry written becomes a ``record`` event."""
+        """The record's listener: each entry written becomes a ``record`` event; a ``browser_call`` entry
+        also its one line of text and an ``action`` event (the module docstring), which becomes the
+        last action a view draws on the live screen."""
         data = entry.as_json() if hasattr(entry, "as_json") else dict(entry)
-        self._emit("record", entry=clean_json(data))
+        shown = clean_json(data)
+        if data.get("type") != "browser_call":
+            self._emit("record", entry=shown)
+            return
+        self._emit("record", entry=shown, text=browser_call_text(data))
+        action = {"type": "browser_call", "member": clean(str(data.get("member")), 40),
+                  "call_id": clean(str(data["call_id"]), 80) if data.get("call_id") is not None else None,
+                  "ok": data.get("ok") is True, "box": browser_box(data.get("target"), data.get("viewport"))}
+        with self._cond:
+            self._last_action = {"by": "model", "action": action, "screen": list(self.screen or (0, 0))}
+        self._emit("action", by="model", action=action, screen=list(self.screen or (0, 0)))
 
     def on_forward(self, actions: list[dict[str, Any]], by: str = "model") -> None:
         """The driver's hook: actions about to be sent to the agent (screen px)."""
@@ -296,7 +342,7 @@ class LiveRun:
                 raise NotInControl("take over first: the model has control")
             agent.actions([wire])
             if self._record_human is not None:
-                self._record_human({"action": describe(wire, clean=clean, redact=True), "by": by})
+                self._record_human({"action": describe(wire, clean=clean, redact=True), "input": dict(wire), "by": by})
         self.on_forward([wire], by="human")
         return shown_action(wire)
 

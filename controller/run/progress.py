@@ -7,7 +7,9 @@ console never shows what the record does not hold -- typed text in particular is
 
 Lines (one each): the sandbox start with its time; each model response (step number, short response
 id, token usage); each computer_call with its actions summarised and its pending safety checks; a
-failed or cancelled action; each approval decision and each ``--approve-safety-check`` opt-in; the
+failed or cancelled action; each browser call (:func:`browser_call_text`: the member, its arguments with
+typed text as a length, and what it returned or why it failed); each approval decision and each
+``--approve-safety-check`` opt-in; the
 network decisions, deduplicated by (decision, origin, reason) with a count; each check with what was
 observed; each offline script turn's screen expectations (met, after how many inserted waits, or the
 one given up on with what was observed). The verdict and the record path are in the summary table
@@ -23,13 +25,14 @@ turns ``:name:`` codes into emoji.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from rich.console import Console
 
 from controller.run.entries import (
-    Action, Approval, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
+    Action, Approval, BrowserCall, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
     RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
 from controller.text import SHORT, clean
 from wire.actions import describe
@@ -107,6 +110,41 @@ def sign_in_text(d: dict[str, Any]) -> str:
             + (f": {clean(str(d['detail']), 200)}" if d.get("detail") else ""))
 
 
+def browser_call_text(d: dict[str, Any]) -> str:
+    """One line for a ``browser_call`` entry (as JSON): ``browser click target=e12: ok (35 ms)``,
+    ``browser type <12 chars> target=e3: ok``, ``browser read_page filter=all: read 1200 chars, 14
+    elements (omitted: private) (80 ms)``, ``browser navigate url=...: FAILED: navigation refused: ...``;
+    every piece escaped and cut (the progress lines and the HTML report). Typed text is never shown."""
+    args = d.get("arguments") if isinstance(d.get("arguments"), dict) else {}
+    parts = [f"browser {clean(str(d.get('member')), 40)}"]
+    for name, value in list(args.items())[:12]:
+        if value is None:
+            continue
+        if name == "text_length":
+            parts.append(f"<{clean(str(value), 12)} chars>")
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        parts.append(f"{clean(name, 40)}={clean(shown, 120)}")
+    text = " ".join(parts)
+    result = d.get("result") if isinstance(d.get("result"), dict) else {}
+    if not d.get("ok"):
+        text += f": FAILED: {clean(str(d.get('error') or 'failed'), 200)}"
+    elif result.get("kind") == "read":
+        omitted = ", ".join(clean(str(o), 40) for o in result.get("omitted") or [])
+        text += (f": read {clean(str(result.get('text_length')), 12)} chars, {clean(str(result.get('elements')), 12)} "
+                 f"elements" + (f" (omitted: {omitted})" if omitted else ""))
+    elif result.get("kind") == "text":
+        text += f": {clean(str(result.get('text_length')), 12)} chars"
+    elif d.get("screenshot"):
+        text += f": image {clean(str(d['screenshot']), 40)}"
+    else:
+        text += ": ok"
+    ms = d.get("ms")
+    if isinstance(ms, (int, float)) and not isinstance(ms, bool):
+        text += f" ({ms:.0f} ms)"
+    return text
+
+
 def expectation_text(entry: Expectation, limit: int = 300) -> str:
     """An ``expectation`` record entry as one printable line: ``turn 3: 2 expectations met after 2
     waits (1.4s)`` or ``turn 5: deadline of 30s passed: expect[0] not_color #ffffff ...; observed 0.0%
@@ -174,6 +212,8 @@ class RunPrinter:
                     self.line(f"  screen expectation unmet: {expectation_text(entry)}", style="red")
                 case Check():
                     self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
+                case BrowserCall():
+                    self.line(f"  {browser_call_text(entry.as_json())}", style=None if entry.ok else "red")
                 case SignIn():
                     self.line(f"  {sign_in_text(entry.as_json())}",
                               style="green" if entry.outcome == "submitted" else "yellow")

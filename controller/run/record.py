@@ -27,8 +27,8 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.run.entries import (
-    ENTRY_TYPES, FORMAT, Action, Approval, Check, ComputerCall, EntryError, Expectation, ModelResponse, Network,
-    NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
+    ENTRY_TYPES, FORMAT, Action, Approval, BrowserCall, Check, ComputerCall, EntryError, Expectation, ModelResponse,
+    Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
 )
 from controller.run.progress import expectation_text, observed_text
 from controller import json_semantics
@@ -49,6 +49,15 @@ def redact_action(action: dict[str, Any]) -> dict[str, Any]:
         text = action.get("text")
         return {"type": "type", "text_length": len(text) if isinstance(text, str) else None}
     return dict(action)
+
+
+def recorded_action(action: dict[str, Any], typed_text: bool) -> dict[str, Any]:
+    """An action as the record keeps it: :func:`redact_action`, plus the exact ``text`` beside its length
+    when the run records typed text (``run_started.typed_text``: what ``replay`` types again)."""
+    shown = redact_action(action)
+    if typed_text and action.get("type") == "type" and isinstance(action.get("text"), str):
+        shown["text"] = action["text"]
+    return shown
 
 
 def new_run_id(task_name: str) -> str:
@@ -106,6 +115,16 @@ class RunRecord:
             except Exception:  # noqa: BLE001 - showing an entry must not break the record
                 pass
         return entry
+
+    def save_image(self, data: bytes, mime: str) -> str:
+        """Store an image a person is shown but the model is not (the screen an approval is asked again
+        on) as the next ``shot-NNNN.png|jpg``, without a ``screenshot`` entry; returns its file name."""
+        with self._lock:
+            self._shots += 1
+            number = self._shots
+        name = f"shot-{number:04d}.{'png' if mime == 'image/png' else 'jpg'}"
+        (self.dir / name).write_bytes(data)
+        return name
 
     def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
                         screen_size: tuple[int, int] | None = None, reencoded: bool = False,
@@ -224,8 +243,9 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
 
     Counts: ``steps`` (model responses), ``actions`` / ``actions_failed`` (input actions: every driver
     call except the SDK's screenshot actions), ``screenshot_actions`` / ``screenshot_actions_failed``
-    (the SDK's screenshot calls after each computer_call), ``screenshots`` (images sent, the first
-    included), ``approvals_approved`` / ``approvals_denied`` (decisions on safety checks and actions),
+    (the SDK's screenshot calls after each computer_call), ``browser_calls`` / ``browser_calls_failed``
+    (calls of the SDK's browser tools, ``browser_call`` lines, and those not ``ok``), ``screenshots``
+    (images sent, the first included, a browser ``screenshot`` or ``zoom`` too), ``approvals_approved`` / ``approvals_denied`` (decisions on safety checks and actions),
     ``approvals_opt_in`` (the codes opted in with ``--approve-safety-check``: not decisions),
     ``network_allowed`` / ``network_denied`` (and ``network_log_complete``: the gateway's decision log
     was read in full at teardown), ``checks_passed`` / ``checks_total``; ``usage``; the
@@ -250,6 +270,7 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     expectations: list[Expectation] = by(Expectation)
     finished: list[RunFinished] = by(RunFinished)
     started: list[RunStarted] = by(RunStarted)
+    browser: list[BrowserCall] = by(BrowserCall)
     responses = [r for r in by(ModelResponse) if (r.http_status or 200) < 400]
     usage_missing = sum(1 for r in responses if r.usage is None)
     totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
@@ -270,6 +291,8 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
         "actions_failed": len([a for a in inputs if a.error]),
         "screenshot_actions": len(shot_actions),
         "screenshot_actions_failed": len([a for a in shot_actions if a.error]),
+        "browser_calls": len(browser),
+        "browser_calls_failed": len([b for b in browser if not b.ok]),
         "screenshots": len(by(Screenshot)),
         "approvals_approved": len([a for a in decisions if a.decision == "approved"]),
         "approvals_denied": len([a for a in decisions if a.decision == "denied"]),
@@ -331,6 +354,9 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
         shots += f" ({s['screenshot_actions_failed']} failed)"
     row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed), not counting "
                    f"{shots}; {_count(s['screenshots'], 'screenshot')} sent")
+    if s["browser_calls"]:
+        row("browser calls", f"{_count(s['browser_calls'], 'call')} of the browser tools "
+                             f"({s['browser_calls_failed']} failed)")
     approvals = f"{s['approvals_approved']} approved, {s['approvals_denied']} denied"
     if s["approvals_opt_in"]:
         approvals += "; opt-in: --approve-safety-check " + ", ".join(str(c) for c in s["approvals_opt_in"])

@@ -29,11 +29,11 @@ from controller.gateway.policy import Decision
 from controller.run.approvals import Decision as ApprovalDecision
 from controller.run.driver import SandboxDriver, SentScreenshot, driver_actions
 from controller.run.entries import (
-    MAX_MODEL_TEXT, Action, Approval, ComputerCall, Expectation, ModelResponse, Network, NetworkLog, RunStarted,
-    TaskRef, Usage, problem,
+    MAX_MODEL_TEXT, Action, Approval, BrowserCall, BrowserResult, ComputerCall, Expectation, ModelResponse, Network,
+    NetworkLog, RunStarted, TaskRef, Usage, browser_arguments, problem,
 )
 from controller.run.model_client import RequestUsage, UsageMeter
-from controller.run.record import RunRecord, redact_action
+from controller.run.record import RunRecord, recorded_action
 from controller.run.tasks import Task
 from controller.text import clean, clean_lines
 
@@ -229,6 +229,15 @@ class RecordingHooks:
         self.waited_for_origin_ms: float | None = None
         """Milliseconds the next screenshot waited for origin requests (set before it is taken, then
         written on its ``screenshot`` line)."""
+        self.browser: Any = None
+        """The run's :class:`controller.run.browser_driver.GuestBrowserDriver` when the model has the
+        browser tools: each browser call's ``browser_call`` line takes its outcome from it."""
+        self.steps = 0
+        """Model responses answered so far (the ``step`` of a ``browser_call``)."""
+        self.typed_text = False
+        """Keep typed text in ``computer_call`` lines beside its length (``[record] typed_text``,
+        ``--record-typed-text``: what ``desktop-sandbox replay`` types again)."""
+        self._browser_calls: dict[str, tuple[str, Any]] = {}  # call_id -> (member, arguments as sent)
 
     def _poll(self) -> None:
         if self.network is not None:
@@ -247,8 +256,11 @@ class RecordingHooks:
                            total_tokens=usage.total_tokens)
         self.record.write(ModelResponse(response_id=_text(usage.response_id), http_status=usage.status, usage=tokens,
                                         text=model_text(body)))
+        self.steps += 1
         planned: list[int] = []
         for item in (body.get("output") or []) if isinstance(body, dict) else []:
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                self._note_browser_call(item)
             if not isinstance(item, dict) or item.get("type") != "computer_call":
                 continue
             listed = item.get("actions") is not None
@@ -258,7 +270,7 @@ class RecordingHooks:
             self.current_call = _text(item.get("call_id"))
             self.record.write(ComputerCall(
                 call_id=self.current_call, form="actions" if listed else "action",
-                actions=[redact_action(a) if isinstance(a, dict) else a
+                actions=[recorded_action(a, self.typed_text) if isinstance(a, dict) else a
                          for a in (actions if isinstance(actions, list) else [actions])],
                 pending_checks=checks if isinstance(checks, list) else [],
             ))
@@ -267,8 +279,26 @@ class RecordingHooks:
             plan(planned)
         self._poll()
 
+    def _note_browser_call(self, item: dict[str, Any]) -> None:
+        """Keep a ``browser_*`` function call's member and arguments (as the model sent them) by its
+        call id, for its ``browser_call`` line."""
+        name, call_id = item.get("name"), item.get("call_id")
+        if not (isinstance(name, str) and name.startswith("browser_") and isinstance(call_id, str)):
+            return
+        try:
+            arguments = json.loads(item.get("arguments") or "")
+        except (TypeError, ValueError, RecursionError):
+            arguments = None
+        if len(self._browser_calls) >= MAX_BROWSER_CALLS_KEPT:
+            self._browser_calls.pop(next(iter(self._browser_calls)))
+        self._browser_calls[call_id] = (name[len("browser_"):], arguments if isinstance(arguments, dict) else None)
+
     def on_diagnostic(self, event: dict[str, Any]) -> None:
-        """The SDK's diagnostics: each driver call becomes an ``action`` entry."""
+        """The SDK's diagnostics: each driver call becomes an ``action`` entry, each browser call that
+        ended (ran, failed, or was refused before it ran) a ``browser_call`` entry."""
+        if event.get("api") == "browser":
+            self._on_browser(event)
+            return
         if event.get("stage") != "action":
             return
         reason = event.get("reason")
@@ -281,6 +311,53 @@ class RecordingHooks:
             self.action_count += 1
         self.record.write(Action(call_id=_text(event.get("call_id")), action=_text(event.get("member")),
                                  duration_ms=round(float(event.get("duration_ms") or 0.0), 2), error=_text(error)))
+        self._poll()
+
+    def _on_browser(self, event: dict[str, Any]) -> None:
+        stage, reason = event.get("stage"), event.get("reason")
+        if (stage, reason) not in BROWSER_ENDS:
+            return
+        call_id = _text(event.get("call_id"))
+        member = _text(event.get("member"))
+        noted = self._browser_calls.pop(call_id, None) if isinstance(call_id, str) else None
+        driver = self.browser
+        outcome = getattr(driver, "last", None)
+        if driver is not None:
+            driver.last = None  # each outcome is written once
+        member = member or (noted[0] if noted else None)
+        if stage != "action" or outcome is None or outcome.member != member:
+            outcome = None  # nothing reached the agent (or list_tabs, which the SDK answers itself)
+        arguments = noted[1] if noted and noted[1] is not None else (outcome.arguments if outcome else None)
+        if reason == "completed":
+            error = None
+        elif reason == "cancelled":
+            error = "cancelled"
+        elif stage == "arguments":
+            error = ("the SDK refused the call's arguments" if member else "not an enabled browser tool")
+        elif stage == "approval" and reason == "refused":
+            refused = getattr(driver, "refused_url", None) if member in ("navigate", "new_tab") else None
+            error = f"navigation refused: {refused}" if refused else "not approved"
+        elif stage == "approval":
+            error = "the approval failed"
+        else:
+            error = (outcome.error if outcome is not None else None) or "driver failed"
+        shot = None
+        if outcome is not None and outcome.image is not None:
+            image = outcome.image
+            saved = self.record.save_screenshot(image.data, image.mime, image_size=image.size, frame=image.frame,
+                                                call_id=call_id)
+            shot = self.last_screenshot = saved.file
+        kept = _bounded(browser_arguments(member or "", arguments)) if isinstance(arguments, dict) else None
+        tab = kept.get("tab_id") if kept else None
+        ms = outcome.ms if outcome is not None and outcome.ms is not None else event.get("duration_ms")
+        self.record.write(BrowserCall(
+            step=self.steps or None, call_id=call_id, member=member, arguments=kept, ok=error is None,
+            error=clean(error, 300) if error else None,
+            result=BrowserResult(**outcome.result) if outcome is not None and outcome.result else None,
+            tab_id=clean(tab, 128) if isinstance(tab, str) else None,
+            target=_box(outcome.target) if outcome is not None else None,
+            viewport=_box(outcome.viewport) if outcome is not None else None, screenshot=shot,
+            ms=round(float(ms), 2) if isinstance(ms, (int, float)) and ms >= 0 else None))
         self._poll()
 
     def on_screenshot(self, shot: SentScreenshot) -> None:
@@ -296,10 +373,51 @@ class RecordingHooks:
         self.record.write(Approval(**decision.as_record()))
 
 
+BROWSER_ENDS = frozenset({("action", "completed"), ("action", "driver_failed"), ("action", "cancelled"),
+                          ("arguments", "invalid_input"), ("approval", "refused"), ("approval", "policy_failed"),
+                          ("approval", "cancelled")})
+"""The SDK's browser diagnostics (stage, reason) that end a call: each is one ``browser_call`` line."""
+
+MAX_BROWSER_CALLS_KEPT = 1000
+"""Most browser calls of the model's responses kept by call id until their end is recorded."""
+
+MAX_ARGUMENT_CHARS = 2048
+"""Longest string of a browser call's arguments the record keeps (characters, escaped and cut)."""
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    """A model-sent JSON value with every string escaped and cut (:data:`MAX_ARGUMENT_CHARS`), lists
+    and objects cut to 200 items, nesting to 4 levels."""
+    if isinstance(value, str):
+        return clean(value, MAX_ARGUMENT_CHARS)
+    if isinstance(value, dict):
+        if depth >= 4:
+            return None
+        return {clean(k, 64): _bounded(v, depth + 1) for k, v in list(value.items())[:200]}
+    if isinstance(value, list):
+        return None if depth >= 4 else [_bounded(v, depth + 1) for v in value[:200]]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def _box(value: Any) -> dict[str, float] | None:
+    """A ``{x, y, width, height}`` box of finite numbers, or None."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        box = {k: float(value[k]) for k in ("x", "y", "width", "height")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return box if all(abs(v) < 1e9 for v in box.values()) else None
+
+
 def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy: bool, max_steps: int,
-                      script: Path | None, sandbox_start_s: float | None, runner: str = "sdk") -> RunStarted:
+                      script: Path | None, sandbox_start_s: float | None, runner: str = "sdk",
+                      typed_text: bool = False) -> RunStarted:
     """The ``run_started`` entry of ``task`` on ``sandbox`` (None: it did not start): the task file's
-    sha256, the sandbox's id, image and ``time_scale``, the task's policy and screen settings."""
+    sha256, the sandbox's id, image and ``time_scale``, the task's policy and screen settings, how
+    approvals are bound to the screen and whether typed text is recorded."""
     digest = hashlib.sha256(task.source.read_bytes()).hexdigest() if task.source and task.source.is_file() else None
     return RunStarted(
         task=TaskRef(name=task.name, source=str(task.source) if task.source else None, sha256=digest),
@@ -308,6 +426,8 @@ def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy
         policy=task.network.model_dump(mode="json"), max_steps=max_steps, screen=task.screen.model_dump(mode="json"),
         model_view=task.model.model_dump(mode="json"), script=str(script) if script else None,
         sandbox_start_s=sandbox_start_s, runner=runner,
+        screen_binding=(rule.model_dump() if (rule := task.approvals.rule()) is not None else None),
+        typed_text=typed_text,
     )
 
 

@@ -2,14 +2,18 @@
 
 Order: start the sandbox -> launch the task's apps -> wait for readiness (task ``[[ready]]`` files,
 then a stable screen) -> first screenshot -> ``openai.ComputerToolset(driver).run(...)`` (the SDK
-owns the loop) against the live API or the offline scripted server -> release inputs -> verify from
+owns the loop; a task with ``[model] tools`` holding ``browser`` runs the SDK's ``ResponsesToolRunner``
+instead, its ``BrowserToolset`` over :class:`controller.run.browser_driver.GuestBrowserDriver` and the
+``ComputerToolset`` only when ``computer`` is among the tools, the first screenshot only then)
+against the live API or the offline scripted server -> release inputs -> verify from
 the guest's files -> the rest of the network decisions -> tear down -> ``run_finished``. The gateway's
 decisions are copied into the record while the loop goes, after each model response and each driver
 call (:mod:`controller.run.recording`), so the record holds them in time order with the actions.
 With a task in ``[network] mode = "ask"`` the gateway's origin requests are mirrored into the run's
 approval registry from the sandbox's start to teardown (:class:`controller.run.origins.OriginAccess`):
 answered on the terminal, in the console or by ``--approve-origin``, each an ``approval`` line; every
-screenshot waits for pending ones (the driver's ``before_capture``); at teardown what is pending is
+screenshot waits for pending ones (the driver's ``before_capture``), and so does the browser state the
+model gets after each step's browser calls; at teardown what is pending is
 cancelled at the gateway and every request in its decision log is reconciled with the approval lines.
 
 Status: ``cancelled`` (Ctrl-C / SIGTERM: the loop stops between driver calls, inputs are released,
@@ -41,20 +45,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from openai import ComputerToolset
+from openai.lib.browser import BrowserToolset
 from openai.lib.computer import ComputerUseError
+from openai.lib.responses_tool_runner import ResponsesToolRunner, ToolRunnerCancelledError, ToolRunnerError
 from rich.console import Console
 from rich.markup import escape
 
 from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, terminal_asker
+from controller.run.browser_driver import GuestBrowserDriver, UrlRules
 from controller.run.live import LiveRun
 from controller.run.origins import OriginAccess, wait_for_origins
 from controller.run.registry import ApprovalRegistry
 from controller.run.signin import SignInFile, SignInFlow, SignInPrompter
-from controller.run.driver import SandboxDriver, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
+from controller.run.binding import BoundApprovals
+from controller.run.driver import SandboxDriver, ScreenChanged, ScreenshotPolicy, SentScreenshot, wait_for_stable_screen
+from controller.run.replay import HumanReplayer
 from controller.run.entries import Approval, Check, HumanAction, Takeover
 from controller.run.model_client import live_client, offline_client
 from controller.run.progress import RunPrinter, clean, make_console
-from controller.run.record import RunRecord, new_run_id, print_summary, read_entries
+from controller.run.record import RunRecord, new_run_id, print_summary, read_entries, recorded_action
 from controller.run.recording import (
     BodyMeter, DecisionTail, RecordingHooks, decision_reader, expectation_recorder, run_started_entry,
 )
@@ -122,6 +131,11 @@ class RunOptions:
     before_finish: Callable[[str, str, str | None, list[dict[str, Any]]], None] | None = None
     """Called with the run's final ``(status, reason, final_message, checks)`` after teardown, just before
     ``run_finished`` is written (the record still takes entries); its exceptions are ignored."""
+    record_typed_text: bool = False
+    """``--record-typed-text``: keep typed text in the record (as the task's ``[record] typed_text``)."""
+    human_actions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """A person's actions to perform again (``desktop-sandbox replay``: step index -> actions in screen px,
+    :class:`controller.run.replay.HumanReplayer`)."""
 
 
 @dataclass
@@ -262,6 +276,92 @@ def build_params(task: Task, model: str, first: SentScreenshot, legacy: bool) ->
     }
 
 
+def browser_params(task: Task, model: str, first: SentScreenshot | None, legacy: bool) -> dict[str, Any]:
+    """The first request of a task with the browser tools (``[model] tools`` has ``browser``): the
+    instructions, and with the computer tool too its declaration and the first screenshot (model px) as
+    :func:`build_params` gives them. The ``browser_*`` function tools are the ``ResponsesToolRunner``'s
+    to add (from the ``BrowserToolset``)."""
+    about = "\n\nThe browser tools (browser_*) drive the web browser open on the desktop."
+    params: dict[str, Any] = {"model": model}
+    if first is not None:
+        computer = build_params(task, model, first, legacy)
+        params["tools"] = computer["tools"]
+        content = computer["input"][0]["content"]
+        content[0]["text"] += about
+    else:
+        content = [{"type": "input_text", "text": task.instructions + about}]
+    params["input"] = [{"role": "user", "content": content}]
+    params["truncation"] = "auto"
+    return params
+
+
+def _browser_loop(task: Task, model: str, legacy: bool, driver: SandboxDriver, browser: GuestBrowserDriver,
+                  client: Any, *, steps: int, approver: Callable[[Any], bool],
+                  before_action: Callable[[Any], bool] | None, cancel: Callable[[], bool],
+                  hooks: RecordingHooks) -> str | None:
+    """The model loop of a task with the browser tools: the SDK's ``ResponsesToolRunner`` with a
+    ``BrowserToolset`` over ``browser`` (the task's members, ``confirm`` and ``url_policy`` the driver's)
+    and, when the task also has the computer tool, a ``ComputerToolset`` over ``driver``; the same
+    approvals, cancellation and diagnostics (the record) as the computer loop. The run's
+    ``before_capture`` chain (``driver.before_capture``: the origin wait, the sign-in flow) also runs on
+    the browser path, once per model step before the SDK reads the state that follows the step's browser
+    calls (:class:`controller.run.browser_driver.StepObservation`): the loop goes through the runner's
+    turns (``iterate``, as its ``run`` does) to tell the driver each step's calls before they run.
+    Returns the model's final message; raises what the runner raises (``ToolRunnerError`` when it stops
+    short)."""
+    computer = task.computer_tools
+    first = driver.capture() if computer else None
+    params = browser_params(task, model, first, legacy)
+    toolset = BrowserToolset(browser, members=list(task.browser_members), confirm=browser.confirm,
+                             url_policy=browser.url_policy)
+    names = [tool["name"] for tool in toolset.tools]
+    browser.before_observe = _browser_observe(driver.before_capture, hooks)
+    runner = ResponsesToolRunner(browser=toolset, computer=ComputerToolset(driver) if computer else None)
+
+    def on_diagnostic(event: dict[str, Any]) -> None:
+        browser.on_diagnostic(event)
+        hooks.on_diagnostic(event)
+
+    turns = runner.iterate(client, params, max_steps=steps, approve_safety_checks=approver if computer else None,
+                           before_action=before_action if computer else None, cancelled=cancel,
+                           on_diagnostic=on_diagnostic)
+    try:
+        for turn in turns:
+            browser.plan_step(turn.response.output, names)  # before the turn's tools run
+            if turn.final:
+                return turn.response.output_text
+    finally:
+        turns.close()
+    raise ToolRunnerError("the tool runner ended without a final turn", [], [])
+
+
+def _browser_observe(before: Callable[[], bool] | None, hooks: RecordingHooks) -> Callable[[], bool] | None:
+    """The browser path's ``before_observe``: the run's ``before_capture`` chain (None: nothing to run).
+    The milliseconds the origin wait noted for the next screenshot line are dropped after it: no
+    screenshot follows a browser state read to carry them."""
+    if before is None:
+        return None
+
+    def observe() -> bool:
+        try:
+            return before()
+        finally:
+            hooks.waited_for_origin_ms = None
+
+    return observe
+
+
+def _topology(sandbox: Any) -> Any:
+    """The sandbox's ``NetworkTopology`` (the gateway's and the agent's addresses), or None."""
+    topology = getattr(sandbox, "topology", None)
+    if not callable(topology):
+        return None
+    try:
+        return topology()
+    except Exception:  # noqa: BLE001 - a backend without one: the rules do without
+        return None
+
+
 def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptions | None = None,
              console: Console | None = None) -> RunOutcome:
     """Run ``task`` on the sandbox ``open_sandbox(task)`` returns (a ``controller.sandbox.Sandbox``,
@@ -324,6 +424,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     def phase(name: str, started: float) -> None:
         timings[name] = round(time.monotonic() - started, 3)
 
+    typed_text = options.record_typed_text or task.record.typed_text
+
     def write_started(sb: Any) -> None:
         if record.started:
             return
@@ -331,7 +433,9 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         script = options.script or (task.offline_script_path() if not live and task.offline else None)
         record.write(run_started_entry(task, sb, mode=mode, model=model if live else "scripted", legacy=legacy,
                                        max_steps=max_steps, script=script,
-                                       sandbox_start_s=timings.get("sandbox_start"), runner=options.runner or ("sdk" if options.loop is None else "custom")))
+                                       sandbox_start_s=timings.get("sandbox_start"),
+                                       runner=options.runner or ("sdk" if options.loop is None else "custom"),
+                                       typed_text=typed_text))
         if options.on_record is not None:  # after run_started: the record's first line stays the first
             options.on_record(record)
 
@@ -366,7 +470,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 view.attach(agent, (task.screen.width, task.screen.height), task_name=task.name,
                             cancel=lambda by: (origins is not None and origins.cancelled_by(by),
                                                cancel.set_by_view(by, registry)),
-                            record_human=lambda data: record.write(HumanAction(**data)),
+                            record_human=lambda data: record.write(HumanAction(**_human_recorded(data, typed_text))),
                             record_control=lambda control: record.write(Takeover(control=control)))
             home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
             t = time.monotonic()
@@ -385,18 +489,24 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                                       max_width=task.model.max_width, max_height=task.model.max_height,
                                       crop=task.model.crop, max_bytes=task.model.max_bytes)
             driver = SandboxDriver(agent, policy)
+            driver.bind_rule = task.approvals.rule()
             hooks = RecordingHooks(record, driver, network)
+            hooks.typed_text = typed_text
             driver.on_screenshot = hooks.on_screenshot
             if view is not None:
                 driver.on_forward = view.on_forward
                 driver.before_step = lambda screenshot: view.checkpoint(cancel, screenshot=screenshot)
+            if options.human_actions:
+                replayer = HumanReplayer(agent, options.human_actions, write=record.write, typed_text=typed_text,
+                                         then=driver.before_step)
+                record.on_entry = _Both(record.on_entry, replayer.on_entry)
+                driver.before_step = replayer.before_step
             if origins is not None:
                 driver.before_capture = _origin_wait(registry, hooks, cancel)
             if task.browser_channel and task.signin.enabled:
                 driver.before_capture = _with_signin(driver.before_capture, SignInFlow(
                     agent, registry, allows=_policy_allows(task, registry), write=record.write,
-                    answerable=lambda: bool(asker or registry.views or options.sign_in_file
-                                            or options.sign_in_answered_elsewhere),
+                    answerable=lambda: bool(asker or registry.views or options.sign_in_file),
                     cancelled=cancel, screenshot=lambda: hooks.last_screenshot))
                 if asker is not None:
                     answerers.append(SignInPrompter(asker, registry, console))
@@ -411,8 +521,10 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     denials.append(decision)
                 hooks.on_decision(decision)
 
+            override: list[str | None] = [None]  # the screen an approval is asked again on (bound approvals)
+
             def shown() -> str | None:
-                return hooks.last_screenshot
+                return override[0] or hooks.last_screenshot
 
             approver = SafetyCheckApprover(asker=asker, auto_codes=options.approve_codes, console=console,
                                            on_decision=on_decision, registry=registry, screenshot=shown)
@@ -422,31 +534,58 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             gate = ActionGate(confirm=options.confirm_actions, step=options.step, asker=asker, console=console,
                               on_decision=on_decision, registry=registry, screenshot=shown)
             driver.capture_with_last_action = not gate.asks("screenshot")  # else the screenshot waits for it
+            bound = BoundApprovals(driver, approver, gate, write=record.write, save_image=record.save_image,
+                                   shown_override=override)
+            approve_calls = bound.approve_safety_checks
+            before_action = bound.before_action if gate.active else None
+            browser: GuestBrowserDriver | None = None
+            if task.browser_tools:
+                browser = GuestBrowserDriver(agent, rules=UrlRules.for_task(task, _topology(sandbox),
+                                                                            getattr(agent, "base_url", None)),
+                                             gate=gate)
+                hooks.browser = browser
             t = time.monotonic()
             try:
-                first = driver.capture()
-                params = build_params(task, model, first, legacy)
                 steps = max_steps + (scripted.wait_allowance if scripted else 0)
-                if options.loop is not None:
-                    final_message = options.loop(
-                        driver=driver, params=params, max_steps=steps, approver=approver,
-                        before_action=gate if gate.active else None, cancelled=cancel, hooks=hooks, meter=meter,
-                        base_url=server.base_url if server else None, console=console)
+                if browser is not None:
+                    if options.loop is not None:
+                        raise ValueError("a task with browser tools runs on the SDK's ResponsesToolRunner only "
+                                         "(--runner drives computer tools)")
+                    final_message = _browser_loop(task, model, legacy, driver, browser, client, steps=steps,
+                                                  approver=approve_calls, before_action=before_action, cancel=cancel,
+                                                  hooks=hooks)
                 else:
-                    response = ComputerToolset(driver).run(
-                        client, params, max_steps=steps, approve_safety_checks=approver,
-                        before_action=gate if gate.active else None, cancelled=cancel,
-                        on_diagnostic=hooks.on_diagnostic,
-                    )
-                    final_message = response.output_text
+                    first = driver.capture()
+                    params = build_params(task, model, first, legacy)
+                    if options.loop is not None:
+                        final_message = options.loop(
+                            driver=driver, params=params, max_steps=steps, approver=approve_calls,
+                            before_action=before_action, cancelled=cancel, hooks=hooks, meter=meter,
+                            base_url=server.base_url if server else None, console=console)
+                    else:
+                        response = ComputerToolset(driver).run(
+                            client, params, max_steps=steps, approve_safety_checks=approve_calls,
+                            before_action=before_action, cancelled=cancel,
+                            on_diagnostic=hooks.on_diagnostic,
+                        )
+                        final_message = response.output_text
                 status, reason = "passed", "loop completed"
-            except ComputerUseError as exc:
+            except (ComputerUseError, ToolRunnerError) as exc:
                 if cancel():
                     raise _Cancelled() from None
                 status = "failed" if denials else "error"
                 reason = _denial_reason(denials[-1]) if denials else f"loop stopped: {exc}"
+            except ToolRunnerCancelledError as exc:  # an asyncio.CancelledError: not an Exception
+                if cancel():
+                    raise _Cancelled() from None
+                status, reason = "error", f"loop stopped: {type(exc).__name__}: {exc}"
             except _Cancelled:
                 raise
+            except ScreenChanged as exc:  # an approval made void by the screen and not given again
+                if cancel():
+                    raise _Cancelled() from None
+                status = "failed"
+                reason = _denial_reason(denials[-1]) if denials else f"loop stopped: {exc}"
             except Exception as exc:  # API errors, driver errors, agent errors
                 if cancel():
                     raise _Cancelled() from None
@@ -564,6 +703,13 @@ def _denial_reason(decision: Any) -> str:
         what = f"action {decision.action or '?'}"
     why = f" ({decision.message})" if decision.message and decision.by in ("timeout", "no-approver") else ""
     return clean(f"{what} denied by {decision.by}{why}", 400)
+
+
+def _human_recorded(data: dict[str, Any], typed_text: bool) -> dict[str, Any]:
+    """A person's action (``{"action", "input", "by"}`` from the console) as the record keeps it
+    (:func:`controller.run.record.recorded_action` on its ``input``)."""
+    raw = data.get("input")
+    return {**data, "input": recorded_action(raw, typed_text)} if isinstance(raw, dict) else data
 
 
 class _Both:

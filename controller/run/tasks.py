@@ -14,7 +14,8 @@ same rules apply), regexes that do not compile, JSON values that do not parse, g
 relative or contain ``..``, and sqlite queries other than one ``SELECT`` / ``WITH`` / ``VALUES``
 statement (verification also runs them under a read-only authorizer).
 
-Extensions kept optional: ``max_steps``; ``[model]`` format/quality/max_bytes; ``[[ready]]``
+Extensions kept optional: ``max_steps``; ``[model]`` format/quality/max_bytes, ``tools`` (``computer``
+and/or ``browser``; a ``browser`` task must launch ``chromium``) and ``browser_members``; ``[[ready]]``
 conditions the runner waits for after launching (a file appearing in the guest); sqlite checks'
 ``bind_files`` (guest files whose text, trailing whitespace removed, is bound to the query's ``?``).
 """
@@ -33,6 +34,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 from controller.gateway.policy import NetworkPolicy
 from controller import json_semantics
 from controller.validation import describe_validation_error, read_input_or_raise
+from wire.screen_match import MatchRule
 
 
 MAX_TASK_BYTES = 1024 * 1024
@@ -106,8 +108,30 @@ class Screen(_Strict):
     height: StrictInt = Field(800, ge=64, le=8192)
 
 
+TOOLS = ("computer", "browser")
+"""The model's tools a task may give it (``[model] tools``): ``computer`` (the SDK's ``ComputerToolset``:
+screenshots and pixels) and ``browser`` (the SDK's ``BrowserToolset`` over the agent's chromium)."""
+
+
+def _browser_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from openai.lib.browser import BROWSER_MEMBERS
+
+    from wire.browser_tools import GUEST_MEMBERS
+
+    return tuple(BROWSER_MEMBERS), (*GUEST_MEMBERS, "list_tabs")
+
+
+SDK_BROWSER_MEMBERS, SERVED_BROWSER_MEMBERS = _browser_members()
+"""The SDK's ``BrowserToolset`` members (``openai.lib.browser.BROWSER_MEMBERS``), and those a task may
+enable: the agent's (``wire.browser_tools.GUEST_MEMBERS``) and ``list_tabs`` (the SDK answers it from
+the browser's state)."""
+
+
 class ModelView(_Strict):
-    """What the model sees: bounding box (model px), optional crop (screen px), encoding and size cap."""
+    """What the model sees: bounding box (model px), optional crop (screen px), encoding and size cap;
+    ``tools``: the model's tools (:data:`TOOLS`, default ``["computer"]``); ``browser_members``: the
+    ``BrowserToolset`` members a ``browser`` task enables (None: the SDK's ``DEFAULT_BROWSER_MEMBERS``;
+    explicit-only members such as ``click_at`` are enabled only by naming them here)."""
 
     max_width: StrictInt | None = Field(1280, ge=16)
     max_height: StrictInt | None = Field(800, ge=16)
@@ -115,6 +139,37 @@ class ModelView(_Strict):
     format: Literal["png", "jpeg"] = "png"
     quality: StrictInt = Field(85, ge=1, le=100)
     max_bytes: StrictInt = Field(4 * 1024 * 1024, ge=1024)
+    tools: list[Literal["computer", "browser"]] = Field(default_factory=lambda: ["computer"], min_length=1)
+    browser_members: list[StrictStr] | None = Field(None, min_length=1)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each tool may be named once")
+        return v
+
+    @field_validator("browser_members")
+    @classmethod
+    def _served(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for name in v:
+            if name not in SDK_BROWSER_MEMBERS:
+                raise ValueError(f"{name!r} is not a member of the SDK's BrowserToolset "
+                                 f"({', '.join(SDK_BROWSER_MEMBERS)})")
+            if name not in SERVED_BROWSER_MEMBERS:
+                raise ValueError(f"{name!r} is not served by the guest agent (served: "
+                                 f"{', '.join(SERVED_BROWSER_MEMBERS)})")
+        if len(set(v)) != len(v):
+            raise ValueError("each member may be named once")
+        return v
+
+    @model_validator(mode="after")
+    def _members_need_browser(self) -> "ModelView":
+        if self.browser_members is not None and "browser" not in self.tools:
+            raise ValueError('browser_members needs "browser" in tools')
+        return self
 
     @field_validator("crop")
     @classmethod
@@ -234,6 +289,32 @@ class SignIn(_Strict):
     enabled: StrictBool = True
 
 
+class Approvals(_Strict):
+    """``[approvals]``: approvals of computer calls bound to the screen the person was shown (contract 6):
+    ``bind_screen`` (default true; false: an approved call runs on whatever the screen shows then, and
+    the record's ``run_started`` says so), and the comparison rule's ``margin`` (model px), ``tolerance``
+    (0-255) and ``max_changed`` (0-1), defaults :class:`wire.screen_match.MatchRule`'s."""
+
+    bind_screen: StrictBool = True
+    margin: StrictInt = Field(MatchRule().margin, ge=0, le=256)
+    tolerance: StrictInt = Field(MatchRule().tolerance, ge=0, le=255)
+    max_changed: float = Field(MatchRule().max_changed, ge=0.0, le=1.0)
+
+    def rule(self) -> MatchRule | None:
+        """The rule approvals are bound with, or None when ``bind_screen`` is false."""
+        if not self.bind_screen:
+            return None
+        return MatchRule(margin=self.margin, tolerance=self.tolerance, max_changed=self.max_changed)
+
+
+class Record(_Strict):
+    """``[record]``: ``typed_text`` (default false) keeps the text the model (and a person taking over)
+    typed in the run record, so that ``desktop-sandbox replay`` can type it again (``run-task
+    --record-typed-text`` does the same); leave it off for tasks whose typing may hold secrets."""
+
+    typed_text: StrictBool = False
+
+
 class SqliteCheck(_Strict):
     """Run ``query`` on a copy of the guest's SQLite database (with its -wal/-shm), opened read-only.
 
@@ -290,6 +371,8 @@ class Task(_Strict):
     checks: list[Check] = Field([], validate_default=True)
     offline: Offline | None = None
     signin: SignIn = SignIn()
+    approvals: Approvals = Approvals()
+    record: Record = Record()
     max_steps: StrictInt = Field(20, ge=1, le=500)
     source: Path | None = None
 
@@ -316,6 +399,32 @@ class Task(_Strict):
                 raise ValueError(f"model.crop {list(crop)} reaches outside the "
                                  f"{self.screen.width}x{self.screen.height} screen")
         return self
+
+    @model_validator(mode="after")
+    def _browser_needs_chromium(self) -> "Task":
+        if "browser" in self.model.tools and not self.browser_channel:
+            raise ValueError(f'model.tools: "browser" drives the agent\'s chromium: the task must launch it '
+                             f'([[launch]] app = "{CHANNEL_BROWSER}")')
+        return self
+
+    @property
+    def browser_tools(self) -> bool:
+        """True when the model gets the browser tools (``"browser"`` in ``[model] tools``)."""
+        return "browser" in self.model.tools
+
+    @property
+    def computer_tools(self) -> bool:
+        """True when the model gets the computer tool (``"computer"`` in ``[model] tools``)."""
+        return "computer" in self.model.tools
+
+    @property
+    def browser_members(self) -> tuple[str, ...]:
+        """The ``BrowserToolset`` members of a browser task: ``[model] browser_members``, or the SDK's
+        ``DEFAULT_BROWSER_MEMBERS`` when the task names none."""
+        from openai.lib.browser import DEFAULT_BROWSER_MEMBERS
+
+        chosen = self.model.browser_members
+        return tuple(chosen) if chosen is not None else tuple(DEFAULT_BROWSER_MEMBERS)
 
     @property
     def browser_channel(self) -> bool:

@@ -24,7 +24,7 @@ import asyncio
 import html
 import os
 import re
-import secrets
+import hashlib
 import sqlite3
 import threading
 from datetime import date
@@ -243,8 +243,14 @@ def _startup() -> None:
 
 
 @app.get("/", response_class=HTMLResponse)
-def index() -> HTMLResponse:
-    return form()
+def index(shift: int = 0) -> HTMLResponse:
+    """The booking form; ``?shift=N`` (0-200) draws the form N px lower than ``LAYOUT`` says: a changed
+    page, for a replay that must notice its recorded clicks no longer land where they did."""
+    page_ = form()
+    if 0 < shift <= 200:
+        page_ = HTMLResponse(page_.body.decode("utf-8").replace(
+            "</head>", f"<style>#book-form {{ transform: translateY({shift}px); }}</style></head>", 1))
+    return page_
 
 
 async def _fields(request: Request) -> tuple[str, str, str, str]:
@@ -281,13 +287,26 @@ async def api_book(request: Request) -> JSONResponse:
                          "title": f"Pickup {confirmation}", "html": confirmation_html(row)})
 
 
+def confirmation_number(name: str, day: str, time_window: str, items: str, attempt: int) -> str:
+    """``PU-NNNNNN`` for a booking: derived from its details and how many bookings came before it (and
+    ``attempt``, on a collision), so the same bookings on a fresh desk get the same numbers -- a
+    recorded run replays onto the same screens (``desktop-sandbox replay``) -- and different ones
+    different numbers."""
+    digest = hashlib.sha256(f"{attempt}\x00{name}\x00{day}\x00{time_window}\x00{items}".encode()).digest()
+    return f"PU-{int.from_bytes(digest[:8], 'big') % 900000 + 100000}"
+
+
 def _insert(name: str, day: str, time_window: str, items: str) -> str:
-    """Store a validated booking under a fresh unique confirmation number ``PU-NNNNNN``; returns it."""
+    """Store a validated booking under a unique confirmation number (:func:`confirmation_number`);
+    returns it."""
     with _lock:
         conn = connect()
         try:
+            before = conn.execute("SELECT count(*) FROM pickups").fetchone()[0]
+            attempt = before
             while True:
-                confirmation = f"PU-{secrets.randbelow(900000) + 100000}"
+                confirmation = confirmation_number(name.strip(), day.strip(), time_window, items.strip(), attempt)
+                attempt += 1
                 try:
                     with conn:
                         conn.execute(
@@ -328,3 +347,184 @@ def seen() -> JSONResponse:
 @app.get("/livez")
 def livez() -> dict[str, str]:
     return {"status": "ok"}
+
+
+# -- /pay: a page that moves its button on request (approvals bound to the screen) -------------------
+# A "Pay €10" button at a fixed place (PAY_LAYOUT); the page polls /api/pay/state every ~100 ms and,
+# once the state says "moved" (POST /api/pay/move, e.g. from a test with `docker exec`), moves the
+# button PAY_MOVE_PX lower PAY_MOVE_DELAY_MS later: the screen a person approved a click on is no longer
+# the screen the click would land on. A click on the button pays: POST /api/pay adds a row to the
+# `payments` table of the app's database (what a task check reads) and the page shows the receipt.
+# `/pay?clock=1` also shows a clock in the bottom right corner, redrawn every 200 ms: a screen that is
+# never still, though nothing changes where the button is. Every mouse press on the page is logged
+# (POST /api/pay/click, read back with GET /api/pay/clicks), so a test can tell "nothing was clicked"
+# from "a click landed beside the button". The state lives in the app's process (one guest, one page):
+# `moved` stays set until the app restarts.
+
+PAY_LAYOUT = {
+    "button": (640, 228),  # the button's centre, page px (on screen: y + CHROME_PX)
+    "button_box": (560, 200, 160, 56),  # x, y, w, h, page px, before the move
+    "receipt": (340, 410, 600, 30),  # where the receipt text shows once paid
+    "clock": (1060, 444, 200, 40),  # the clock with ?clock=1
+}
+PAY_MOVE_PX = 120
+"""How far (page px, downwards) the button moves once the state says ``moved``."""
+PAY_MOVE_DELAY_MS = 300
+"""Milliseconds between the page seeing ``moved`` and the button moving."""
+PAY_AMOUNT_CENTS = 1000
+
+_pay_state = {"moved": False}
+
+PAY_STYLE = f"""<style>
+#pay {{ position: absolute; left: {PAY_LAYOUT['button_box'][0]}px; top: {PAY_LAYOUT['button_box'][1]}px;
+  width: {PAY_LAYOUT['button_box'][2]}px; height: {PAY_LAYOUT['button_box'][3]}px; font-size: 24px;
+  background: #2f7d32; color: #fff; border: 0; border-radius: 8px; }}
+#pay.moved {{ top: {PAY_LAYOUT['button_box'][1] + PAY_MOVE_PX}px; }}
+#pay-note {{ position: absolute; left: 340px; top: 110px; width: 600px; font-size: 22px; text-align: center; }}
+#receipt {{ position: absolute; left: {PAY_LAYOUT['receipt'][0]}px; top: {PAY_LAYOUT['receipt'][1]}px;
+  width: {PAY_LAYOUT['receipt'][2]}px; height: {PAY_LAYOUT['receipt'][3]}px; font-size: 22px;
+  text-align: center; color: #23395d; }}
+#clock {{ position: absolute; left: {PAY_LAYOUT['clock'][0]}px; top: {PAY_LAYOUT['clock'][1]}px;
+  width: {PAY_LAYOUT['clock'][2]}px; height: {PAY_LAYOUT['clock'][3]}px;
+  font: bold 24px 'DejaVu Sans Mono', monospace; line-height: 40px; text-align: center;
+  background: #fff; border: 2px solid #23395d; border-radius: 6px; }}
+</style>"""
+
+# Polls the state every ~100 ms until it says moved, then moves the button PAY_MOVE_DELAY_MS later;
+# the button's click pays (one request at a time) and shows the receipt; the clock, when there is one,
+# shows the time to a tenth of a second, redrawn every 200 ms.
+PAY_SCRIPT = f"""<script>
+const pay = document.getElementById('pay');
+async function pollPayState() {{
+  try {{
+    const state = await (await fetch('/api/pay/state', {{cache: 'no-store'}})).json();
+    if (state.moved) {{ setTimeout(() => pay.classList.add('moved'), {PAY_MOVE_DELAY_MS}); return; }}
+  }} catch (e) {{}}
+  setTimeout(pollPayState, 100);
+}}
+pollPayState();
+document.addEventListener('mousedown', (event) => {{
+  fetch('/api/pay/click', {{method: 'POST', headers: {{'Content-Type': 'application/json'}},
+    body: JSON.stringify({{x: Math.round(event.clientX), y: Math.round(event.clientY), on_button: event.target === pay}})}});
+}});
+let paying = false;
+pay.addEventListener('click', async () => {{
+  if (paying) return;
+  paying = true;
+  try {{
+    const data = await (await fetch('/api/pay', {{method: 'POST'}})).json();
+    document.getElementById('receipt').textContent = 'Paid \\u20ac10.00 \\u00b7 receipt ' + data.receipt;
+  }} finally {{ paying = false; }}
+}});
+const clock = document.getElementById('clock');
+if (clock) {{
+  const tick = () => {{
+    const now = new Date();
+    clock.textContent = now.toTimeString().slice(0, 8) + '.' + Math.floor(now.getMilliseconds() / 100);
+  }};
+  tick();
+  setInterval(tick, 200);
+}}
+</script>"""
+
+
+def connect_payments() -> sqlite3.Connection:
+    """The database (:func:`connect`) with the payment page's tables: ``payments`` (``id``,
+    ``amount_cents``, ``receipt`` ``PAY-NNNNNN`` from the row's id, ``created_at`` UTC ISO) and
+    ``page_clicks`` (``x``, ``y`` viewport CSS px of each mouse press on the page, ``on_button`` 0/1,
+    ``created_at``)."""
+    conn = connect()
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS page_clicks (
+               id INTEGER PRIMARY KEY,
+               x INTEGER NOT NULL,
+               y INTEGER NOT NULL,
+               on_button INTEGER NOT NULL,
+               created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+           )"""
+    )
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS payments (
+               id INTEGER PRIMARY KEY,
+               amount_cents INTEGER NOT NULL,
+               receipt TEXT,
+               created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+           )"""
+    )
+    return conn
+
+
+@app.get("/pay", response_class=HTMLResponse)
+def pay_page(clock: int = 0) -> HTMLResponse:
+    """The payment page (the comment above ``PAY_LAYOUT``); ``?clock=1`` adds the clock. Creates the
+    ``payments`` table, so a check finds it empty (not missing) when nothing was paid."""
+    with _lock:
+        connect_payments().close()
+    clock_html = "<div id='clock'></div>" if clock == 1 else ""
+    body = (f"<div id='pay-note'>Order #1042 &middot; total &euro;10.00</div>"
+            f"<button id='pay' type='button'>Pay &euro;10</button><div id='receipt'></div>{clock_html}")
+    return page(body, title="Pay", script=PAY_STYLE + PAY_SCRIPT)
+
+
+@app.get("/api/pay/state")
+def pay_state() -> JSONResponse:
+    """``{"moved": bool}``: whether the page is to move its button (``POST /api/pay/move``)."""
+    return JSONResponse({"moved": _pay_state["moved"]}, headers={"Cache-Control": "no-store"})
+
+
+@app.post("/api/pay/move")
+def pay_move() -> JSONResponse:
+    """Tell the page to move its button (it sees it within ~100 ms, moves it 300 ms later):
+    ``{"moved": true}``."""
+    _pay_state["moved"] = True
+    return JSONResponse({"moved": True})
+
+
+@app.post("/api/pay")
+def pay() -> JSONResponse:
+    """Record one payment of €10: ``{"receipt": "PAY-NNNNNN", "amount_cents": 1000}``."""
+    with _lock:
+        conn = connect_payments()
+        try:
+            with conn:
+                row_id = conn.execute("INSERT INTO payments (amount_cents) VALUES (?)", (PAY_AMOUNT_CENTS,)).lastrowid
+                receipt = f"PAY-{row_id:06d}"
+                conn.execute("UPDATE payments SET receipt = ? WHERE id = ?", (receipt, row_id))
+        finally:
+            conn.close()
+    return JSONResponse({"receipt": receipt, "amount_cents": PAY_AMOUNT_CENTS})
+
+
+@app.post("/api/pay/click")
+async def pay_click(request: Request) -> JSONResponse:
+    """Log one mouse press on the payment page: body ``{"x", "y", "on_button"}`` (viewport CSS px,
+    bool); ``{"logged": true}``, or 400 ``{"error": {"code": "invalid_click", "message"}}``."""
+    try:
+        data = await request.json()
+        x, y, on_button = int(data["x"]), int(data["y"]), bool(data["on_button"])
+    except (ValueError, TypeError, KeyError):
+        return JSONResponse({"error": {"code": "invalid_click", "message": "expected {x, y, on_button}"}},
+                            status_code=400)
+    with _lock:
+        conn = connect_payments()
+        try:
+            with conn:
+                conn.execute("INSERT INTO page_clicks (x, y, on_button) VALUES (?, ?, ?)", (x, y, int(on_button)))
+        finally:
+            conn.close()
+    return JSONResponse({"logged": True})
+
+
+@app.get("/api/pay/clicks")
+def pay_clicks() -> JSONResponse:
+    """The payment page's state for a test: ``{"clicks": [{"x", "y", "on_button"}...], "payments": N,
+    "moved": bool}`` (clicks in viewport CSS px, in order)."""
+    with _lock:
+        conn = connect_payments()
+        try:
+            clicks = conn.execute("SELECT x, y, on_button FROM page_clicks ORDER BY id").fetchall()
+            payments = conn.execute("SELECT count(*) FROM payments").fetchone()[0]
+        finally:
+            conn.close()
+    return JSONResponse({"clicks": [{"x": x, "y": y, "on_button": bool(b)} for x, y, b in clicks],
+                         "payments": payments, "moved": _pay_state["moved"]})

@@ -223,3 +223,16 @@ def test_a_lone_surrogate_from_the_model_is_recorded_as_its_json_escape(tmp_path
     raw = rec.path.read_bytes()
     assert b"\\ud800" in raw
     assert read_entries(rec.path)[-1].final_message == "a\ud800b"
+
+
+def test_typed_text_is_kept_only_when_the_run_records_it():
+    from controller.run.record import recorded_action
+    from controller.run.runner import _human_recorded
+
+    typed = {"type": "type", "text": "hunter2"}
+    assert recorded_action(typed, False) == {"type": "type", "text_length": 7}
+    assert recorded_action(typed, True) == {"type": "type", "text_length": 7, "text": "hunter2"}
+    assert recorded_action({"type": "click", "x": 1, "y": 2, "button": "left"}, False)["x"] == 1
+    person = {"action": "type <7 chars>", "input": typed, "by": "console"}
+    assert _human_recorded(person, False)["input"] == {"type": "type", "text_length": 7}
+    assert "hunter2" in str(_human_recorded(person, True))

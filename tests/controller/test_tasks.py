@@ -236,3 +236,49 @@ def test_page_check_accepts_http_and_https_with_path_and_query(tmp_path):
     for url in ('"http://signin-demo:8080"', '"https://a.example/p?q=1&r=2"', '"http://10.0.0.1/x/y"'):
         task = load_task(_write(tmp_path, BASE + _page_check(url=url, match="json", value='{ "a" = 1 }')))
         assert task.checks[0].url == url.strip('"')
+
+
+CHROMIUM = '[[launch]]\napp = "chromium"\nargs = ["http://127.0.0.1:8080/"]\n'
+
+
+def test_browser_pickup_task_gives_the_model_the_browser_tools_only():
+    from openai.lib.browser import DEFAULT_BROWSER_MEMBERS
+
+    task = load_task(TASKS / "browser-pickup.toml")
+    assert task.model.tools == ["browser"] and task.browser_tools and not task.computer_tools
+    assert task.browser_channel and task.offline_script_path().is_file()
+    assert task.browser_members == tuple(DEFAULT_BROWSER_MEMBERS)  # none named: the SDK's defaults
+
+
+def test_tools_default_to_the_computer_and_members_are_taken_as_named(tmp_path):
+    plain = load_task(_write(tmp_path, BASE + CHECK))
+    assert plain.model.tools == ["computer"] and plain.computer_tools and not plain.browser_tools
+    both = load_task(_write(tmp_path, BASE + '[model]\ntools = ["computer", "browser"]\n'
+                            'browser_members = ["read_page", "click_at", "list_tabs"]\n' + CHROMIUM + CHECK))
+    assert both.computer_tools and both.browser_tools
+    assert both.browser_members == ("read_page", "click_at", "list_tabs")  # an explicit-only member opts in
+
+
+@pytest.mark.parametrize("body, field, why", [
+    (BASE + '[model]\ntools = ["browser"]\n' + CHECK, "model.tools", "must launch it"),
+    (BASE + '[model]\ntools = []\n' + CHROMIUM + CHECK, "model.tools", "at least 1"),
+    (BASE + '[model]\ntools = ["pixels"]\n' + CHECK, "model.tools", "computer"),
+    (BASE + '[model]\ntools = ["browser", "browser"]\n' + CHROMIUM + CHECK, "model.tools", "once"),
+    (BASE + '[model]\ntools = "browser"\n' + CHROMIUM + CHECK, "model.tools", "list"),
+    (BASE + '[model]\nbrowser_members = ["click"]\n' + CHROMIUM + CHECK, "model", 'needs "browser"'),
+    (BASE + '[model]\ntools = ["browser"]\nbrowser_members = ["run_script"]\n' + CHROMIUM + CHECK,
+     "model.browser_members", "not served by the guest agent"),
+    (BASE + '[model]\ntools = ["browser"]\nbrowser_members = ["teleport"]\n' + CHROMIUM + CHECK,
+     "model.browser_members", "not a member of the SDK's BrowserToolset"),
+    (BASE + '[model]\ntools = ["browser"]\nbrowser_members = ["click", "click"]\n' + CHROMIUM + CHECK,
+     "model.browser_members", "once"),
+    (BASE + '[model]\ntools = ["browser"]\nbrowser_members = []\n' + CHROMIUM + CHECK,
+     "model.browser_members", "at least 1"),
+    (BASE + '[model]\ntools = ["browser"]\nbrowser_members = [1]\n' + CHROMIUM + CHECK,
+     "model.browser_members", "string"),
+])
+def test_malformed_browser_tool_settings_are_refused_with_the_field(tmp_path, body, field, why):
+    with pytest.raises(TaskError) as err:
+        load_task(_write(tmp_path, body))
+    message = str(err.value)
+    assert "\n" not in message and f"{field}" in message and why in message, message

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -95,6 +95,25 @@ def sandbox(docker_client, desktop_image, test_labels) -> Iterator["object"]:
     record_ready(f"sandbox {sb.id}", sb.timings)
     with sb:
         yield sb
+
+
+@pytest.fixture
+def task_sandbox(docker_client, desktop_image, test_labels) -> Iterator[Callable[[Any], Any]]:
+    """``open(task)``: a fresh sandbox of the image for ``task`` (its screen and policy), labelled as this
+    session's, for ``run_task``; every sandbox it opened is closed after the test."""
+    from controller.sandbox.docker import DockerOptions, DockerSandbox
+
+    started: list[Any] = []
+
+    def open_(task: Any) -> Any:
+        sb = DockerSandbox.start(task.sandbox_spec(), DockerOptions(image=desktop_image, extra_labels=test_labels),
+                                 client=docker_client)
+        started.append(sb)
+        return sb
+
+    yield open_
+    for sb in started:
+        sb.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

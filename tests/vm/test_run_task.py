@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controller.run.record import read_record, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
@@ -21,11 +23,13 @@ from .conftest import _timings
 TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
 
-def test_pickup_offline_exercise_passes_on_the_vm(vm_image, tmp_path):
+@pytest.fixture(scope="module")
+def pickup_on_the_vm(vm_image, tmp_path_factory):
+    """One offline pickup run on the VM backend, shared by the module: ``(outcome, sandboxes started)``
+    (the run is checked here, then replayed from its record)."""
     from controller.cli import sandbox_opener
-    from controller.sandbox.vm import VMSandbox
 
-    started: list[VMSandbox] = []
+    started: list = []
     open_vm = sandbox_opener("vm", None)
 
     def opener(task):
@@ -34,7 +38,12 @@ def test_pickup_offline_exercise_passes_on_the_vm(vm_image, tmp_path):
         return sb
 
     outcome = run_task(load_task(TASKS / "pickup.toml"), opener,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None))
+                       RunOptions(runs_dir=tmp_path_factory.mktemp("pickup-vm"), live=False, asker=None))
+    return outcome, started
+
+
+def test_pickup_offline_exercise_passes_on_the_vm(pickup_on_the_vm):
+    outcome, started = pickup_on_the_vm
     entries = read_record(outcome.record_dir)
     s = summarize(entries)
     _timings.append(("pickup run-task", {"wall_s": s["wall_s"], "waits": s["expectation_waits"],
@@ -47,3 +56,43 @@ def test_pickup_offline_exercise_passes_on_the_vm(vm_image, tmp_path):
     [sb] = started
     for proc in (sb.qemu, sb.gateway):
         assert proc is None or proc.poll() is not None
+
+
+def test_a_recorded_pickup_run_replays_on_the_vm(pickup_on_the_vm, tmp_path):
+    """``desktop-sandbox replay``'s path on the VM backend: the pickup run recorded there, replayed on a
+    fresh VM step by step (each step waits until the screen matches, where its actions land, the
+    recorded one), then the task's checks."""
+    from controller.cli import sandbox_opener
+    from controller.commands.replay import step_states
+    from controller.run.replay import build
+
+    recorded, _started = pickup_on_the_vm
+    assert recorded.status == "passed", recorded.reason
+    opener = sandbox_opener("vm", None)
+    replay = build(recorded.record_dir)
+    script = replay.write_script(tmp_path / "replay.offline.jsonl")
+    outcome = run_task(load_task(replay.task_source), opener,
+                       RunOptions(runs_dir=tmp_path / "replays", live=False, asker=None, script=script))
+    entries = read_record(outcome.record_dir)
+    states = step_states(replay, entries)
+    s = summarize(entries)
+    _timings.append(("pickup replay", {"wall_s": s["wall_s"], "waits": s["expectation_waits"],
+                                       **(s.get("timings") or {})}))
+    assert [state for state, _ in states] == ["matched"] * len(replay.steps), states
+    assert outcome.status == "passed", (outcome.reason, outcome.checks)
+
+
+def test_browser_pickup_passes_on_the_vm(vm_image, tmp_path):
+    """tasks/browser-pickup.toml (the SDK's structured browser tools over the agent's chromium) on the VM
+    backend: every browser call succeeds and the booking is verified from the app's database."""
+    from controller.cli import sandbox_opener
+
+    outcome = run_task(load_task(TASKS / "browser-pickup.toml"), sandbox_opener("vm", None),
+                       RunOptions(runs_dir=tmp_path, live=False, asker=None))
+    entries = read_record(outcome.record_dir)
+    calls = [e for e in entries if e["type"] == "browser_call"]
+    s = summarize(entries)
+    _timings.append(("browser-pickup run-task", {"wall_s": s["wall_s"], **(s.get("timings") or {})}))
+    assert outcome.status == "passed", (outcome.reason, calls[-3:])
+    assert calls and all(c["ok"] for c in calls)
+    assert [c["passed"] for c in outcome.checks] == [True]

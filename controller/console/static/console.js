@@ -2,7 +2,8 @@
 /* A live run's page: the event stream (EventSource on /runs/{id}/events), the approval cards (safety
    checks and actions: Approve / Deny; origin requests of the gateway: the origin, its reason, a
    countdown to the gateway's deadline, Approve / Deny / Cancel; focus on Deny), the
-   step/action log, model messages, usage and network decisions, and the Take over / Resume / Cancel
+   step/action log (computer actions, and each browser call as its one line), model messages, usage and
+   network decisions, and the Take over / Resume / Cancel
    run buttons; sign-in requests (browser_authentication) get a card of their own (see "sign-in
    requests" below). Every text from the run is set with textContent (never innerHTML). POSTs carry the
    page's CSRF token (<meta name="csrf-token">). An answer is sent once, on a click; after a failed
@@ -394,7 +395,8 @@
     $("usage").textContent = text;
   }
 
-  function addEntry(e) {
+  /* One record entry into the page; text: the event's one line for the entry, when it has one. */
+  function addEntry(e, text) {
     if (!e || typeof e !== "object") return;
     const ts = e.ts;
     switch (e.type) {
@@ -420,6 +422,11 @@
       }
       case "action":
         line("log", ts, `  ${e.action || "?"}${typeof e.duration_ms === "number" ? " " + Math.round(e.duration_ms) + " ms" : ""}${e.error ? " FAILED: " + e.error : ""}`, e.error ? "bad" : "");
+        break;
+      case "browser_call":
+        /* the record event's one line (controller.run.progress.browser_call_text: typed text as its length) */
+        line("log", ts, `  ${typeof text === "string" ? text : "browser " + e.member + (e.ok ? ": ok" : ": FAILED")}`,
+             e.ok ? "" : "bad");
         break;
       case "human_action":
         line("log", ts, `  person${e.by ? " (" + e.by + ")" : ""}: ${short(e.action, 200)}`, "human");
@@ -523,7 +530,7 @@
     });
     es.addEventListener("control", (ev) => { const d = parse(ev); if (d) applyState(d.state, null, d.seq); });
     es.addEventListener("action", (ev) => { const d = parse(ev); if (d) window.DSScreen.showAction(d); });
-    es.addEventListener("record", (ev) => { const d = parse(ev); if (d) addEntry(d.entry); });
+    es.addEventListener("record", (ev) => { const d = parse(ev); if (d) addEntry(d.entry, d.text); });
     es.addEventListener("end", (ev) => {
       es.close();
       const d = parse(ev);

@@ -4,7 +4,9 @@
    (state "human"), their clicks, wheel and keys sent as actions in screen px.
 
    window.DSScreen = {init(runId, send), setScreen([w, h]), setState(state), showAction(info)}
-   info: an "action" event's data {by: "model"|"human", action: {...screen px...}, screen: [w, h]}.
+   info: an "action" event's data {by: "model"|"human", action: {...screen px...}, screen: [w, h]}; a call
+   of the browser tools is the action {type: "browser_call", member, call_id, ok, box}, its box (the
+   element it acted on, {x, y, width, height} screen px, or null) drawn as a rectangle.
    send(action) -> Promise: posts one action to /runs/{id}/input (console.js).
    Every text drawn is set with textContent. */
 (function () {
@@ -129,6 +131,15 @@
       case "keypress":
         label(`${by}: keys ${(Array.isArray(a.keys) ? a.keys : []).map(String).join("+")}`);
         break;
+      case "browser_call": {
+        const b = a.box && typeof a.box === "object" ? a.box : null;
+        const bx = b ? num(b.x) : null, bw = b ? num(b.width) : null;
+        const bt = b ? num(b.y) : null, bh = b ? num(b.height) : null;
+        if (bx !== null && bt !== null && bw > 0 && bh > 0)
+          svg("rect", { x: bx, y: bt, width: bw, height: bh, class: cls + " browser-box" });
+        label(`${by}: browser ${String(a.member)}${a.ok === false ? " FAILED" : ""}`);
+        break;
+      }
       default:
         label(`${by}: ${String(a.type)}`);
     }

@@ -1,0 +1,1173 @@
+"""The agent's chromium as the openai SDK's ``BrowserToolset`` driver (docs/ARCHITECTURE.md, contract 9).
+
+:class:`BrowserTools` serves ``GET /v1/browser/state`` (:meth:`BrowserTools.state`) and
+``POST /v1/browser/call`` (:meth:`BrowserTools.call`) over the DevTools pipe that
+:class:`guest.browser.BrowserHost` holds (the same channel and sessions as the sign-in; never a TCP
+port). Shapes, members, limits and refusal codes are :mod:`wire.browser_tools`.
+
+Tabs are the agent's own tokens (``tab-1``, ``tab-2``, ...: never chromium's target ids), in the order
+the agent first saw them; the active one is the tab the agent last brought to the front (a tab a page
+opens comes to the front, as chromium shows it). The observation records what happened to the tabs:
+``tab_opened``, ``tab_closed``, ``tab_switched``, ``navigation`` (a new document in a main frame),
+``dialog_dismissed`` (every JavaScript dialog is answered at once: alert, confirm and prompt dismissed,
+beforeunload answered "leave", so a navigation the model asked for goes through), ``download``
+(downloads are denied, ``blocked``), ``navigation_refused`` (``unsupported``: a URL that is not http(s)
+or about:blank), at most :data:`wire.browser_tools.MAX_CHANGES` retained.
+
+Pages are hostile. Every script runs in this agent's isolated world (:data:`WORLD`), one per document,
+its execution context cached per (tab, frame, loader): the page shares the DOM but not the world's
+globals or prototypes, so it cannot see or forge the refs, which live in that world's ``Map`` (nothing
+is written into the page), nor replace the functions and getters the scripts use. A read visits at most
+:data:`wire.browser_tools.MAX_WORK_NODES` nodes and answers bounded text (a 50 MB page costs the same
+as a small one); same-origin iframes and open shadow roots are read, other frames are omitted
+(``frame_limit``). Every DevTools command has a deadline; a page that blocks its event loop makes
+reads and element actions time out (504 ``browser_timeout``), never the agent.
+
+Input: ``click``, ``hover``, ``type``, ``key``, ``scroll`` are trusted events sent to the tab through
+CDP ``Input``; ``select_option`` sets the options from the isolated world and fires ``input`` and
+``change``; ``click_at``, ``hover_at``, ``drag_path``, ``hold_keys`` go through the agent's X input
+(:class:`guest.actions.Executor`, the computer actions' input lock), viewport CSS px mapped to screen
+px by :meth:`BrowserTools.viewport_on_screen`.
+
+Over 400 lines: the page-side script, the tab and observation bookkeeping and one handler per member
+belong together (one home of how the agent drives its browser for the model).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from wire import browser_tools as W
+from wire.browser_tools import BrowserCall, BrowserCallResult
+
+from . import keys as keynames
+from .browser import BrowserError, BrowserHost, _as_browser_error
+from .cdp import ChannelClosed, ChannelError, CommandFailed, Pipe, wait_until
+
+WORLD = "desktop-sandbox-tools"
+"""Name of this agent's isolated world in each document."""
+SCRIPT_TIMEOUT_S = 5.0
+"""Deadline of one script in a page."""
+SHORT_TIMEOUT_S = 1.0
+"""Deadline of a command polled in a loop or only informative (the viewport's place)."""
+BUSY_WAIT_S = 30.0
+"""How long a call waits for the browser while another request (a sign-in fill) uses it (409 ``busy``)."""
+PAINT_WAIT_S = 2.0
+"""How long an X input member waits for a new document's first contentful paint before it sends input."""
+CLICK_SPACING_S = 0.02
+"""Time between the X clicks of one ``click_at`` with ``click_count`` > 1 (well inside a double-click
+interval, never within one X timestamp)."""
+MAX_PENDING_EVENTS = 1000
+"""Most page events (dialogs, new tabs) waiting to be handled; more are dropped."""
+
+_REF = re.compile(r"^d([0-9]{1,9})e([0-9]{1,9})$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: Any) -> str:
+    """A string from the browser as text: lone surrogates (a JS string may hold them) replaced."""
+    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else ""
+
+
+def refuse(code: str, message: str) -> BrowserError:
+    """A 422 refusal (``code`` one of :data:`wire.browser_tools.REFUSAL_CODES`); ``message`` must hold
+    no page text."""
+    assert code in W.REFUSAL_CODES, code
+    return BrowserError(422, code, message)
+
+
+def navigable(url: str) -> bool:
+    """True for the URLs the agent loads: ``about:blank`` and http(s) URLs with a host, no whitespace
+    or control characters."""
+    if url == "about:blank":
+        return True
+    if re.search(r"[\x00-\x20\x7f]", url):
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+# -- the page-side script (runs in the isolated world only) ------------------------------------------
+PAGE_JS = r"""function (op, arg) {
+const L = %(limits)s;
+const S = globalThis.__dsTools || (globalThis.__dsTools = {refs: new Map(), ids: new WeakMap(), next: 1});
+const BLOCK = /^(address|article|aside|blockquote|br|dd|details|dialog|div|dl|dt|fieldset|figcaption|figure|footer|form|h[1-6]|header|hr|li|main|nav|ol|p|pre|section|summary|table|tr|ul)$/;
+const SKIP = /^(script|style|noscript|template|head|title|meta|link)$/;
+const ROLES = {button: 'button', link: 'button', menuitem: 'button', tab: 'button', option: null, textbox: 'textbox',
+  searchbox: 'textbox', combobox: 'combobox', checkbox: 'checkbox', switch: 'checkbox', radio: 'radio', slider: 'slider',
+  listbox: 'listbox'};
+function squash(s, n) { return String(s == null ? '' : s).slice(0, 4 * n).replace(/\s+/g, ' ').trim().slice(0, n); }
+function bounded(node, n) {
+  let out = '', seen = 0;
+  const w = node.ownerDocument.createTreeWalker(node, NodeFilter.SHOW_TEXT);
+  for (let t = w.nextNode(); t && out.length < 4 * n && seen < 200; t = w.nextNode(), seen++)
+    if (!t.parentElement || !t.parentElement.closest('select, textarea, script, style')) out += t.data.slice(0, 4 * n) + ' ';
+  return squash(out, n);
+}
+function roleOf(el) {
+  const tag = el.localName, aria = (el.getAttribute('role') || '').trim().toLowerCase().split(/\s+/)[0];
+  if (tag === 'input') {
+    const t = (el.getAttribute('type') || 'text').toLowerCase();
+    if (t === 'hidden') return null;
+    if (['button', 'submit', 'reset', 'image'].includes(t)) return 'button';
+    if (t === 'checkbox') return 'checkbox';
+    if (t === 'radio') return 'radio';
+    if (t === 'range') return 'slider';
+    if (t === 'file' || t === 'color') return '?';
+    return 'textbox';
+  }
+  if (tag === 'textarea') return 'textbox';
+  if (tag === 'select') return el.multiple || el.size > 1 ? 'listbox' : 'combobox';
+  if (tag === 'button' || tag === 'summary') return 'button';
+  if (tag === 'a' && el.hasAttribute('href')) return 'button';
+  if (aria && aria in ROLES) return ROLES[aria];
+  if (el.isContentEditable && !(el.parentElement && el.parentElement.isContentEditable)) return 'textbox';
+  return null;
+}
+function labelOf(el, role) {
+  const by = el.getAttribute('aria-labelledby');
+  if (by) {
+    const root = el.getRootNode(), parts = [];
+    for (const id of by.split(/\s+/).slice(0, 8)) { const r = root.getElementById ? root.getElementById(id) : null; if (r) parts.push(bounded(r, L.label)); }
+    const s = squash(parts.join(' '), L.label); if (s) return s;
+  }
+  const aria = squash(el.getAttribute('aria-label'), L.label); if (aria) return aria;
+  if (el.labels && el.labels.length) { const s = bounded(el.labels[0], L.label); if (s) return s; }
+  if (el.localName === 'input' && ['button', 'submit', 'reset'].includes(el.type)) { const s = squash(el.value, L.label); if (s) return s; }
+  if (el.localName === 'input' && el.type === 'image') { const s = squash(el.alt, L.label); if (s) return s; }
+  if (role === 'button' && el.localName !== 'input') { const s = bounded(el, L.label); if (s) return s; }
+  for (const a of ['placeholder', 'title', 'alt', 'name']) { const s = squash(el.getAttribute(a), L.label); if (s) return s; }
+  if (role === 'textbox' && el.isContentEditable) { const s = bounded(el, L.label); if (s) return s; }
+  return '';
+}
+function privateField(el) {
+  if (el.localName === 'input' && el.type === 'password') return true;
+  const ac = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200).split(/\s+/);
+  return ac.some(t => t.startsWith('cc-') || t === 'one-time-code');
+}
+function refOf(el) {
+  let ref = S.ids.get(el);
+  if (!ref) { ref = arg.prefix + 'e' + (S.next++); S.ids.set(el, ref); S.refs.set(ref, el); }
+  return ref;
+}
+function shown(el) {
+  return el.checkVisibility({opacityProperty: false, visibilityProperty: true, contentVisibilityAuto: true});
+}
+function frameOffset(win) {
+  let x = 0, y = 0;
+  for (let i = 0; i < 20 && win !== window && win.frameElement; i++) {
+    const fe = win.frameElement, r = fe.getBoundingClientRect(), cs = fe.ownerDocument.defaultView.getComputedStyle(fe);
+    x += r.left + fe.clientLeft + parseFloat(cs.paddingLeft || '0');
+    y += r.top + fe.clientTop + parseFloat(cs.paddingTop || '0');
+    win = fe.ownerDocument.defaultView;
+  }
+  return [x, y];
+}
+function read(mode, query) {
+  const om = new Set(), els = [], wantText = mode !== 'interactive';
+  let text = '', work = 0, options = 0;
+  const stack = [{next: document.documentElement}];
+  const push = (node) => { if (node) stack.push({next: node}); };
+  while (stack.length) {
+    const top = stack[stack.length - 1], n = top.next;
+    if (!n) { stack.pop(); continue; }
+    top.next = n.nextSibling;
+    if (++work > L.work) { om.add('work_limit'); break; }
+    if (n.nodeType === 3) {
+      if (wantText && text.length < L.text) text += n.data.slice(0, 2 * L.text).replace(/\s+/g, ' ');
+      else if (wantText) om.add('text_limit');
+      continue;
+    }
+    if (n.nodeType !== 1) continue;
+    const tag = n.localName;
+    if (SKIP.test(tag)) continue;
+    if (tag !== 'html' && tag !== 'body' && !shown(n)) continue;
+    if (wantText && BLOCK.test(tag) && text && !text.endsWith('\n')) text += '\n';
+    const role = roleOf(n);
+    if (role === '?') om.add('unsupported_control');
+    else if (role) {
+      let label = labelOf(n, role);
+      const item = {role, label: label || ('unlabelled ' + role)};
+      if (!query || item.label.toLowerCase().includes(query)) {
+        if (els.length >= L.elements) om.add('target_limit');
+        else {
+          if (role === 'textbox' || role === 'slider') {
+            if (privateField(n)) om.add('private');
+            else if ('value' in n && typeof n.value === 'string') item.value = n.value.slice(0, 4 * L.value + 1);
+            else if (n.isContentEditable) item.value = bounded(n, L.value + 1);
+          } else if (role === 'checkbox' || role === 'radio') {
+            item.checked = 'checked' in n && n.localName === 'input' ? !!n.checked : n.getAttribute('aria-checked') === 'true';
+          } else if ((role === 'combobox' || role === 'listbox') && n.localName === 'select') {
+            item.options = [];
+            for (let i = 0; i < n.options.length; i++) {
+              if (item.options.length >= L.options || options >= L.reportOptions) { om.add('report_limit'); break; }
+              const o = n.options[i], ol = squash(o.label || o.text, L.label) || squash(o.value, L.label) || 'unlabelled option';
+              const opt = {label: ol, value: o.value.slice(0, 4 * L.value + 1)};
+              if (role === 'listbox') opt.selected = !!o.selected;
+              item.options.push(opt); options++;
+            }
+            if (role === 'combobox' && n.selectedIndex >= 0) item.value = n.value.slice(0, 4 * L.value + 1);
+          }
+          item.ref = refOf(n);
+          els.push(item);
+        }
+      }
+    }
+    if (tag === 'iframe' || tag === 'frame') {
+      let doc = null;
+      try { doc = n.contentDocument; } catch (e) { doc = null; }
+      if (doc && doc.documentElement) push(doc.documentElement); else om.add('frame_limit');
+      continue;
+    }
+    if (tag === 'select' || tag === 'textarea') continue;
+    push(n.firstChild);
+    if (n.shadowRoot) push(n.shadowRoot.firstChild);
+  }
+  if (text.length > L.text) { text = text.slice(0, L.text); om.add('text_limit'); }
+  return {text: wantText ? text : '', elements: els, omitted: [...om]};
+}
+function visibleText() { return read('all', null).text; }
+function within(node, el) {
+  for (let i = 0; node && i < 10000; i++) { if (node === el) return true; node = node.parentNode || node.host || null; }
+  return false;
+}
+function hitAt(x, y) {
+  let doc = document, ox = 0, oy = 0, hit = null;
+  for (let depth = 0; depth < 10; depth++) {
+    let h = doc.elementFromPoint(x - ox, y - oy);
+    if (!h) return hit;
+    for (let i = 0; i < 20 && h.shadowRoot; i++) { const inner = h.shadowRoot.elementFromPoint(x - ox, y - oy); if (!inner || inner === h) break; h = inner; }
+    hit = h;
+    if ((h.localName === 'iframe' || h.localName === 'frame')) {
+      let inner = null; try { inner = h.contentDocument; } catch (e) { inner = null; }
+      if (!inner) return hit;
+      const [fx, fy] = frameOffset(inner.defaultView); ox = fx; oy = fy; doc = inner; continue;
+    }
+    return hit;
+  }
+  return hit;
+}
+function element(ref) {
+  const el = S.refs.get(ref);
+  if (!el) return {status: 'stale'};
+  if (!el.isConnected) { S.refs.delete(ref); return {status: 'gone'}; }
+  return {el};
+}
+function box(el) {
+  const r = el.getBoundingClientRect(), [ox, oy] = frameOffset(el.ownerDocument.defaultView);
+  return {x: r.left + ox, y: r.top + oy, width: r.width, height: r.height};
+}
+function prepare(ref, need) {
+  const found = element(ref);
+  if (!found.el) return found;
+  const el = found.el, role = roleOf(el);
+  if (need === 'textbox' && role !== 'textbox') return {status: 'kind', role};
+  if (need === 'select' && el.localName !== 'select') return {status: 'kind', role};
+  if (need === 'check' && role !== 'checkbox' && role !== 'radio') return {status: 'kind', role};
+  el.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'});
+  const b = box(el);
+  if (!shown(el) || b.width <= 0 || b.height <= 0) return {status: 'hidden', box: b};
+  if (need !== 'any' && (el.matches(':disabled') || el.getAttribute('aria-disabled') === 'true')) return {status: 'disabled', box: b};
+  if (need !== 'any' && need !== 'hover') {
+    const cx = b.x + b.width / 2, cy = b.y + b.height / 2;
+    if (cx < 0 || cy < 0 || cx >= innerWidth || cy >= innerHeight) return {status: 'outside', box: b};
+    const hit = hitAt(cx, cy);
+    const ok = hit && (within(hit, el) || (el.labels && [...el.labels].some(l => within(hit, l))));
+    if (!ok) return {status: 'covered', box: b};
+  }
+  return {status: 'ok', box: b, role, checked: 'checked' in el ? !!el.checked : el.getAttribute('aria-checked') === 'true'};
+}
+switch (op) {
+  case 'read': return read(arg.mode, arg.query);
+  case 'text': return visibleText();
+  case 'prepare': return prepare(arg.ref, arg.need);
+  case 'focus': {
+    const found = element(arg.ref); if (!found.el) return found.status;
+    const el = found.el; el.focus();
+    let active = document.activeElement;
+    for (let i = 0; i < 20 && active; i++) {
+      if (active === el) break;
+      if (active.shadowRoot && active.shadowRoot.activeElement) active = active.shadowRoot.activeElement;
+      else if ((active.localName === 'iframe' || active.localName === 'frame') && active.contentDocument) active = active.contentDocument.activeElement;
+      else break;
+    }
+    if (active !== el) return 'unfocused';
+    if (typeof el.select === 'function') el.select(); else el.ownerDocument.execCommand('selectAll');
+    return 'ok';
+  }
+  case 'checked': { const found = element(arg.ref); if (!found.el) return null; const el = found.el;
+    return 'checked' in el && el.localName === 'input' ? !!el.checked : el.getAttribute('aria-checked') === 'true'; }
+  case 'select': {
+    const found = element(arg.ref); if (!found.el) return found.status;
+    const el = found.el, want = arg.values, picked = new Set();
+    for (const v of want) {
+      let hit = -1;
+      for (let i = 0; i < el.options.length && i < 10000; i++) if (el.options[i].value === v) { hit = i; break; }
+      if (hit < 0) for (let i = 0; i < el.options.length && i < 10000; i++) if (squash(el.options[i].label || el.options[i].text, 4 * L.label) === squash(v, 4 * L.label)) { hit = i; break; }
+      if (hit < 0 || el.options[hit].disabled) return 'missing';
+      picked.add(hit);
+    }
+    if (!el.multiple && picked.size > 1) return 'single';
+    for (let i = 0; i < el.options.length && i < 10000; i++) el.options[i].selected = picked.has(i);
+    el.dispatchEvent(new Event('input', {bubbles: true}));
+    el.dispatchEvent(new Event('change', {bubbles: true}));
+    return 'ok';
+  }
+  case 'metrics': return [outerWidth, outerHeight, innerWidth, innerHeight, devicePixelRatio, document.readyState];
+  case 'ready': return document.readyState;
+  case 'visible': return document.visibilityState === 'visible';
+  case 'painted': return performance.getEntriesByType('paint').some(e => e.name === 'first-contentful-paint');
+}
+return null;
+}""" % {"limits": json.dumps({"work": W.MAX_WORK_NODES, "text": W.MAX_READ_TEXT, "elements": W.MAX_READ_ELEMENTS,
+                              "label": W.MAX_LABEL_BYTES, "value": W.MAX_VALUE_BYTES, "options": W.MAX_OPTIONS,
+                              "reportOptions": W.MAX_REPORT_OPTIONS})}
+"""The one script the agent runs in pages, called as ``(op, arg)`` in its isolated world."""
+
+# -- keys for CDP Input.dispatchKeyEvent -------------------------------------------------------------
+_MODIFIER_BITS = {"Alt": 1, "Control": 2, "Meta": 4, "Shift": 8}
+_NAMED_KEYS: dict[str, tuple[str, str, int, str]] = {
+    # name -> (key, code, windowsVirtualKeyCode, text)
+    "enter": ("Enter", "Enter", 13, "\r"), "tab": ("Tab", "Tab", 9, ""), "escape": ("Escape", "Escape", 27, ""),
+    "backspace": ("Backspace", "Backspace", 8, ""), "delete": ("Delete", "Delete", 46, ""),
+    "insert": ("Insert", "Insert", 45, ""), "home": ("Home", "Home", 36, ""), "end": ("End", "End", 35, ""),
+    "pageup": ("PageUp", "PageUp", 33, ""), "pagedown": ("PageDown", "PageDown", 34, ""),
+    "arrowup": ("ArrowUp", "ArrowUp", 38, ""), "arrowdown": ("ArrowDown", "ArrowDown", 40, ""),
+    "arrowleft": ("ArrowLeft", "ArrowLeft", 37, ""), "arrowright": ("ArrowRight", "ArrowRight", 39, ""),
+    "space": (" ", "Space", 32, " "), "control": ("Control", "ControlLeft", 17, ""),
+    "shift": ("Shift", "ShiftLeft", 16, ""), "alt": ("Alt", "AltLeft", 18, ""), "meta": ("Meta", "MetaLeft", 91, ""),
+    **{f"f{n}": (f"F{n}", f"F{n}", 111 + n, "") for n in range(1, 13)},
+}
+_KEY_ALIASES = {"return": "enter", "esc": "escape", "del": "delete", "ctrl": "control", "cmd": "meta",
+                "command": "meta", "super": "meta", "win": "meta", "option": "alt", "up": "arrowup",
+                "down": "arrowdown", "left": "arrowleft", "right": "arrowright", "pgup": "pageup",
+                "pgdn": "pagedown", " ": "space"}
+
+
+def cdp_key(name: str) -> tuple[str, str, int, str]:
+    """``(key, code, windowsVirtualKeyCode, text)`` of a key name for ``Input.dispatchKeyEvent``: a
+    DOM key name (``Enter``, ``ArrowLeft``, ``Control``, ``F5``; case-insensitive, with common
+    aliases ``ctrl``, ``esc``, ``cmd``...) or one character. Raises ValueError for anything else."""
+    lowered = name.lower()
+    lowered = _KEY_ALIASES.get(lowered, lowered)
+    if lowered in _NAMED_KEYS:
+        return _NAMED_KEYS[lowered]
+    if len(name) == 1 and name.isprintable():
+        upper = name.upper()
+        if "a" <= name.lower() <= "z":
+            return name, f"Key{upper}", ord(upper), name
+        if "0" <= name <= "9":
+            return name, f"Digit{name}", ord(name), name
+        return name, "", 0, name
+    raise ValueError(f"unknown key {name[:64]!r}: use a DOM key name (Enter, Tab, ArrowLeft, Control, F5, ...) "
+                     "or one character")
+
+
+# -- state ---------------------------------------------------------------------------------------------
+@dataclass
+class _Tab:
+    number: int
+    target: str
+    title: str = ""
+    url: str = "about:blank"
+
+    @property
+    def id(self) -> str:
+        return f"tab-{self.number}"
+
+
+@dataclass
+class _Doc:
+    token: int
+    target: str
+    loader: str
+
+
+@dataclass
+class _Channel:
+    """What the agent keeps of one chromium channel (a new one starts afresh)."""
+
+    pipe: Pipe
+    tabs: dict[str, _Tab] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    active: str | None = None
+    recent: list[str] = field(default_factory=list)
+    next_tab: int = 1
+    changes: deque = field(default_factory=lambda: deque(maxlen=W.MAX_CHANGES))
+    dropped: int = 0
+    sequence: int = 0
+    enabled: set[str] = field(default_factory=set)
+    worlds: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    docs: dict[int, _Doc] = field(default_factory=dict)
+    doc_of: dict[tuple[str, str], int] = field(default_factory=dict)
+    next_doc: int = 1
+    closing: set[str] = field(default_factory=set)
+    jobs: "queue.Queue[Callable[[], None]]" = field(default_factory=lambda: queue.Queue(MAX_PENDING_EVENTS))
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class BrowserTools:
+    """The browser tools of the agent's chromium (module docstring). ``host``: the channel's owner;
+    ``executor``: the X input for :data:`wire.browser_tools.XTEST_MEMBERS` (None: those members answer
+    409 ``no_display``); ``load_timeout``: seconds ``navigate``/``new_tab`` wait for a load. Thread-safe:
+    one call at a time reaches the browser (the sign-in's lock), ``state`` reads the agent's tables."""
+
+    def __init__(self, host: BrowserHost, executor: Any = None, *, load_timeout: float = W.LOAD_TIMEOUT_S) -> None:
+        self.host, self.executor, self.load_timeout = host, executor, load_timeout
+        self._lock = threading.RLock()
+        self._setup = threading.Lock()
+        self._ch: _Channel | None = None
+        host.on_channel(self._new_channel)
+
+    # -- the channel -----------------------------------------------------------------------------------
+    def _new_channel(self, pipe: Pipe) -> None:
+        """``BrowserHost`` callback for a new channel: set it up on a thread of its own (the launch
+        request that handed the pipe over must not wait for the browser)."""
+        threading.Thread(target=self._quiet_ensure, args=(pipe,), name="browser-tools-setup", daemon=True).start()
+
+    def _quiet_ensure(self, pipe: Pipe) -> None:
+        try:
+            self._ensure(pipe)
+        except (ChannelError, BrowserError):
+            pass  # the next call sets it up again
+
+    def _ensure(self, pipe: Pipe) -> _Channel:
+        """The state of ``pipe``'s channel, set up the first time: target discovery, downloads denied,
+        every page attached with its Page events on."""
+        with self._setup:
+            with self._lock:
+                ch = self._ch
+                if ch is not None and ch.pipe is pipe and ch.ready.is_set():
+                    return ch
+                if ch is None or ch.pipe is not pipe:
+                    ch = self._ch = _Channel(pipe)
+                    pipe.add_listener(lambda m, p, s, ch=ch: self._on_event(ch, m, p, s))
+                    threading.Thread(target=self._work, args=(ch,), name="browser-tools-events", daemon=True).start()
+            pipe.call("Target.setDiscoverTargets", {"discover": True}, timeout=SCRIPT_TIMEOUT_S)
+            try:
+                pipe.call("Browser.setDownloadBehavior", {"behavior": "deny", "eventsEnabled": True},
+                          timeout=SCRIPT_TIMEOUT_S)
+            except ChannelError:
+                pass
+            infos = self._targets(pipe)
+            first = None
+            try:
+                session = self.host._active_page(pipe)
+                with self.host._state:
+                    first = next((t for t, s in self.host._sessions.items() if s == session), None)
+            except BrowserError:
+                pass
+            with self._lock:
+                for info in infos:
+                    self._add_tab(ch, info, record=False)
+                if first in ch.tabs and ch.active is None:
+                    self._set_active(ch, first, record=False)
+                elif ch.active is None and ch.order:
+                    self._set_active(ch, ch.order[0], record=False)
+            for info in infos:
+                self._enable(ch, str(info["targetId"]))
+            ch.ready.set()
+            return ch
+
+    def _channel(self) -> _Channel:
+        try:
+            return self._ensure(self.host._channel())
+        except ChannelError as exc:
+            raise _as_browser_error(exc) from None
+
+    def _work(self, ch: _Channel) -> None:
+        """Handle page events that need commands (dialogs, new tabs), one after another, off the
+        channel's reader thread (a listener must not wait for an answer)."""
+        while ch.pipe.closed is None:
+            try:
+                job = ch.jobs.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                job()
+            except (ChannelError, BrowserError, KeyError):
+                pass
+
+    def _job(self, ch: _Channel, job: Callable[[], None]) -> None:
+        try:
+            ch.jobs.put_nowait(job)
+        except queue.Full:
+            pass
+
+    @staticmethod
+    def _targets(pipe: Pipe) -> list[dict[str, Any]]:
+        infos = pipe.call("Target.getTargets", timeout=SCRIPT_TIMEOUT_S).get("targetInfos", [])
+        return [t for t in infos if isinstance(t, dict) and t.get("type") == "page" and not t.get("subtype")
+                and isinstance(t.get("targetId"), str) and not str(t.get("url", "")).startswith("devtools:")]
+
+    def _enable(self, ch: _Channel, target: str) -> None:
+        """Attach to a page and turn its Page events on (dialogs, navigations), once per target."""
+        if target in ch.enabled:
+            return
+        session = self.host._attach(ch.pipe, target)
+        ch.pipe.call("Page.enable", session_id=session, timeout=SCRIPT_TIMEOUT_S)
+        ch.enabled.add(target)
+
+    # -- events (reader thread: no commands here) ------------------------------------------------------------
+    def _record(self, ch: _Channel, change: str, tab: str | None, **extra: Any) -> None:
+        """Append a change of type ``change`` for tab id ``tab`` (the oldest dropped past the cap)."""
+        if len(ch.changes) == ch.changes.maxlen:
+            ch.dropped += 1
+        ch.sequence += 1
+        ch.changes.append(W.Change(type=change, sequence=ch.sequence, tab_id=tab, **extra))
+
+    def _add_tab(self, ch: _Channel, info: dict[str, Any], *, record: bool) -> _Tab | None:
+        target = str(info.get("targetId"))
+        tab = ch.tabs.get(target)
+        if tab is None:
+            if target in ch.closing:
+                return None
+            tab = ch.tabs[target] = _Tab(ch.next_tab, target)
+            ch.next_tab += 1
+            ch.order.append(target)
+            if record:
+                self._record(ch, "tab_opened", tab.id)
+        tab.title, tab.url = _text(info.get("title"))[:4 * W.MAX_TITLE_BYTES], _text(info.get("url"))[:W.MAX_URL_CHARS + 1]
+        return tab
+
+    def _drop_tab(self, ch: _Channel, target: str) -> None:
+        tab = ch.tabs.pop(target, None)
+        if tab is None:
+            return
+        ch.order.remove(target)
+        ch.enabled.discard(target)
+        ch.recent = [t for t in ch.recent if t != target]
+        for key in [k for k in ch.worlds if k[0] == target]:
+            del ch.worlds[key]
+        self._record(ch, "tab_closed", tab.id)
+        if ch.active == target:
+            ch.active = None
+            following = ch.recent[-1] if ch.recent else (ch.order[-1] if ch.order else None)
+            if following is not None:
+                self._set_active(ch, following, record=True)
+
+    def _set_active(self, ch: _Channel, target: str, *, record: bool) -> None:
+        if ch.active == target:
+            return
+        ch.active = target
+        ch.recent = [t for t in ch.recent if t != target][-50:] + [target]
+        if record:
+            self._record(ch, "tab_switched", ch.tabs[target].id)
+
+    def _on_event(self, ch: _Channel, method: str, params: dict[str, Any], session: str | None) -> None:
+        with self._lock:
+            if self._ch is not ch:
+                return
+            if method == "Target.targetCreated" or method == "Target.targetInfoChanged":
+                info = params.get("targetInfo")
+                if not isinstance(info, dict) or info.get("type") != "page" or info.get("subtype"):
+                    return
+                if str(info.get("url", "")).startswith("devtools:"):
+                    return
+                known = str(info.get("targetId")) in ch.tabs
+                tab = self._add_tab(ch, info, record=ch.ready.is_set())
+                if tab is not None and not known:
+                    if info.get("openerId") and ch.ready.is_set():
+                        self._set_active(ch, tab.target, record=False)
+                    self._job(ch, lambda t=tab.target: self._enable(ch, t))
+            elif method == "Target.targetDestroyed":
+                self._drop_tab(ch, str(params.get("targetId")))
+            elif method == "Page.javascriptDialogOpening" and session is not None:
+                target = self._target_of(session)
+                kind = str(params.get("type"))
+                kind = kind if kind in ("alert", "confirm", "prompt", "beforeunload") else "other"
+                if target in ch.tabs:
+                    self._record(ch, "dialog_dismissed", ch.tabs[target].id, kind=kind)
+                self._job(ch, lambda s=session, k=kind: ch.pipe.call(
+                    "Page.handleJavaScriptDialog", {"accept": k == "beforeunload"}, session_id=s,
+                    timeout=SCRIPT_TIMEOUT_S))
+            elif method == "Page.frameNavigated" and session is not None:
+                frame = params.get("frame")
+                if isinstance(frame, dict) and not frame.get("parentId") and params.get("type", "Navigation") == "Navigation":
+                    target = self._target_of(session)
+                    if target in ch.tabs:
+                        self._record(ch, "navigation", ch.tabs[target].id)
+            elif method == "Browser.downloadWillBegin":
+                frame = str(params.get("frameId", ""))
+                tab = ch.tabs.get(frame)
+                if tab is None:
+                    tab = ch.tabs.get(ch.active or "")
+                self._record(ch, "download", tab.id if tab else None, status="blocked")
+
+    def _target_of(self, session: str) -> str | None:
+        with self.host._state:
+            return next((t for t, s in self.host._sessions.items() if s == session), None)
+
+    # -- state -------------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """``GET /v1/browser/state``: :class:`wire.browser_tools.BrowserStateV1` as JSON (tabs synced
+        with the browser's own list first). Raises BrowserError 409 ``no_browser``, 504, 502."""
+        ch = self._channel()
+        try:
+            infos = self._targets(ch.pipe)
+        except ChannelError as exc:
+            raise _as_browser_error(exc) from None
+        with self._lock:
+            seen = set()
+            for info in infos:
+                seen.add(str(info["targetId"]))
+                if str(info["targetId"]) not in ch.tabs:
+                    self._job(ch, lambda t=str(info["targetId"]): self._enable(ch, t))
+                self._add_tab(ch, info, record=True)
+            for target in [t for t in ch.tabs if t not in seen]:
+                self._drop_tab(ch, target)
+            if ch.active not in ch.tabs and ch.order:
+                self._set_active(ch, ch.order[-1], record=True)
+            shown = ch.order[:W.MAX_TABS]
+            if ch.active is not None and ch.active not in shown:
+                shown = shown[:W.MAX_TABS - 1] + [ch.active]
+            truncated = False
+            tabs = []
+            for target in shown:
+                tab = ch.tabs[target]
+                title = W.cut_utf8(tab.title, W.MAX_TITLE_BYTES)
+                truncated |= title != tab.title
+                tabs.append(W.Tab(id=tab.id, title=title, url=W.reportable_url(tab.url), active=target == ch.active))
+            observation = W.Observation(sequence=ch.sequence, dropped_changes=ch.dropped,
+                                        title_truncated=truncated, changes=list(ch.changes))
+        return W.BrowserStateV1(tabs=tabs, observation=observation).wire()
+
+    # -- calls -------------------------------------------------------------------------------------------
+    def call(self, request: BrowserCall) -> BrowserCallResult:
+        """``POST /v1/browser/call``: run one member. Raises BrowserError: 422 refusals
+        (:data:`wire.browser_tools.REFUSAL_CODES`), 400 ``invalid_request`` (an unknown key name),
+        409 ``no_browser`` / ``no_page`` / ``busy`` / ``no_display``, 504 ``browser_timeout``, 502
+        ``channel_closed`` / ``browser_error``; ActionError from the X input."""
+        if not self.host._busy.acquire(timeout=BUSY_WAIT_S):
+            raise BrowserError(409, "busy", f"the browser stayed busy for {BUSY_WAIT_S:g} s")
+        try:
+            ch = self._channel()
+            try:
+                return getattr(self, "_do_" + request.member)(ch, request.args)
+            except ChannelError as exc:
+                raise _as_browser_error(exc) from None
+        finally:
+            self.host._busy.release()
+
+    def _tab(self, ch: _Channel, tab_id: str | None) -> _Tab:
+        with self._lock:
+            if tab_id is None:
+                if ch.active is None:
+                    raise BrowserError(409, "no_page", "the agent's chromium shows no tab")
+                return ch.tabs[ch.active]
+            for tab in ch.tabs.values():
+                if tab.id == tab_id:
+                    return tab
+        raise refuse("unknown_tab", f"no tab {tab_id[:40]!r}; the state lists the tabs")
+
+    def _session(self, ch: _Channel, tab: _Tab) -> str:
+        self._enable(ch, tab.target)
+        return self.host._attach(ch.pipe, tab.target)
+
+    def _main_frame(self, ch: _Channel, session: str, timeout: float = SCRIPT_TIMEOUT_S) -> dict[str, Any]:
+        frame = ch.pipe.call("Page.getFrameTree", session_id=session, timeout=timeout).get("frameTree", {}).get("frame", {})
+        return frame if isinstance(frame, dict) else {}
+
+    def _script(self, ch: _Channel, tab: _Tab, op: str, arg: dict[str, Any], *, timeout: float = SCRIPT_TIMEOUT_S,
+                loader: str | None = None) -> Any:
+        """Run :data:`PAGE_JS` ``(op, arg)`` in this agent's world of the tab's current document (only
+        that of ``loader`` when given: else ``stale_ref``). Adds ``arg["prefix"]``, the document's ref prefix."""
+        session = self._session(ch, tab)
+        for _attempt in range(2):
+            frame = self._main_frame(ch, session, timeout)
+            frame_id, current = str(frame.get("id", "")), str(frame.get("loaderId", ""))
+            if loader is not None and current != loader:
+                raise refuse("stale_ref", "the ref belongs to a document this tab no longer shows; read the page again")
+            key = (tab.target, frame_id, current)
+            with self._lock:
+                context = ch.worlds.get(key)
+                token = ch.doc_of.get((tab.target, current))
+                if token is None:
+                    token = ch.doc_of[(tab.target, current)] = ch.next_doc
+                    ch.docs[token] = _Doc(token, tab.target, current)
+                    ch.next_doc += 1
+            if context is None:
+                context = int(ch.pipe.call("Page.createIsolatedWorld", {"frameId": frame_id, "worldName": WORLD,
+                                                                         "grantUniveralAccess": False},
+                                           session_id=session, timeout=timeout)["executionContextId"])
+                with self._lock:
+                    ch.worlds[key] = context
+            try:
+                answer = ch.pipe.call("Runtime.callFunctionOn", {
+                    "functionDeclaration": PAGE_JS, "executionContextId": context, "returnByValue": True,
+                    "arguments": [{"value": op}, {"value": {**arg, "prefix": f"d{token}"}}]},
+                    session_id=session, timeout=timeout)
+            except CommandFailed:
+                with self._lock:
+                    ch.worlds.pop(key, None)  # the document went between the frame tree and the call
+                continue
+            if "exceptionDetails" in answer:
+                raise BrowserError(502, "page_script_failed", "the agent's script failed in the page")
+            return answer.get("result", {}).get("value")
+        raise refuse("stale_ref", "the page changed its document while it was read; read the page again")
+
+    def _result(self, ch: _Channel, tab: _Tab | None, result: Any = None, target: dict[str, Any] | None = None) -> BrowserCallResult:
+        return BrowserCallResult(result=result, target=W.Box(**target) if target else None,
+                                 viewport=self._viewport_box(ch, tab) if tab is not None else None)
+
+    # -- viewport ------------------------------------------------------------------------------------------
+    def viewport_on_screen(self, ch: _Channel, tab: _Tab) -> tuple[float, float, float, int, int]:
+        """Where the tab's viewport is on the screen: ``(left, top, scale, css_width, css_height)``:
+        screen px of its top left corner, screen px per CSS px, and its size in CSS px. From the
+        browser's own window bounds (``Browser.getWindowForTarget``) and the window's outer and inner
+        sizes read in the isolated world (the frame is the difference: borders even on both sides,
+        the tab strip and toolbar above). Raises ChannelError, BrowserError."""
+        bounds = ch.pipe.call("Browser.getWindowForTarget", {"targetId": tab.target}, timeout=SHORT_TIMEOUT_S)["bounds"]
+        metrics = self._script(ch, tab, "metrics", {}, timeout=SHORT_TIMEOUT_S)
+        if not (isinstance(metrics, list) and len(metrics) >= 5 and all(isinstance(v, (int, float)) for v in metrics[:5])):
+            raise BrowserError(502, "browser_error", "the page's window metrics are unreadable")
+        outer_w, outer_h, inner_w, inner_h, scale = metrics[:5]
+        scale = float(scale) if scale > 0 else 1.0
+        border = max(0.0, (outer_w - inner_w * scale) / 2)
+        left = float(bounds.get("left", 0)) + border
+        top = float(bounds.get("top", 0)) + max(0.0, outer_h - inner_h * scale - border)
+        return left, top, scale, int(inner_w), int(inner_h)
+
+    def _viewport_box(self, ch: _Channel, tab: _Tab) -> W.ScreenBox | None:
+        try:
+            left, top, scale, width, height = self.viewport_on_screen(ch, tab)
+        except (ChannelError, BrowserError, KeyError, TypeError, ValueError):
+            return None
+        return W.ScreenBox(x=round(left), y=round(top), width=round(width * scale), height=round(height * scale))
+
+    # -- reads ---------------------------------------------------------------------------------------------
+    def _read(self, ch: _Channel, tab: _Tab, mode: str, query: str | None) -> W.ReadReport:
+        raw = self._script(ch, tab, "read", {"mode": mode, "query": query})
+        if not isinstance(raw, dict):
+            raise BrowserError(502, "browser_error", "the read answered nothing")
+        omitted = [o for o in raw.get("omitted", []) if o in W.Omission.__args__]  # type: ignore[attr-defined]
+        elements = []
+        for item in raw.get("elements", [])[:W.MAX_READ_ELEMENTS]:
+            if not isinstance(item, dict) or item.get("role") not in W.ReadRole.__args__:  # type: ignore[attr-defined]
+                continue
+            label = _text(item.get("label")) or "unlabelled"
+            if W.utf8_len(label) > W.MAX_LABEL_BYTES:
+                label = W.cut_utf8(label, W.MAX_LABEL_BYTES)
+                omitted.append("name_limit")
+            element: dict[str, Any] = {"ref": _text(item.get("ref")), "role": item["role"], "label": label}
+            if isinstance(item.get("value"), str):
+                value = _text(item["value"])
+                if W.utf8_len(value) > W.MAX_VALUE_BYTES:
+                    omitted.append("value")
+                else:
+                    element["value"] = value
+            if item["role"] in ("checkbox", "radio") and isinstance(item.get("checked"), bool):
+                element["checked"] = item["checked"]
+            if isinstance(item.get("options"), list):
+                options = []
+                for option in item["options"][:W.MAX_OPTIONS]:
+                    if not isinstance(option, dict):
+                        continue
+                    olabel, ovalue = _text(option.get("label")) or "unlabelled option", _text(option.get("value"))
+                    if W.utf8_len(olabel) > W.MAX_LABEL_BYTES:
+                        olabel = W.cut_utf8(olabel, W.MAX_LABEL_BYTES)
+                        omitted.append("name_limit")
+                    if W.utf8_len(ovalue) > W.MAX_VALUE_BYTES:
+                        omitted.append("value")
+                        continue
+                    entry: dict[str, Any] = {"label": olabel, "value": ovalue}
+                    if item["role"] == "listbox" and isinstance(option.get("selected"), bool):
+                        entry["selected"] = option["selected"]
+                    options.append(entry)
+                element["options"] = options
+            elements.append(element)
+        text = _text(raw.get("text"))
+        if len(text) > W.MAX_READ_TEXT:
+            text = text[:W.MAX_READ_TEXT]
+            omitted.append("text_limit")
+        return W.ReadReport(text=text, elements=elements, omitted=list(dict.fromkeys(omitted)))
+
+    def _do_read_page(self, ch: _Channel, args: W.ReadPageArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        return self._result(ch, tab, self._read(ch, tab, args.filter, None))
+
+    def _do_get_page_text(self, ch: _Channel, args: W.GetPageTextArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        report = self._read(ch, tab, "all", None)
+        omitted = [o for o in report.omitted if o in ("text_limit", "work_limit", "frame_limit")]
+        return self._result(ch, tab, W.ReadReport(text=report.text, elements=[], omitted=omitted))
+
+    def _do_find(self, ch: _Channel, args: W.FindArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        query = W.normalise_space(args.query).lower()
+        report = self._read(ch, tab, "all", query)
+        lines = [line.strip() for line in report.text.split("\n") if query in " ".join(line.split()).lower()]
+        return self._result(ch, tab, W.ReadReport(text="\n".join(lines)[:W.MAX_READ_TEXT], elements=report.elements,
+                                                  omitted=report.omitted))
+
+    def _do_wait_for(self, ch: _Channel, args: W.WaitForArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        want = W.normalise_space(args.text)
+
+        def there() -> bool:
+            try:
+                text = self._script(ch, tab, "text", {}, timeout=SHORT_TIMEOUT_S)
+            except ChannelClosed:
+                raise
+            except (ChannelError, BrowserError):
+                return False
+            return isinstance(text, str) and want in W.normalise_space(text)
+        if not wait_until(there, args.timeout_ms / 1000, interval=0.1):
+            raise refuse("wait_timeout", f"the text did not appear within {args.timeout_ms} ms")
+        return self._result(ch, tab)
+
+    # -- element actions -------------------------------------------------------------------------------------
+    def _element(self, ch: _Channel, tab: _Tab, ref: str, need: str) -> tuple[dict[str, Any], str]:
+        """Check ``ref`` is this tab's current document's and its element can take ``need`` (``any``,
+        ``hover``, ``click``, ``textbox``, ``select``, ``check``), scrolled into view; returns the
+        prepare answer (``box`` in viewport CSS px) and the document's loader id."""
+        match = _REF.match(ref)
+        with self._lock:
+            doc = ch.docs.get(int(match[1])) if match else None
+        if doc is None:
+            raise refuse("stale_ref", "unknown ref; use a ref from the latest read_page or find")
+        if doc.target != tab.target:
+            raise refuse("stale_ref", "the ref belongs to another tab")
+        answer = self._script(ch, tab, "prepare", {"ref": ref, "need": need}, loader=doc.loader)
+        status = answer.get("status") if isinstance(answer, dict) else None
+        messages = {
+            "stale": ("stale_ref", "unknown ref; use a ref from the latest read_page or find"),
+            "gone": ("stale_ref", "the element is no longer on the page; read the page again"),
+            "kind": ("not_actionable", f"the element is not what {need} needs"),
+            "hidden": ("not_actionable", "the element is not visible"),
+            "disabled": ("not_actionable", "the element is disabled"),
+            "outside": ("not_actionable", "the element cannot be scrolled into the viewport"),
+            "covered": ("not_actionable", "another element covers the element's centre"),
+        }
+        if status != "ok":
+            code, message = messages.get(str(status), ("not_actionable", "the element cannot be acted on"))
+            raise refuse(code, message)
+        box = answer.get("box")
+        if not isinstance(box, dict) or not all(isinstance(box.get(k), (int, float)) for k in ("x", "y", "width", "height")):
+            raise BrowserError(502, "browser_error", "the element's box is unreadable")
+        answer["box"] = {k: float(box[k]) for k in ("x", "y", "width", "height")}
+        return answer, doc.loader
+
+    @staticmethod
+    def _centre(box: dict[str, float]) -> tuple[float, float]:
+        return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+    def _mouse(self, ch: _Channel, tab: _Tab, kind: str, x: float, y: float, **extra: Any) -> None:
+        ch.pipe.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, **extra},
+                     session_id=self._session(ch, tab), timeout=SCRIPT_TIMEOUT_S)
+
+    def _click(self, ch: _Channel, tab: _Tab, x: float, y: float) -> None:
+        self._mouse(ch, tab, "mouseMoved", x, y, button="none")
+        self._mouse(ch, tab, "mousePressed", x, y, button="left", buttons=1, clickCount=1)
+        self._mouse(ch, tab, "mouseReleased", x, y, button="left", buttons=0, clickCount=1)
+
+    def _do_click(self, ch: _Channel, args: W.ClickArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        answer, _ = self._element(ch, tab, args.target, "click")
+        self._click(ch, tab, *self._centre(answer["box"]))
+        return self._result(ch, tab, target=answer["box"])
+
+    def _do_hover(self, ch: _Channel, args: W.HoverArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        answer, _ = self._element(ch, tab, args.target, "hover")
+        self._mouse(ch, tab, "mouseMoved", *self._centre(answer["box"]), button="none")
+        return self._result(ch, tab, target=answer["box"])
+
+    def _do_scroll_to(self, ch: _Channel, args: W.ScrollToArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        answer, _ = self._element(ch, tab, args.target, "any")
+        return self._result(ch, tab, target=answer["box"])
+
+    def _do_set_checked(self, ch: _Channel, args: W.SetCheckedArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        answer, loader = self._element(ch, tab, args.target, "check")
+        if answer.get("checked") is not args.checked:
+            if answer.get("role") == "radio" and not args.checked:
+                raise refuse("not_actionable", "a radio button is unchecked by checking another of its group")
+            self._click(ch, tab, *self._centre(answer["box"]))
+            now = self._script(ch, tab, "checked", {"ref": args.target}, loader=loader)
+            if now is not args.checked:
+                raise refuse("not_actionable", "the page did not change the element's state")
+        return self._result(ch, tab, target=answer["box"])
+
+    def _do_select_option(self, ch: _Channel, args: W.SelectOptionArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        answer, loader = self._element(ch, tab, args.target, "select")
+        outcome = self._script(ch, tab, "select", {"ref": args.target, "values": list(args.values)}, loader=loader)
+        if outcome == "missing":
+            raise refuse("not_actionable", "a value matches no enabled option's value or label")
+        if outcome == "single":
+            raise refuse("not_actionable", "the control takes one value")
+        if outcome != "ok":
+            raise refuse("stale_ref", "the element is no longer on the page; read the page again")
+        return self._result(ch, tab, target=answer["box"])
+
+    def _do_type(self, ch: _Channel, args: W.TypeArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        session = self._session(ch, tab)
+        box = None
+        if args.target is not None:
+            answer, loader = self._element(ch, tab, args.target, "textbox")
+            box = answer["box"]
+            focused = self._script(ch, tab, "focus", {"ref": args.target}, loader=loader)
+            if focused != "ok":
+                raise refuse("not_actionable", "the element did not take the focus")
+        if args.text:
+            ch.pipe.call("Input.insertText", {"text": args.text}, session_id=session, timeout=SCRIPT_TIMEOUT_S)
+        elif args.target is not None:
+            self._keys(ch, tab, ["Backspace"])
+        return self._result(ch, tab, target=box)
+
+    def _keys(self, ch: _Channel, tab: _Tab, names: list[str]) -> None:
+        try:
+            keys = [cdp_key(name) for name in names]
+        except ValueError as exc:
+            raise BrowserError(400, "invalid_request", str(exc)) from None
+        session = self._session(ch, tab)
+        modifiers = 0
+        for key, code, vk, text in keys:
+            modifiers |= _MODIFIER_BITS.get(key, 0)
+        pressed = 0
+        for key, code, vk, text in keys:
+            pressed |= _MODIFIER_BITS.get(key, 0)
+            typing = bool(text) and not (modifiers & 0b111)
+            if typing and pressed & 8 and len(text) == 1:
+                text = text.upper()
+            event: dict[str, Any] = {"type": "keyDown" if typing else "rawKeyDown", "key": key, "code": code,
+                                     "windowsVirtualKeyCode": vk, "nativeVirtualKeyCode": vk, "modifiers": pressed}
+            if typing:
+                event.update(text=text, unmodifiedText=text)
+            ch.pipe.call("Input.dispatchKeyEvent", event, session_id=session, timeout=SCRIPT_TIMEOUT_S)
+        for key, code, vk, text in reversed(keys):
+            ch.pipe.call("Input.dispatchKeyEvent", {"type": "keyUp", "key": key, "code": code, "windowsVirtualKeyCode": vk,
+                                                    "nativeVirtualKeyCode": vk, "modifiers": pressed},
+                         session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            pressed &= ~_MODIFIER_BITS.get(key, 0)
+
+    def _do_key(self, ch: _Channel, args: W.KeyArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        self._keys(ch, tab, list(args.keys))
+        return self._result(ch, tab)
+
+    def _do_scroll(self, ch: _Channel, args: W.ScrollArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        metrics = self._script(ch, tab, "metrics", {})
+        width, height = (metrics[2], metrics[3]) if isinstance(metrics, list) and len(metrics) >= 4 else (2, 2)
+        amount = float(min(args.amount, W.MAX_SCROLL_PX))
+        dx = {"left": -amount, "right": amount}.get(args.direction, 0.0)
+        dy = {"up": -amount, "down": amount}.get(args.direction, 0.0)
+        if amount:
+            self._mouse(ch, tab, "mouseWheel", max(0, width // 2), max(0, height // 2), deltaX=dx, deltaY=dy)
+        return self._result(ch, tab)
+
+    # -- images ------------------------------------------------------------------------------------------
+    def _capture(self, ch: _Channel, tab: _Tab, clip: dict[str, float] | None = None) -> W.InputImage:
+        params: dict[str, Any] = {"format": "png", "fromSurface": True}
+        if clip is not None:
+            params["clip"] = clip
+        session = self._session(ch, tab)
+        data = str(ch.pipe.call("Page.captureScreenshot", params, session_id=session, timeout=SCRIPT_TIMEOUT_S * 2).get("data", ""))
+        mime = "png"
+        if len(data) * 3 // 4 > W.MAX_IMAGE_BYTES:
+            params.update(format="jpeg", quality=80)
+            data = str(ch.pipe.call("Page.captureScreenshot", params, session_id=session, timeout=SCRIPT_TIMEOUT_S * 2).get("data", ""))
+            mime = "jpeg"
+        try:
+            size = len(base64.b64decode(data, validate=True))
+        except ValueError:
+            raise BrowserError(502, "browser_error", "the browser's image is not base64") from None
+        if not data or size > W.MAX_IMAGE_BYTES:
+            raise BrowserError(502, "browser_error", f"the image is empty or larger than {W.MAX_IMAGE_BYTES} bytes")
+        return W.InputImage(image_url=f"data:image/{mime};base64,{data}")
+
+    def _do_screenshot(self, ch: _Channel, args: W.ScreenshotArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        return self._result(ch, tab, self._capture(ch, tab))
+
+    def _do_zoom(self, ch: _Channel, args: W.ZoomArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        metrics = self._script(ch, tab, "metrics", {})
+        width, height = (int(metrics[2]), int(metrics[3])) if isinstance(metrics, list) and len(metrics) >= 4 else (0, 0)
+        left, top, right, bottom = args.region
+        right, bottom = min(right, width), min(bottom, height)
+        if left >= right or top >= bottom:
+            raise refuse("not_actionable", f"the region lies outside the {width}x{height} viewport")
+        w, h = right - left, bottom - top
+        scale = max(1.0, min(4.0, 1280 / w, 800 / h))
+        # Page.captureScreenshot's clip is in CSS px of the document: the region (viewport CSS px) is
+        # moved by the visual viewport's offset in the page.
+        layout = ch.pipe.call("Page.getLayoutMetrics", session_id=self._session(ch, tab), timeout=SCRIPT_TIMEOUT_S)
+        viewport = layout.get("cssVisualViewport") or {}
+        page_x, page_y = float(viewport.get("pageX", 0)), float(viewport.get("pageY", 0))
+        image = self._capture(ch, tab, {"x": left + page_x, "y": top + page_y, "width": w, "height": h, "scale": scale})
+        return self._result(ch, tab, image, target={"x": left, "y": top, "width": w, "height": h})
+
+    # -- tabs and navigation -----------------------------------------------------------------------------
+    def _refuse_url(self, ch: _Channel, tab: _Tab | None, url: str) -> None:
+        if not navigable(url):
+            with self._lock:
+                self._record(ch, "navigation_refused", tab.id if tab else None, reason="unsupported")
+            raise refuse("unsupported_url", "only http(s) URLs and about:blank are opened")
+
+    def _load(self, ch: _Channel, tab: _Tab, url: str) -> str | None:
+        """Navigate ``tab`` to ``url`` and wait (at most ``load_timeout``) until its new document has
+        loaded; a page that keeps loading past it is left loading. Returns None, or the browser's
+        error text when the navigation failed (its error page is then shown)."""
+        session = self._session(ch, tab)
+        answer = ch.pipe.call("Page.navigate", {"url": url}, session_id=session, timeout=self.load_timeout)
+        if answer.get("errorText"):
+            return "navigation failed: " + _text(answer["errorText"])[:200]
+        loader = answer.get("loaderId")
+        if not loader:
+            return None  # the same document (a fragment)
+
+        def loaded() -> bool:
+            try:
+                return self._script(ch, tab, "ready", {}, timeout=SHORT_TIMEOUT_S, loader=str(loader)) == "complete"
+            except ChannelClosed:
+                raise
+            except (ChannelError, BrowserError):
+                return False
+        wait_until(loaded, self.load_timeout, interval=0.1)
+        return None
+
+    def _do_navigate(self, ch: _Channel, args: W.NavigateArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        self._refuse_url(ch, tab, args.url)
+        return self._result(ch, tab, self._load(ch, tab, args.url))
+
+    def _activate(self, ch: _Channel, tab: _Tab) -> None:
+        ch.pipe.call("Target.activateTarget", {"targetId": tab.target}, timeout=SCRIPT_TIMEOUT_S)
+        with self._lock:
+            self._set_active(ch, tab.target, record=True)
+
+    def _do_new_tab(self, ch: _Channel, args: W.NewTabArgs) -> BrowserCallResult:
+        if args.url is not None:
+            self._refuse_url(ch, None, args.url)
+        with self._lock:
+            if len(ch.tabs) >= W.MAX_TABS:
+                raise refuse("too_many_tabs", f"at most {W.MAX_TABS} tabs; close one first")
+        target = str(ch.pipe.call("Target.createTarget", {"url": "about:blank"}, timeout=SCRIPT_TIMEOUT_S)["targetId"])
+        with self._lock:
+            tab = self._add_tab(ch, {"targetId": target, "url": "about:blank"}, record=True)
+        if tab is None:
+            raise BrowserError(502, "browser_error", "the new tab closed at once")
+        self._activate(ch, tab)
+        message = self._load(ch, tab, args.url) if args.url not in (None, "about:blank") else None
+        return self._result(ch, tab, message)
+
+    def _do_switch_tab(self, ch: _Channel, args: W.SwitchTabArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        self._activate(ch, tab)
+        return self._result(ch, tab)
+
+    def _do_close_tab(self, ch: _Channel, args: W.CloseTabArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        with self._lock:
+            if len(ch.tabs) <= 1:
+                raise refuse("not_actionable", "the last tab is not closed; navigate it instead")
+        ch.pipe.call("Target.closeTarget", {"targetId": tab.target}, timeout=SCRIPT_TIMEOUT_S)
+        with self._lock:
+            ch.closing.add(tab.target)
+            self._drop_tab(ch, tab.target)
+            following = ch.tabs.get(ch.active or "")
+        if following is not None:
+            try:
+                ch.pipe.call("Target.activateTarget", {"targetId": following.target}, timeout=SCRIPT_TIMEOUT_S)
+            except ChannelError:
+                pass
+        return self._result(ch, None)
+
+    # -- X input -------------------------------------------------------------------------------------------
+    def _screen_points(self, ch: _Channel, tab: _Tab, points: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Viewport CSS px -> screen px for the X input, once the tab is the one in front."""
+        if self.executor is None:
+            raise BrowserError(409, "no_display", "the agent has no X display for this member")
+        with self._lock:
+            if ch.active != tab.target:
+                raise refuse("not_actionable", "the tab is not in front; switch_tab to it first")
+        if self._script(ch, tab, "visible", {}) is not True:
+            # Brought to the front only when chromium does not show it: activating a shown tab makes
+            # chromium re-activate its window, and an X click sent meanwhile is lost.
+            ch.pipe.call("Target.activateTarget", {"targetId": tab.target}, timeout=SCRIPT_TIMEOUT_S)
+            if not wait_until(lambda: self._script(ch, tab, "visible", {}, timeout=SHORT_TIMEOUT_S) is True,
+                              SCRIPT_TIMEOUT_S, interval=0.05):
+                raise refuse("not_actionable", "chromium does not show the tab")
+        # Chromium drops input to a new document until it has painted content (paint holding, up to
+        # its own timeout for a page that paints none): wait for the first contentful paint, bounded.
+        wait_until(lambda: self._script(ch, tab, "painted", {}, timeout=SHORT_TIMEOUT_S) is True, PAINT_WAIT_S,
+                   interval=0.05)
+        left, top, scale, width, height = self.viewport_on_screen(ch, tab)
+        out = []
+        for x, y in points:
+            if not (0 <= x < width and 0 <= y < height):
+                raise refuse("not_actionable", f"({x}, {y}) is outside the {width}x{height} viewport")
+            out.append((int(left + x * scale), int(top + y * scale)))
+        return out
+
+    def _x_actions(self, actions: list[dict[str, Any]]) -> None:
+        from .actions import ActionError
+
+        try:
+            self.executor.execute(actions)
+        except ActionError as exc:
+            if exc.code == "out_of_bounds":
+                raise refuse("not_actionable", "the point is outside the screen (the window is not fully on it)") from None
+            raise
+
+    def _do_click_at(self, ch: _Channel, args: W.ClickAtArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        [(x, y)] = self._screen_points(ch, tab, [(args.x, args.y)])
+        action: dict[str, Any] = {"type": "click", "x": x, "y": y,
+                                  "button": {"left": "left", "right": "right", "middle": "wheel"}[args.button]}
+        if args.keys:
+            action["keys"] = list(args.keys)
+        for index in range(args.click_count):
+            if index:
+                # Chromium counts a click as the next of a multi-click only when its X timestamp (ms)
+                # differs from the last one's: the clicks of one call are this far apart.
+                time.sleep(CLICK_SPACING_S)
+            self._x_actions([action])
+        return self._result(ch, tab, target={"x": args.x, "y": args.y, "width": 0, "height": 0})
+
+    def _do_hover_at(self, ch: _Channel, args: W.HoverAtArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        [(x, y)] = self._screen_points(ch, tab, [(args.x, args.y)])
+        self._x_actions([{"type": "move", "x": x, "y": y}])
+        return self._result(ch, tab, target={"x": args.x, "y": args.y, "width": 0, "height": 0})
+
+    def _do_drag_path(self, ch: _Channel, args: W.DragPathArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        points = self._screen_points(ch, tab, [(p.x, p.y) for p in args.path])
+        action: dict[str, Any] = {"type": "drag", "path": [{"x": x, "y": y} for x, y in points]}
+        if args.keys:
+            action["keys"] = list(args.keys)
+        self._x_actions([action])
+        return self._result(ch, tab)
+
+    def _do_hold_keys(self, ch: _Channel, args: W.HoldKeysArgs) -> BrowserCallResult:
+        tab = self._tab(ch, args.tab_id)
+        self._screen_points(ch, tab, [])
+        keysyms = []
+        for name in args.keys:
+            try:
+                keysym = keynames.resolve(name)
+            except keynames.UnknownKey as exc:
+                raise BrowserError(400, "invalid_request", str(exc)) from None
+            if keynames.is_server_control(keysym):
+                raise BrowserError(400, "invalid_request", f"key {name[:64]!r} commands the X server and is refused")
+            keysyms.append(keysym)
+        self.executor.hold_keys(keysyms, args.duration_ms / 1000)
+        return self._result(ch, tab)

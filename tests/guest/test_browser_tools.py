@@ -1,0 +1,537 @@
+"""The browser tools endpoints (guest/browser_tools.py, ``GET /v1/browser/state``, ``POST
+/v1/browser/call``) against Debian's real chromium, the site of tests/browser_site.py on loopback
+and the installed openai SDK's own checks (``openai.lib.browser._state``, ``_read_result``,
+``_arguments``). Chromium runs headless as ``nobody`` (its sandbox on) when the tests run as root, the
+pipes made by :func:`guest.launch.spawn_with_pipes` as the broker makes them; the X input members run
+against a headed chromium on a private Xvfb. One browser per module; every wait is for a condition."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from openai.lib import browser as sdk
+from PIL import Image
+
+from guest.app import AgentConfig, create_app
+from guest.cdp import wait_until
+from guest.launch import spawn_with_pipes
+from tests import browser_site
+from wire import browser_tools as W
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "browser-tools-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+pytestmark = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK) or not shutil.which("setpriv"),
+                                reason="needs Debian's chromium and setpriv")
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[dict[str, str]]:
+    base, other, stop = browser_site.serve()
+    yield {"base": base, "other": other}
+    stop()
+
+
+def start_chromium(extra: list[str], env: dict[str, str]) -> tuple[int, list[int], Path]:
+    """Debian's chromium with a DevTools pipe, as ``nobody`` when root; returns (pid, fds, its top dir)."""
+    top = Path(tempfile.mkdtemp(prefix="ds-tools-"))
+    profile = top / "profile"
+    profile.mkdir()
+    downloads = top / "downloads"
+    downloads.mkdir()
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        for path in (profile, downloads):
+            shutil.chown(path, "nobody", "nogroup")
+        os.chmod(top, 0o755)
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+    pid, fds = spawn_with_pipes([CHROMIUM, *extra, "--remote-debugging-pipe", f"--user-data-dir={profile}",
+                                 "--no-first-run", "--password-store=basic", "about:blank"],
+                                {"HOME": str(profile), "PATH": "/usr/bin:/bin", "XDG_DOWNLOAD_DIR": str(downloads), **env},
+                                prefix)
+    return pid, fds, top
+
+
+class Agent:
+    """The agent app (in-process, over HTTP with Starlette's test client) holding one chromium."""
+
+    def __init__(self, display: str, extra: list[str], env: dict[str, str]) -> None:
+        self.app = create_app(AgentConfig(display=display, token=TOKEN))
+        self.http = TestClient(self.app)
+        self.tools = self.app.state.browser_tools
+        self.tools.load_timeout = 3.0
+        self.pid, fds, self.top = start_chromium(extra, env)
+        self.app.state.browser.take_channel("chromium", self.pid, *fds)
+        assert wait_until(lambda: self.try_state() and self.try_state()["tabs"], 20, 0.1), "chromium did not start"
+        self.previous: Any = None
+
+    def try_state(self) -> dict[str, Any] | None:
+        r = self.http.get("/v1/browser/state", headers=AUTH)
+        return r.json() if r.status_code == 200 else None
+
+    def state(self) -> dict[str, Any]:
+        r = self.http.get("/v1/browser/state", headers=AUTH)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        sdk._state(body)  # the SDK accepts it as it is
+        return body
+
+    def raw(self, member: str, **arguments: Any) -> Any:
+        return self.http.post("/v1/browser/call", headers=AUTH, json={"member": member, "arguments": arguments})
+
+    def call(self, member: str, **arguments: Any) -> dict[str, Any]:
+        """One call, checked as the SDK checks it: its arguments by ``_arguments`` (nullable fields
+        filled in), its result by ``_action_result``, the state around it by ``_state``."""
+        fields = sdk._MEMBERS[member][1]
+        full = {name: arguments.get(name) for name in fields}
+        sdk._arguments(member, __import__("json").dumps(full))
+        before = sdk._state(self.state())
+        r = self.raw(member, **full)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert set(body) == {"result", "target", "viewport"}
+        body["result"] = sdk._action_result(member, body["result"], None)
+        sdk._state(self.state(), before.get("observation"))
+        return body
+
+    def refused(self, member: str, **arguments: Any) -> tuple[int, str, str]:
+        r = self.raw(member, **arguments)
+        error = r.json()["error"]
+        return r.status_code, error["code"], error["message"]
+
+    def page(self, expression: str, tab: str | None = None) -> Any:
+        """``expression``'s value in the page's own world of the active tab (the test looking in)."""
+        tools = self.tools
+        ch = tools._channel()
+        target = tools._tab(ch, tab)
+        answer = ch.pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                              session_id=tools._session(ch, target), timeout=5)
+        return answer.get("result", {}).get("value")
+
+    def wait_page(self, expression: str, timeout: float = 10) -> Any:
+        value = wait_until(lambda: self.page(expression), timeout, 0.05)
+        assert value, f"the page never answered {expression!r} truthily"
+        return value
+
+    def goto(self, url: str) -> dict[str, Any]:
+        assert self.call("navigate", url=url)["result"] is None
+        return self.call("read_page", filter="all")["result"]
+
+    def close(self) -> None:
+        self.http.close()
+        self.app.state.browser.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        shutil.rmtree(self.top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def agent(site: dict[str, str]) -> Iterator[Agent]:
+    a = Agent(":0", ["--headless=new", "--window-size=1000,700"], {})
+    yield a
+    a.close()
+
+
+def by_label(report: dict[str, Any], label: str) -> dict[str, Any]:
+    found = [e for e in report["elements"] if e["label"] == label]
+    assert len(found) == 1, (label, [e["label"] for e in report["elements"]])
+    return found[0]
+
+
+# -- the SDK's vocabulary -----------------------------------------------------------------------------
+def test_the_members_and_fields_are_the_sdks() -> None:
+    assert set(W.GUEST_MEMBERS) <= set(sdk.BROWSER_MEMBERS)
+    assert set(sdk.BROWSER_MEMBERS) - set(W.GUEST_MEMBERS) == {
+        "list_tabs", "read_page_scoped", "read_diagnostics", "run_script", "upload_file", "download_file"}
+    for member in W.GUEST_MEMBERS:
+        assert set(W.ARGUMENT_MODELS[member].model_fields) == set(sdk._MEMBERS[member][1]), member
+    assert set(W.Omission.__args__) == set(sdk._READ_OMISSIONS)
+    assert set(W.ReadRole.__args__) == set(sdk._ReadRole.__args__)
+
+
+@pytest.mark.parametrize("member,arguments", [
+    ("click_at", {"x": 1, "y": 2, "button": "left", "click_count": 4, "keys": []}),
+    ("click_at", {"x": 1, "y": 2, "button": "left", "click_count": 1, "keys": ["Shift", "Shift"]}),
+    ("click_at", {"x": 1.0, "y": 2, "button": "left", "click_count": 1, "keys": []}),
+    ("drag_path", {"path": [{"x": 1, "y": 1}], "keys": []}),
+    ("hold_keys", {"keys": ["a"], "duration_ms": 3001}),
+    ("hold_keys", {"keys": ["x" * 65], "duration_ms": 1}),
+    ("zoom", {"region": [10, 0, 10, 5]}),
+    ("wait_for", {"text": "  ", "timeout_ms": 5}),
+    ("wait_for", {"text": "a", "timeout_ms": 30001}),
+    ("set_checked", {"target": "d1e1", "checked": 1}),
+    ("scroll", {"direction": "down", "amount": -1}),
+])
+def test_what_the_sdk_refuses_is_refused_here(member: str, arguments: dict[str, Any]) -> None:
+    full = {name: arguments.get(name) for name in sdk._MEMBERS[member][1]}
+    with pytest.raises(sdk.BrowserError):
+        sdk._arguments(member, __import__("json").dumps(full))
+    assert W.call_problem({"member": member, "arguments": full}) is not None
+
+
+def test_bad_calls_are_structured_400s(agent: Agent) -> None:
+    r = agent.http.post("/v1/browser/call", json={"member": "click", "arguments": {"target": "x"}})
+    assert r.status_code == 401
+    for body in ({"member": "run_script", "arguments": {}}, {"member": "click", "arguments": {"target": "x", "extra": 1}},
+                 {"member": "click", "arguments": {"target": 5}}, [], {"member": "type", "arguments": {"text": "x" * 20_001}}):
+        r = agent.http.post("/v1/browser/call", headers=AUTH, json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", (body, r.text)
+    r = agent.http.post("/v1/browser/call", headers=AUTH, json={"member": "type", "arguments": {"text": "secret-text", "target": 3}})
+    assert "secret-text" not in r.text
+    assert agent.refused("key", keys=["NoSuchKey"])[:2] == (400, "invalid_request")
+
+
+# -- reading -----------------------------------------------------------------------------------------
+def test_read_page_reports_the_form_as_the_sdk_reads_it(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/form")
+    assert report["version"] == 1 and "Feature form" in report["text"]
+    roles = {e["label"]: e["role"] for e in report["elements"]}
+    assert roles["Full name"] == "textbox" and roles["Send form"] == "button" and roles["Other page"] == "button"
+    assert roles["Colour"] == "combobox" and roles["Extras"] == "listbox" and roles["I agree"] == "checkbox"
+    assert roles["Small"] == "radio" and roles["Volume"] == "slider" and roles["Editor"] == "textbox"
+    assert by_label(report, "Full name")["value"] == "Ada"
+    assert by_label(report, "Colour")["value"] == "g"
+    assert by_label(report, "Colour")["options"] == [{"label": "Red", "value": "r"}, {"label": "Green", "value": "g"},
+                                                     {"label": "Blue", "value": "b"}]
+    assert [o.get("selected") for o in by_label(report, "Extras")["options"]] == [False, True, False]
+    assert by_label(report, "Large")["checked"] is True and by_label(report, "I agree")["checked"] is False
+    assert "value" not in by_label(report, "Password") and "value" not in by_label(report, "Card number")
+    assert "private" in report["omitted"] and "unsupported_control" in report["omitted"]
+    assert "frame_limit" in report["omitted"]  # the frame of the other origin
+    labels = [e["label"] for e in report["elements"]]
+    assert "Ghost button" not in labels and "hidden-value" not in str(report)
+    assert "Shadow button" in labels and "Shadow field" in labels and "Frame button" in labels
+    assert "Inside the frame" in report["text"]
+    interactive = agent.call("read_page", filter="interactive")["result"]
+    assert interactive["text"] == "" and [e["ref"] for e in interactive["elements"]] == [e["ref"] for e in report["elements"]]
+
+
+def test_refs_live_in_the_agents_world_only(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/private")
+    assert "value" not in report["elements"][0] and report["omitted"] == ["private"]
+    assert agent.page("window.__dsTools") == "page"  # the page's own global, untouched
+    ref = report["elements"][0]["ref"]
+    assert ref not in agent.page("document.documentElement.outerHTML")
+    assert agent.call("click", target=ref)["target"] is not None  # the page's global did not shadow the world's
+
+
+def test_find_and_get_page_text(agent: Agent, site: dict[str, str]) -> None:
+    agent.goto(site["base"] + "/form")
+    found = agent.call("find", query="  send   FORM ")["result"]
+    assert [e["label"] for e in found["elements"]] == ["Send form"]
+    assert agent.call("find", query="inside the")["result"]["text"] == "Inside the frame"
+    text = agent.call("get_page_text")["result"]
+    assert text["elements"] == [] and "Feature form" in text["text"]
+
+
+# -- acting ------------------------------------------------------------------------------------------
+def test_click_type_select_check_act_on_the_page_with_trusted_input(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/form")
+    ref = lambda label: by_label(report, label)["ref"]  # noqa: E731
+    body = agent.call("type", text="Grace Hopper", target=ref("Full name"))
+    box = body["target"]
+    assert box["width"] > 0 and agent.page("document.getElementById('name').value") == "Grace Hopper"
+    agent.call("type", text="é日\n", target=ref("Notes"))
+    assert agent.page("document.getElementById('notes').value") == "é日\n"
+    agent.call("select_option", target=ref("Colour"), values=["Blue"])
+    agent.call("select_option", target=ref("Extras"), values=["x", "Extra Z"])
+    agent.call("set_checked", target=ref("I agree"), checked=True)
+    agent.call("set_checked", target=ref("I agree"), checked=True)  # already: nothing clicked
+    agent.call("set_checked", target=ref("Small"), checked=True)
+    agent.call("click", target=ref("Send form"))
+    agent.call("click", target=ref("Shadow button"))
+    agent.call("click", target=ref("Frame button"))
+    agent.wait_page("window.events.includes('frame clicked')")
+    assert agent.page("window.events") == ["colour b", "extras x,z", "agree click trusted true", "agree true", "size s",
+                                           "submitted Grace Hopper", "shadow clicked", "frame clicked"]
+    assert agent.refused("set_checked", target=ref("Small"), checked=False)[1] == "not_actionable"
+    assert agent.refused("select_option", target=ref("Colour"), values=["r", "g"])[1] == "not_actionable"
+    assert agent.refused("select_option", target=ref("Colour"), values=["purple"])[1] == "not_actionable"
+    assert agent.refused("type", text="x", target=ref("Send form"))[1] == "not_actionable"
+    assert agent.refused("click", target=ref("Disabled button"))[:2] == (422, "not_actionable")
+    assert agent.refused("click", target=ref("Under"))[2] == "another element covers the element's centre"
+    agent.call("click", target=ref("Editor"))
+    agent.call("key", keys=["Control", "a"])
+    agent.call("type", text="typed at the focus")
+    assert agent.page("document.getElementById('editor').textContent") == "typed at the focus"
+    agent.call("type", text="", target=ref("E-mail"))
+    agent.call("key", keys=["Shift", "b"])
+    agent.call("key", keys=["Enter"])
+    assert agent.page("document.getElementById('mail').value") == "B"
+    agent.wait_page("window.events.includes('submitted Grace Hopper') && window.events.includes('keydown Enter')")
+
+
+def test_refs_go_stale_with_their_document(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/form")
+    ref = by_label(report, "Send form")["ref"]
+    assert agent.refused("click", target="d999e1") == (422, "stale_ref", "unknown ref; use a ref from the latest read_page or find")
+    assert agent.refused("click", target="made-up")[1] == "stale_ref"
+    agent.page("document.getElementById('f').remove()")
+    assert agent.refused("click", target=ref)[1] == "stale_ref"
+    report = agent.goto(site["base"] + "/form")
+    ref = by_label(report, "Send form")["ref"]
+    agent.call("navigate", url=site["base"] + "/form")  # a reload: a new document
+    assert agent.refused("click", target=ref)[1] == "stale_ref"
+
+
+def test_scroll_scroll_to_and_hover(agent: Agent, site: dict[str, str]) -> None:
+    agent.goto(site["base"] + "/scroll")
+    agent.call("scroll", direction="down", amount=700)
+    agent.wait_page("scrollY >= 700")
+    agent.call("scroll", direction="right", amount=300)
+    agent.wait_page("scrollX >= 300")
+    report = agent.goto(site["base"] + "/scroll")
+    bottom = by_label(report, "Bottom button")
+    agent.page("scrollTo(0, 0)")
+    body = agent.call("scroll_to", target=bottom["ref"])
+    assert agent.page("scrollY") > 4000 and 0 <= body["target"]["y"] < 700
+    agent.page("scrollTo(0, 0)")
+    agent.call("hover", target=bottom["ref"])
+    agent.wait_page("window.events.includes('hovered')")
+
+
+def test_wait_for(agent: Agent, site: dict[str, str]) -> None:
+    agent.goto(site["base"] + "/later")
+    agent.call("wait_for", text="Ready now", timeout_ms=5000)
+    t0 = time.monotonic()
+    assert agent.refused("wait_for", text="never there", timeout_ms=300)[:2] == (422, "wait_timeout")
+    assert time.monotonic() - t0 < 3
+
+
+def test_screenshot_and_zoom_are_images_of_the_viewport(agent: Agent, site: dict[str, str]) -> None:
+    agent.goto(site["base"] + "/form")
+    shot = agent.call("screenshot")["result"]
+    assert shot["type"] == "input_image" and shot["image_url"].startswith("data:image/png;base64,")
+    width, height = agent.page("[innerWidth, innerHeight]")
+    assert Image.open(io.BytesIO(base64.b64decode(shot["image_url"].split(",", 1)[1]))).size == (width, height)
+    body = agent.call("zoom", region=[0, 0, 320, 200])
+    image = Image.open(io.BytesIO(base64.b64decode(body["result"]["image_url"].split(",", 1)[1])))
+    assert image.size == (1280, 800) and body["target"] == {"x": 0, "y": 0, "width": 320, "height": 200}
+    assert agent.refused("zoom", region=[5000, 0, 5001, 1])[1] == "not_actionable"
+    agent.goto(site["base"] + "/bands")  # blue above y = 1000 of the document, red below
+    agent.page("scrollTo(0, 1000)")
+    agent.wait_page("scrollY === 1000")
+    zoomed = agent.call("zoom", region=[0, 0, 40, 40])["result"]
+    image = Image.open(io.BytesIO(base64.b64decode(zoomed["image_url"].split(",", 1)[1]))).convert("RGB")
+    assert image.getpixel((image.width // 2, image.height // 2)) == (255, 0, 0)  # the viewport's, not the document's top
+
+
+# -- tabs, navigation, dialogs, downloads ---------------------------------------------------------------
+def changes_since(agent: Agent, sequence: int) -> list[dict[str, Any]]:
+    return [c for c in agent.state()["observation"]["changes"] if c["sequence"] > sequence]
+
+
+def test_tabs(agent: Agent, site: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    agent.goto(site["base"] + "/form")
+    start = agent.state()
+    first = next(t["id"] for t in start["tabs"] if t["active"])
+    mark = start["observation"]["sequence"]
+    agent.call("new_tab", url=site["base"] + "/other")
+    state = agent.state()
+    new = next(t for t in state["tabs"] if t["active"])
+    assert new["id"] != first and new["title"] == "Other" and new["url"] == site["base"] + "/other"
+    assert [c["type"] for c in changes_since(agent, mark)][:2] == ["tab_opened", "tab_switched"]
+    assert "The other page" in agent.call("get_page_text")["result"]["text"]
+    assert "Feature form" in agent.call("get_page_text", tab_id=first)["result"]["text"]
+    agent.call("switch_tab", tab_id=first)
+    assert next(t["id"] for t in agent.state()["tabs"] if t["active"]) == first
+    agent.call("close_tab", tab_id=new["id"])
+    assert new["id"] not in [t["id"] for t in agent.state()["tabs"]]
+    assert agent.refused("switch_tab", tab_id=new["id"])[:2] == (422, "unknown_tab")
+    assert agent.refused("read_page", tab_id="tab-999", filter="all")[1] == "unknown_tab"
+    # a link with target=_blank and window.open open tabs the agent sees, in front
+    report = agent.call("read_page", filter="interactive")["result"]
+    mark = agent.state()["observation"]["sequence"]
+    agent.call("click", target=by_label(report, "Open blank")["ref"])
+    assert wait_until(lambda: any(t["title"] == "Popup" and t["active"] for t in agent.state()["tabs"]), 10, 0.05)
+    assert "tab_opened" in [c["type"] for c in changes_since(agent, mark)]
+    popup = next(t["id"] for t in agent.state()["tabs"] if t["active"])
+    agent.call("switch_tab", tab_id=first)
+    agent.call("click", target=by_label(report, "Open window")["ref"])
+    assert wait_until(lambda: len(agent.state()["tabs"]) == 3, 10, 0.05)
+    for tab in agent.state()["tabs"]:
+        if tab["id"] != first:
+            agent.call("close_tab", tab_id=tab["id"])
+    assert [t["id"] for t in agent.state()["tabs"]] == [first] and popup != first
+    assert agent.refused("close_tab", tab_id=first)[1] == "not_actionable"
+    monkeypatch.setattr(W, "MAX_TABS", 2)
+    agent.call("new_tab")
+    assert agent.refused("new_tab", url=None)[:2] == (422, "too_many_tabs")
+    agent.call("close_tab", tab_id=next(t["id"] for t in agent.state()["tabs"] if t["active"]))
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "chrome://settings", "about:config", "javascript:alert(1)",
+                                 "data:text/html,hi", "view-source:http://127.0.0.1/", "http://", "ftp://x.test/"])
+def test_unsupported_urls_are_refused_and_observed(agent: Agent, url: str) -> None:
+    mark = agent.state()["observation"]["sequence"]
+    status, code, _ = agent.refused("navigate", url=url)
+    assert (status, code) == (422, "unsupported_url")
+    assert agent.refused("new_tab", url=url)[1] == "unsupported_url"
+    refused = changes_since(agent, mark)
+    assert [c["type"] for c in refused] == ["navigation_refused"] * 2
+    assert refused[0]["reason"] == "unsupported" and refused[0]["tab_id"] and refused[1]["tab_id"] is None
+
+
+def test_dialogs_are_dismissed_and_a_dialog_loop_is_bounded(agent: Agent, site: dict[str, str]) -> None:
+    mark = agent.state()["observation"]["sequence"]
+    agent.raw("navigate", url=site["base"] + "/alerts")  # its load may never complete: the page loops
+    assert wait_until(lambda: agent.state()["observation"]["dropped_changes"] > 0, 20, 0.05)
+    state = agent.state()
+    observation = state["observation"]
+    assert len(observation["changes"]) == W.MAX_CHANGES
+    kinds = {c["kind"] for c in observation["changes"] if c["type"] == "dialog_dismissed"}
+    assert kinds == {"alert", "confirm", "prompt"} and observation["sequence"] > mark
+    # the agent still answers and can leave the page
+    assert agent.call("navigate", url=site["other"] + "/other")["result"] is None
+    assert "The other page" in agent.call("get_page_text")["result"]["text"]
+    agent.goto(site["base"] + "/unload")
+    agent.page("document.body.click()")  # a page may ask beforeunload only after a user gesture
+    assert agent.call("navigate", url=site["base"] + "/other")["result"] is None
+    assert wait_until(lambda: next(t for t in agent.state()["tabs"] if t["active"])["title"] == "Other", 10, 0.05)
+
+
+def test_downloads_are_blocked_and_observed(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/form")
+    mark = agent.state()["observation"]["sequence"]
+    agent.call("click", target=by_label(report, "Get file")["ref"])
+    assert wait_until(lambda: any(c["type"] == "download" for c in changes_since(agent, mark)), 10, 0.05)
+    download = next(c for c in changes_since(agent, mark) if c["type"] == "download")
+    assert download["status"] == "blocked"
+    assert not any(agent.top.rglob("f.bin"))
+
+
+# -- hostile pages -------------------------------------------------------------------------------------
+def test_a_page_that_never_stops_loading_returns_at_the_deadline(agent: Agent, site: dict[str, str]) -> None:
+    t0 = time.monotonic()
+    assert agent.call("navigate", url=site["base"] + "/slow")["result"] is None
+    assert agent.tools.load_timeout <= time.monotonic() - t0 < agent.tools.load_timeout + 3
+    assert "Still loading page" in agent.call("get_page_text")["result"]["text"]
+
+
+def test_big_pages_are_bounded(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/many")
+    assert len(report["elements"]) == W.MAX_READ_ELEMENTS and "target_limit" in report["omitted"]
+    t0 = time.monotonic()
+    found = agent.call("find", query="Button 9999")["result"]
+    assert "work_limit" in found["omitted"] or [e["label"] for e in found["elements"]] == ["Button 9999"]
+    assert time.monotonic() - t0 < 5
+    agent.call("navigate", url=site["base"] + "/huge")  # 50 MB: read while (or after) it loads
+    agent.wait_page("document.body && document.body.childElementCount > 10")
+    t0 = time.monotonic()
+    report = agent.call("read_page", filter="all")["result"]
+    assert time.monotonic() - t0 < 5
+    assert len(report["text"]) <= W.MAX_READ_TEXT and "text_limit" in report["omitted"]
+    shot = agent.call("screenshot")["result"]
+    assert len(shot["image_url"]) < 2 * W.MAX_IMAGE_BYTES
+
+
+def test_a_page_that_rewrites_itself_while_read(agent: Agent, site: dict[str, str]) -> None:
+    agent.call("navigate", url=site["base"] + "/rewrite")
+    for _ in range(5):
+        report = agent.call("read_page", filter="all")["result"]
+        assert len(report["elements"]) == 50
+        r = agent.raw("click", target=report["elements"][0]["ref"])  # replaced since the read, or not yet
+        assert r.status_code == 200 or r.json()["error"]["code"] == "stale_ref", r.text
+    assert agent.state()["tabs"]
+
+
+def test_titles_keep_control_characters_and_are_cut_to_the_sdk_limit(agent: Agent, site: dict[str, str]) -> None:
+    agent.goto(site["base"] + "/title")
+    # chromium shows C0 controls of a title as spaces; the rest (an RTL override) reaches the state as is
+    assert wait_until(lambda: "\u202e" in next(t for t in agent.state()["tabs"] if t["active"])["title"], 5, 0.05)
+    title = next(t for t in agent.state()["tabs"] if t["active"])["title"]
+    assert title == agent.page("document.title") and "rtl\u202e end" in title
+    agent.goto(site["base"] + "/longtitle")
+    assert wait_until(lambda: agent.state()["observation"]["title_truncated"], 5, 0.05)
+    title = next(t for t in agent.state()["tabs"] if t["active"])["title"]
+    assert title == "\u00e9" * 512 and sdk._state(agent.state())["observation"]["title_truncated"] is True
+
+
+def test_state_and_calls_without_a_browser() -> None:
+    app = create_app(AgentConfig(display=":0", token=TOKEN))
+    with TestClient(app) as http:
+        r = http.get("/v1/browser/state", headers=AUTH)
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "no_browser")
+        r = http.post("/v1/browser/call", headers=AUTH, json={"member": "screenshot", "arguments": {}})
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "no_browser")
+
+
+# -- the X input members: a headed chromium on a private Xvfb -------------------------------------------
+@pytest.fixture(scope="module")
+def headed(site: dict[str, str]) -> Iterator[Agent]:
+    from guest.localrun import Xvfb
+
+    if not shutil.which("Xvfb"):
+        pytest.skip("needs Xvfb")
+    server = Xvfb(1280, 800, 24).start()
+    # Off the screen's corner, so that the window's place and its frame both count in the mapping.
+    a = Agent(server.display, ["--window-position=37,23", "--window-size=900,600"], {"DISPLAY": server.display})
+    yield a
+    a.close()
+    server.stop()
+
+
+def events(agent: Agent, kind: str) -> list[list[Any]]:
+    return [e for e in agent.page("window.events") or [] if e[0] == kind]
+
+
+def test_click_at_lands_on_the_viewport_point_given(headed: Agent, site: dict[str, str]) -> None:
+    headed.goto(site["base"] + "/xy")
+    viewport = headed.call("screenshot")["viewport"]
+    assert viewport["x"] >= 37 and viewport["y"] > 23  # below the tab strip and toolbar
+    assert headed.page("document.documentElement.clientWidth === innerWidth")  # no scrollbar in the way
+    for x, y in [(0, 0), (123, 45), (headed.page("innerWidth") - 1, headed.page("innerHeight") - 1)]:  # the last pixel
+        body = headed.call("click_at", x=x, y=y, button="left", click_count=1, keys=[])
+        assert body["target"] == {"x": x, "y": y, "width": 0, "height": 0}
+        clicks = headed.wait_page(f"window.events.filter(e => e[0] === 'click' && e[1] === {x})")
+        assert clicks[-1][1:5] == [x, y, 0, 1]
+    headed.call("click_at", x=300, y=200, button="right", click_count=1, keys=["Shift"])
+    menu = headed.wait_page("window.events.filter(e => e[0] === 'contextmenu')")
+    assert menu[-1][1:4] == [300, 200, 2] and menu[-1][5] is True
+    headed.call("click_at", x=310, y=210, button="left", click_count=3, keys=["Control"])
+    triple = headed.wait_page("window.events.filter(e => e[0] === 'click' && e[4] === 3)")
+    assert triple[-1][1:3] == [310, 210] and triple[-1][6] is True
+    headed.call("hover_at", x=222, y=111)
+    moves = headed.wait_page("window.events.filter(e => e[0] === 'mousemove' && e[1] === 222)")
+    assert moves[-1][1:3] == [222, 111]
+    headed.page("window.events.length = 0")
+    headed.call("drag_path", path=[{"x": 10, "y": 20}, {"x": 60, "y": 40}, {"x": 100, "y": 90}], keys=[])
+    headed.wait_page("window.events.some(e => e[0] === 'mouseup')")
+    assert events(headed, "mousedown")[0][1:3] == [10, 20] and events(headed, "mouseup")[-1][1:3] == [100, 90]
+    assert [100, 90, 1] in [e[1:4] for e in events(headed, "mousemove")]  # button down (chromium coalesces moves)
+
+
+def test_hold_keys_holds_them_for_the_duration(headed: Agent, site: dict[str, str]) -> None:
+    headed.goto(site["base"] + "/xy")
+    headed.call("click_at", x=50, y=50, button="left", click_count=1, keys=[])  # the page has the focus
+    headed.page("window.events.length = 0")
+    t0 = time.monotonic()
+    headed.call("hold_keys", keys=["Shift", "a"], duration_ms=400)
+    assert time.monotonic() - t0 >= 0.4
+    up = headed.wait_page("window.events.filter(e => e[0] === 'keyup' && e[1].toLowerCase() === 'a')")
+    down = [e for e in events(headed, "keydown") if e[1] == "A"]
+    assert down and up[-1][2] - down[0][3] >= 350 and [e[1] for e in events(headed, "keydown")][0] == "Shift"
+    assert headed.refused("hold_keys", keys=["Terminate_Server"], duration_ms=1)[:2] == (400, "invalid_request")
+
+
+def test_x_input_needs_the_tab_in_front_and_a_point_in_the_viewport(headed: Agent, site: dict[str, str]) -> None:
+    headed.goto(site["base"] + "/xy")
+    first = next(t["id"] for t in headed.state()["tabs"] if t["active"])
+    width = headed.page("innerWidth")
+    assert headed.refused("click_at", x=width, y=5, button="left", click_count=1, keys=[])[1] == "not_actionable"
+    headed.call("new_tab", url=site["base"] + "/other")
+    status, code, message = headed.refused("hover_at", tab_id=first, x=5, y=5)
+    assert (status, code) == (422, "not_actionable") and "switch_tab" in message
+    headed.call("close_tab", tab_id=next(t["id"] for t in headed.state()["tabs"] if t["active"]))

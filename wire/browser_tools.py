@@ -1,0 +1,561 @@
+"""The browser tools wire schema: the calls the agent serves for the openai SDK's ``BrowserToolset``.
+
+One home for these shapes (docs/ARCHITECTURE.md, contract 9): the guest agent serves them on
+``GET /v1/browser/state`` and ``POST /v1/browser/call`` (:mod:`guest.browser_tools`), the controller's
+driver sends and reads them. Member names and argument fields are the SDK's
+(``openai.lib.browser._MEMBERS``; a test keeps them equal), so a call's ``arguments`` are exactly what
+the SDK hands its driver.
+
+* :class:`BrowserCall` ``{member, arguments}``: ``member`` one of :data:`GUEST_MEMBERS`, ``arguments``
+  validated by that member's strict model (:data:`ARGUMENT_MODELS`: unknown fields refused, no
+  coercion: ``"5"`` is no integer, ``1`` no boolean). Nullable fields (``tab_id``, ``type``'s
+  ``target``, ``new_tab``'s ``url``) may be left out (None).
+* :class:`BrowserCallResult` ``{result, target, viewport}``: the SDK's result for the member (None, a
+  string, a read report :class:`ReadReport` for ``read_page``/``find``/``get_page_text``, an
+  ``input_image`` dict for ``screenshot``/``zoom``); ``target``: the box of the element acted on in
+  **viewport CSS px** (:class:`Box`); ``viewport``: where the tab's viewport lies on the X screen, in
+  **screen px** (:class:`ScreenBox`), or None when the browser does not say.
+* :class:`BrowserStateV1`: what ``openai.lib.browser._state`` accepts with an observation.
+
+Units: ``x``/``y`` of ``click_at``, ``hover_at``, ``drag_path`` and ``zoom``'s ``region`` are viewport
+CSS px (0, 0 the viewport's top left corner), never screen px; ``scroll``'s ``amount`` is CSS px;
+``duration_ms``/``timeout_ms`` milliseconds. Text limits count UTF-8 bytes where the SDK does
+(labels, values, keys, refs), characters elsewhere.
+
+Refusals (:data:`REFUSAL_CODES`, HTTP 422) carry a message that is safe to show the model: it names
+the rule, never page text.
+
+This module imports pydantic only: the guest has no openai SDK. Over 400 lines: it is the one home of
+the browser tools vocabulary (members, arguments, results, state, limits).
+"""
+
+from __future__ import annotations
+
+import re
+from ipaddress import IPv4Address, IPv6Address
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
+                      field_validator, model_validator)
+
+from .actions import MAX_TEXT_CHARS
+
+GUEST_MEMBERS: tuple[str, ...] = (
+    "navigate", "read_page", "get_page_text", "find", "click", "type", "key", "scroll", "select_option",
+    "hover", "screenshot", "zoom", "new_tab", "switch_tab", "close_tab", "scroll_to", "wait_for",
+    "hover_at", "set_checked", "click_at", "drag_path", "hold_keys")
+"""The SDK members the agent serves. ``list_tabs`` is answered by the SDK from the state;
+``read_page_scoped``, ``read_diagnostics``, ``run_script``, ``upload_file`` and ``download_file`` are
+not served."""
+XTEST_MEMBERS: frozenset[str] = frozenset({"click_at", "hover_at", "drag_path", "hold_keys"})
+"""Members whose input goes through the agent's X input (XTEST, the computer actions' input lock):
+they need the tab in front on the agent's display."""
+
+MAX_READ_ELEMENTS = 200
+"""Most elements in one read report (more: omission ``target_limit``)."""
+MAX_READ_TEXT = 20_000
+"""Most characters of a report's text (more: omission ``text_limit``)."""
+MAX_WORK_NODES = 20_000
+"""Most DOM nodes one read visits (more: omission ``work_limit``)."""
+MAX_LABEL_BYTES = 256
+"""Longest label, option label or ref (UTF-8 bytes; a longer label is cut: omission ``name_limit``)."""
+MAX_VALUE_BYTES = 512
+"""Longest value or option value (UTF-8 bytes; a longer one is left out: omission ``value``)."""
+MAX_OPTIONS = 50
+"""Most options reported for one select control (more: omission ``report_limit``)."""
+MAX_REPORT_OPTIONS = 500
+"""Most options in one report, all controls together (more: omission ``report_limit``)."""
+MAX_CHANGES = 64
+"""Changes retained in the observation; older ones are counted in ``dropped_changes``."""
+MAX_TABS = 20
+"""Most tabs; ``new_tab`` past it is refused (``too_many_tabs``), tabs past it are not reported."""
+MAX_TITLE_BYTES = 1024
+"""Longest tab title (UTF-8 bytes; a longer one is cut and the observation says ``title_truncated``)."""
+MAX_URL_CHARS = 2048
+"""Longest URL navigated to or reported."""
+MAX_IMAGE_BYTES = 8 * 1024 * 1024
+"""Largest screenshot or zoom image (bytes of the encoded image, before base64)."""
+MAX_KEYS = 16
+"""Most keys in one ``key`` chord."""
+MAX_KEY_BYTES = 64
+"""Longest key name (UTF-8 bytes)."""
+MAX_SELECT_VALUES = 100
+"""Most values in one ``select_option``."""
+MAX_QUERY_BYTES = 256
+"""Longest ``find`` query and ``wait_for`` text (UTF-8 bytes, after whitespace is normalised)."""
+MAX_SCROLL_PX = 1_000_000
+"""Largest ``scroll`` amount acted on (CSS px); a larger one scrolls this far."""
+LOAD_TIMEOUT_S = 20.0
+"""How long ``navigate`` and ``new_tab`` wait for the page's load; past it they return (the document is
+there, still loading)."""
+
+RefusalCode = Literal["stale_ref", "unknown_tab", "not_actionable", "wait_timeout", "unsupported_url",
+                      "too_many_tabs"]
+REFUSAL_CODES: tuple[str, ...] = RefusalCode.__args__  # type: ignore[attr-defined]
+"""422 codes whose message the model may see: ``stale_ref`` (a ref never issued, or issued for a
+document the tab no longer shows), ``unknown_tab``, ``not_actionable`` (the element is hidden, disabled,
+covered, or not of the kind the member needs; a point outside the viewport; a tab not in front for an
+X input member; the last tab closed), ``wait_timeout``, ``unsupported_url`` (not http(s) or
+about:blank), ``too_many_tabs``."""
+
+ReadRole = Literal["button", "textbox", "combobox", "checkbox", "radio", "slider", "listbox"]
+"""The SDK's element roles. Links are reported as ``button`` (they are clicked the same way)."""
+Omission = Literal["report_limit", "text_limit", "target_limit", "work_limit", "frame_limit",
+                   "unsupported_root", "unsupported_control", "remote_action", "private", "value",
+                   "name_limit"]
+Modifier = Literal["Control", "Alt", "Meta", "Shift"]
+
+
+def utf8_len(text: str) -> int:
+    """Length of ``text`` in UTF-8 bytes (a lone surrogate counts 3)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def cut_utf8(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes at a character boundary."""
+    return text[:limit].encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+
+
+def normalise_space(text: str) -> str:
+    """Whitespace runs as one space, ends stripped (how ``wait_for`` compares text)."""
+    return " ".join(text.split())
+
+
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def reportable_url(url: str) -> str:
+    """The URL a tab reports: ``url`` when it is an http(s) URL of at most :data:`MAX_URL_CHARS`
+    characters whose host is one the SDK accepts (DNS labels, a dotted-quad IPv4 address or an IPv6
+    address; no ``%``, no control characters), else ``"about:blank"``."""
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or re.search(r"[\x00-\x20\x7f\ud800-\udfff]", url):
+        return "about:blank"
+    match = re.match(r"(https?)://([^/?#]*)", url)
+    if not match:
+        return "about:blank"
+    host_port = match[2].rsplit("@", 1)[-1]
+    try:
+        parts = urlsplit(f"{match[1]}://{host_port}")
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return "about:blank"
+    if not host or "%" in host_port or "\\" in host_port or (port is not None and not 0 <= port <= 65535):
+        return "about:blank"
+    if ":" in host:
+        try:
+            IPv6Address(host)
+        except ValueError:
+            return "about:blank"
+        return url
+    labels = host.removesuffix(".").split(".")
+    if any(_LABEL.fullmatch(label) is None for label in labels):
+        return "about:blank"
+    if re.fullmatch(r"(?:[0-9]+|0x[0-9a-f]*)", labels[-1]):
+        try:
+            if str(IPv4Address(host)) != host:
+                return "about:blank"
+        except ValueError:
+            return "about:blank"
+    return url
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+TabId = Annotated[StrictStr | None, Field(default=None, max_length=128)]
+Ref = Annotated[StrictStr, Field(min_length=1, max_length=MAX_LABEL_BYTES)]
+Coordinate = Annotated[StrictInt, Field(ge=0, le=9_007_199_254_740_991)]
+
+
+class _TabArgs(_Args):
+    tab_id: TabId = None
+
+
+class _TargetArgs(_TabArgs):
+    target: Ref
+
+
+class NavigateArgs(_TabArgs):
+    """``navigate``: load ``url`` (http(s) or about:blank) in the tab."""
+
+    url: StrictStr = Field(max_length=MAX_URL_CHARS)
+
+
+class ReadPageArgs(_TabArgs):
+    """``read_page``: ``all`` (visible text and elements) or ``interactive`` (elements, no text)."""
+
+    filter: Literal["all", "interactive"]
+
+
+class GetPageTextArgs(_TabArgs):
+    """``get_page_text``: the visible text (a read report without elements)."""
+
+
+class FindArgs(_TabArgs):
+    """``find``: elements and text lines whose label or text holds ``query`` (case-insensitive)."""
+
+    query: StrictStr
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, value: str) -> str:
+        if not normalise_space(value) or utf8_len(normalise_space(value)) > MAX_QUERY_BYTES:
+            raise ValueError(f"query must hold text, at most {MAX_QUERY_BYTES} bytes")
+        return value
+
+
+class ClickArgs(_TargetArgs):
+    """``click``: a left click at the centre of element ``target``."""
+
+
+class TypeArgs(_TabArgs):
+    """``type``: replace the content of element ``target`` with ``text``, or insert ``text`` at the
+    focus when ``target`` is None."""
+
+    text: StrictStr = Field(max_length=MAX_TEXT_CHARS)
+    target: Annotated[StrictStr | None, Field(default=None, min_length=1, max_length=MAX_LABEL_BYTES)] = None
+
+
+class KeyArgs(_TabArgs):
+    """``key``: press ``keys`` as one chord (in order, released in reverse)."""
+
+    keys: list[StrictStr] = Field(min_length=1, max_length=MAX_KEYS)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        if any(not k or utf8_len(k) > MAX_KEY_BYTES for k in value):
+            raise ValueError(f"each key is a nonempty name of at most {MAX_KEY_BYTES} bytes")
+        return value
+
+
+class ScrollArgs(_TabArgs):
+    """``scroll``: a mouse wheel of ``amount`` CSS px towards ``direction`` at the viewport's centre."""
+
+    direction: Literal["up", "down", "left", "right"]
+    amount: Coordinate
+
+
+class SelectOptionArgs(_TargetArgs):
+    """``select_option``: select the options of ``target`` (a select control) whose value or label is
+    one of ``values`` (every value must match one)."""
+
+    values: list[Annotated[StrictStr, Field(max_length=4 * MAX_VALUE_BYTES)]] = Field(max_length=MAX_SELECT_VALUES)
+
+
+class HoverArgs(_TargetArgs):
+    """``hover``: move the mouse to the centre of ``target``."""
+
+
+class ScreenshotArgs(_TabArgs):
+    """``screenshot``: the tab's viewport as a PNG."""
+
+
+class ZoomArgs(_TabArgs):
+    """``zoom``: the viewport region ``[left, top, right, bottom]`` (viewport CSS px), enlarged."""
+
+    region: list[Coordinate] = Field(min_length=4, max_length=4)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: list[int]) -> list[int]:
+        if not (value[0] < value[2] and value[1] < value[3]):
+            raise ValueError("region is [left, top, right, bottom] with left < right and top < bottom")
+        return value
+
+
+class NewTabArgs(_Args):
+    """``new_tab``: open a tab (at ``url``, else about:blank) and bring it to the front."""
+
+    url: Annotated[StrictStr | None, Field(default=None, max_length=MAX_URL_CHARS)] = None
+
+
+class SwitchTabArgs(_Args):
+    """``switch_tab``: bring tab ``tab_id`` to the front."""
+
+    tab_id: StrictStr = Field(max_length=128)
+
+
+class CloseTabArgs(_Args):
+    """``close_tab``: close tab ``tab_id`` (not the last one)."""
+
+    tab_id: StrictStr = Field(max_length=128)
+
+
+class ScrollToArgs(_TargetArgs):
+    """``scroll_to``: scroll ``target`` into the middle of the viewport."""
+
+
+class WaitForArgs(_TabArgs):
+    """``wait_for``: wait until the visible text holds ``text`` (whitespace normalised), at most
+    ``timeout_ms``."""
+
+    text: StrictStr
+    timeout_ms: StrictInt = Field(ge=1, le=30_000)
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        if not normalise_space(value) or utf8_len(normalise_space(value)) > MAX_QUERY_BYTES:
+            raise ValueError(f"text must hold text, at most {MAX_QUERY_BYTES} bytes once whitespace is normalised")
+        return value
+
+
+class HoverAtArgs(_TabArgs):
+    """``hover_at``: the X pointer to viewport point (``x``, ``y``) (CSS px)."""
+
+    x: Coordinate
+    y: Coordinate
+
+
+class SetCheckedArgs(_TargetArgs):
+    """``set_checked``: click checkbox or radio ``target`` when its state is not ``checked``."""
+
+    checked: StrictBool
+
+
+def _unique_modifiers(value: list[str]) -> list[str]:
+    if len(set(value)) != len(value):
+        raise ValueError("modifiers must be unique")
+    return value
+
+
+class Point(_Args):
+    """A viewport point ``{x, y}`` (CSS px)."""
+
+    x: Coordinate
+    y: Coordinate
+
+
+class ClickAtArgs(_TabArgs):
+    """``click_at``: ``click_count`` clicks of ``button`` at viewport point (``x``, ``y``) (CSS px),
+    ``keys`` held, through the X input."""
+
+    x: Coordinate
+    y: Coordinate
+    button: Literal["left", "right", "middle"]
+    click_count: Literal[1, 2, 3]
+    keys: list[Modifier] = Field(max_length=4)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return _unique_modifiers(value)
+
+
+class DragPathArgs(_TabArgs):
+    """``drag_path``: left button down at the first point, through every point, up at the last
+    (viewport CSS px), ``keys`` held, through the X input."""
+
+    path: list[Point] = Field(min_length=2, max_length=100)
+    keys: list[Modifier] = Field(max_length=4)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return _unique_modifiers(value)
+
+
+class HoldKeysArgs(_TabArgs):
+    """``hold_keys``: hold ``keys`` down for ``duration_ms``, through the X input."""
+
+    keys: list[StrictStr] = Field(min_length=1, max_length=8)
+    duration_ms: StrictInt = Field(ge=1, le=3000)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        if any(not k or utf8_len(k) > MAX_KEY_BYTES for k in value) or len(set(value)) != len(value):
+            raise ValueError(f"keys are unique nonempty names of at most {MAX_KEY_BYTES} bytes")
+        return value
+
+
+ARGUMENT_MODELS: dict[str, type[_Args]] = {
+    "navigate": NavigateArgs, "read_page": ReadPageArgs, "get_page_text": GetPageTextArgs, "find": FindArgs,
+    "click": ClickArgs, "type": TypeArgs, "key": KeyArgs, "scroll": ScrollArgs,
+    "select_option": SelectOptionArgs, "hover": HoverArgs, "screenshot": ScreenshotArgs, "zoom": ZoomArgs,
+    "new_tab": NewTabArgs, "switch_tab": SwitchTabArgs, "close_tab": CloseTabArgs, "scroll_to": ScrollToArgs,
+    "wait_for": WaitForArgs, "hover_at": HoverAtArgs, "set_checked": SetCheckedArgs, "click_at": ClickAtArgs,
+    "drag_path": DragPathArgs, "hold_keys": HoldKeysArgs,
+}
+"""Each served member's argument model."""
+if tuple(ARGUMENT_MODELS) != GUEST_MEMBERS:
+    raise ImportError("wire.browser_tools: ARGUMENT_MODELS must name GUEST_MEMBERS in order")
+
+Member = Literal[GUEST_MEMBERS]  # type: ignore[valid-type]
+
+
+class BrowserCall(BaseModel):
+    """``POST /v1/browser/call``: run ``member`` with ``arguments`` (validated by the member's model;
+    :attr:`args` is the parsed model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    member: Member
+    arguments: dict[StrictStr, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "BrowserCall":
+        ARGUMENT_MODELS[self.member].model_validate(self.arguments)
+        return self
+
+    @property
+    def args(self) -> Any:
+        """The arguments as the member's model (:data:`ARGUMENT_MODELS`)."""
+        return ARGUMENT_MODELS[self.member].model_validate(self.arguments)
+
+
+def call_problem(body: Any) -> str | None:
+    """Why ``body`` is no :class:`BrowserCall` (``where: rule``, never the value), or None."""
+    if isinstance(body, dict) and body.get("member") in ARGUMENT_MODELS and isinstance(body.get("arguments"), dict):
+        model, value, prefix = ARGUMENT_MODELS[body["member"]], body["arguments"], "arguments."
+        if set(body) - {"member", "arguments"}:
+            model, value, prefix = BrowserCall, body, ""
+    else:
+        model, value, prefix = BrowserCall, body, ""
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_input=False, include_url=False)[0]
+        where = prefix + ".".join(str(part) for part in first.get("loc", ())) if first.get("loc") else prefix.rstrip(".") or "body"
+        message = str(first.get("msg", "invalid"))
+        if first.get("type") == "literal_error" and where == "member":
+            message = "unknown or unserved member; served: " + ", ".join(GUEST_MEMBERS)
+        return f"{where}: {message}"
+    return None
+
+
+# -- results -----------------------------------------------------------------------------------------
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Box(_Out):
+    """A box in viewport CSS px: ``x``, ``y`` its top left corner."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+
+
+class ScreenBox(_Out):
+    """A box in screen px of the agent's display."""
+
+    x: int
+    y: int
+    width: int
+    height: int
+
+
+class ReadOption(_Out):
+    """An option of a select control (``selected`` for a listbox only)."""
+
+    label: str = Field(min_length=1)
+    value: str
+    selected: bool | None = None
+
+
+class ReadElement(_Out):
+    """One element of a read report: an opaque ``ref``, its SDK ``role`` and ``label``; ``value``,
+    ``options``, ``checked`` when they apply (absent otherwise)."""
+
+    ref: str = Field(min_length=1)
+    role: ReadRole
+    label: str = Field(min_length=1)
+    value: str | None = None
+    options: list[ReadOption] | None = None
+    checked: bool | None = None
+
+
+class ReadReport(_Out):
+    """The SDK's ``BrowserReadV1``."""
+
+    version: Literal[1] = 1
+    text: str
+    elements: list[ReadElement] = Field(max_length=MAX_READ_ELEMENTS)
+    omitted: list[Omission]
+
+
+class InputImage(_Out):
+    """The SDK's ``input_image`` content: a ``data:image/png;base64,...`` (or jpeg) URL."""
+
+    type: Literal["input_image"] = "input_image"
+    image_url: str
+    detail: Literal["original"] = "original"
+
+
+class BrowserCallResult(_Out):
+    """``POST /v1/browser/call`` 200 (module docstring)."""
+
+    result: Union[None, str, ReadReport, InputImage] = None
+    target: Box | None = None
+    viewport: ScreenBox | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """JSON of the answer: None fields inside read reports and options left out (the SDK's
+        optional keys are absent, never null)."""
+        out = self.model_dump(exclude={"result"})
+        if isinstance(self.result, BaseModel):
+            out["result"] = self.result.model_dump(exclude_none=True)
+        else:
+            out["result"] = self.result
+        return out
+
+
+class Tab(_Out):
+    """A tab: the agent's own ``id`` (``tab-N``), ``title`` (page text), ``url`` (:func:`reportable_url`)."""
+
+    id: str
+    title: str
+    url: str
+    active: bool
+
+
+ChangeType = Literal["tab_opened", "tab_closed", "tab_switched", "navigation", "navigation_refused",
+                     "dialog_dismissed", "download"]
+
+
+class Change(_Out):
+    """One change in the observation (the SDK's ``BrowserStateChange``): ``sequence`` counts from 1;
+    ``reason`` for ``navigation_refused``, ``kind`` for ``dialog_dismissed``, ``status`` for ``download``."""
+
+    type: ChangeType
+    sequence: int
+    tab_id: str | None
+    reason: Literal["policy", "unsupported"] | None = None
+    kind: Literal["alert", "confirm", "prompt", "beforeunload", "other"] | None = None
+    status: Literal["blocked", "started", "completed", "failed"] | None = None
+
+
+class Observation(_Out):
+    """The SDK's ``BrowserObservationV1``: ``sequence`` == ``dropped_changes`` + len(``changes``)."""
+
+    version: Literal[1] = 1
+    sequence: int
+    dropped_changes: int
+    title_truncated: bool
+    changes: list[Change] = Field(max_length=MAX_CHANGES)
+
+    @model_validator(mode="after")
+    def _sequence(self) -> "Observation":
+        if self.sequence != self.dropped_changes + len(self.changes):
+            raise ValueError("sequence must be dropped_changes + len(changes)")
+        return self
+
+
+class BrowserStateV1(_Out):
+    """``GET /v1/browser/state``: the SDK's ``BrowserState`` with an observation."""
+
+    tabs: list[Tab] = Field(max_length=MAX_TABS)
+    observation: Observation
+
+    def wire(self) -> dict[str, Any]:
+        """JSON of the state, each change with only the fields of its type."""
+        out = self.model_dump()
+        out["observation"]["changes"] = [c.model_dump(exclude_none=True) | {"tab_id": c.tab_id}
+                                         for c in self.observation.changes]
+        return out
