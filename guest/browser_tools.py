@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 from wire import browser_tools as W
 from wire.browser_tools import BrowserCall, BrowserCallResult
+from Xlib import XK
 
 from . import keys as keynames
 from .browser import BrowserError, BrowserHost, _as_browser_error
@@ -416,6 +417,14 @@ class _Channel:
     closing: set[str] = field(default_factory=set)
     jobs: "queue.Queue[Callable[[], None]]" = field(default_factory=lambda: queue.Queue(MAX_PENDING_EVENTS))
     ready: threading.Event = field(default_factory=threading.Event)
+
+
+BROWSER_SHORTCUT_KEYSYMS: frozenset[int] = frozenset(
+    (keynames.MODIFIER_KEYSYMS - {XK.string_to_keysym("Shift_L"), XK.string_to_keysym("Shift_R")})
+    | {XK.string_to_keysym(f"F{n}") for n in range(1, 36)} | {XK.string_to_keysym("Menu")})
+"""Keys ``hold_keys`` refuses: every modifier but Shift, F1-F35 and Menu. Held through the X input they
+reach chromium's own window, whose shortcuts (Ctrl+L, Alt+D, F6 to the address bar, Ctrl+T...) would
+let the model open what the driver's URL policy refuses."""
 
 
 class BrowserTools:
@@ -1168,6 +1177,11 @@ class BrowserTools:
                 raise BrowserError(400, "invalid_request", str(exc)) from None
             if keynames.is_server_control(keysym):
                 raise BrowserError(400, "invalid_request", f"key {name[:64]!r} commands the X server and is refused")
+            if keysym in BROWSER_SHORTCUT_KEYSYMS:
+                # held through the X input, these reach chromium's own shortcuts (Ctrl+L, Alt+D, F6: the
+                # address bar) and so a navigation the driver's URL policy never saw
+                raise BrowserError(422, "not_actionable", f"hold_keys holds keys for the page only: {name[:64]!r} "
+                                                          "is a modifier or function key the browser itself takes")
             keysyms.append(keysym)
         self.executor.hold_keys(keysyms, args.duration_ms / 1000)
         return self._result(ch, tab)

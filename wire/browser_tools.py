@@ -507,12 +507,23 @@ class BrowserCallResult(_Out):
 
 
 class Tab(_Out):
-    """A tab: the agent's own ``id`` (``tab-N``), ``title`` (page text), ``url`` (:func:`reportable_url`)."""
+    """A tab: the agent's own ``id`` (``tab-N``, at most 128 bytes), ``title`` (page text, at most
+    :data:`MAX_TITLE_BYTES`), ``url`` (:func:`reportable_url`: what the agent sends must already be one;
+    the controller refuses anything else as a malformed answer, so a hostile guest fails a call, never
+    the SDK's own state check, which would end the run)."""
 
-    id: str
+    id: str = Field(min_length=1, max_length=128)
     title: str
     url: str
     active: bool
+
+    @model_validator(mode="after")
+    def _reportable(self) -> "Tab":
+        if utf8_len(self.id) > 128 or utf8_len(self.title) > MAX_TITLE_BYTES:
+            raise ValueError(f"a tab id is at most 128 bytes, a title at most {MAX_TITLE_BYTES}")
+        if reportable_url(self.url) != self.url:
+            raise ValueError("a tab's url must be an http(s) URL the SDK accepts, or about:blank")
+        return self
 
 
 ChangeType = Literal["tab_opened", "tab_closed", "tab_switched", "navigation", "navigation_refused",
@@ -552,6 +563,14 @@ class BrowserStateV1(_Out):
 
     tabs: list[Tab] = Field(max_length=MAX_TABS)
     observation: Observation
+
+    @model_validator(mode="after")
+    def _one_active(self) -> "BrowserStateV1":
+        if self.tabs and sum(t.active for t in self.tabs) != 1:
+            raise ValueError("exactly one tab is active when there are tabs")
+        if len({t.id for t in self.tabs}) != len(self.tabs):
+            raise ValueError("tab ids are unique")
+        return self
 
     def wire(self) -> dict[str, Any]:
         """JSON of the state, each change with only the fields of its type."""

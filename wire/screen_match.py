@@ -11,8 +11,10 @@ The rule, in the image's own px (model px: the screenshot as it was sent):
 * **Regions** (:func:`regions_for`): a square of ``2 * margin + 1`` px centred on every point the call's
   actions touch (``wire.actions`` ``points()``: a click's point, every point of a drag path, a scroll's
   point...), clipped to the image; a call whose actions touch no point (``type``, ``keypress``, ``wait``)
-  is compared around ``fallback`` (the pointer, where the keyboard's focus most likely is). Overlapping
-  squares stay separate (each is judged on its own).
+  is compared around ``fallback`` (the last point acted on: where the keyboard's focus most likely
+  is), or, with none, over the whole image in squares of at most 513 px (:func:`tiles`: a clock stays
+  under ``max_changed`` of its square, a new page does not). Overlapping squares stay separate (each is
+  judged on its own).
 * **A pixel differs** when its largest RGB channel difference is above ``tolerance`` (0-255): the
   same screen grabbed twice stays under it, a changed or moved control (even a white field on an
   off-white page) does not.
@@ -106,11 +108,13 @@ def regions_for(points: Iterable[tuple[int, int]], size: tuple[int, int], rule: 
                 fallback: tuple[int, int] | None = None) -> list[Region]:
     """The regions to compare for actions touching ``points`` (image px) on an image of ``size`` (w, h):
     a square of side ``2 * rule.margin + 1`` centred on each point, clipped to the image, at most
-    :data:`MAX_REGIONS`, duplicates dropped. No points: the square around ``fallback`` (None: no region).
-    Points outside the image give no region."""
+    :data:`MAX_REGIONS`, duplicates dropped. No points: the square around ``fallback``, or with no
+    ``fallback`` the whole image (:func:`tiles`). Points outside the image give no region."""
     width, height = size
     seen: list[Region] = []
     pts = list(points) or ([fallback] if fallback is not None else [])
+    if not pts:
+        return tiles(size)
     for px, py in pts:
         if not (0 <= px < width and 0 <= py < height):
             continue
@@ -122,6 +126,15 @@ def regions_for(points: Iterable[tuple[int, int]], size: tuple[int, int], rule: 
         if len(seen) >= MAX_REGIONS:
             break
     return seen
+
+
+def tiles(size: tuple[int, int]) -> list[Region]:
+    """The whole image of ``size`` (w, h) as squares of at most ``2 * 256 + 1`` px (the largest region),
+    row by row: what is compared when an action touches no point and none was acted on before."""
+    side = 2 * 256 + 1
+    width, height = size
+    return [Region(x=x, y=y, w=min(side, width - x), h=min(side, height - y))
+            for y in range(0, height, side) for x in range(0, width, side)][:MAX_REGIONS]
 
 
 def changed_share(reference: Image.Image, current: Image.Image, tolerance: int) -> float:
@@ -210,8 +223,8 @@ class ScreenBinding(BaseModel):
 
     frame: tuple[int, int, int, int]
     size: tuple[int, int]
-    regions: list[Region] = Field(max_length=MAX_REGIONS)
-    crops: list[str] = Field(max_length=MAX_REGIONS)
+    regions: list[Region] = Field(min_length=1, max_length=MAX_REGIONS)
+    crops: list[str] = Field(min_length=1, max_length=MAX_REGIONS)
     rule: MatchRule = MatchRule()
     jpeg_quality: Optional[int] = Field(default=None, ge=1, le=100, strict=True)
     """The approved screenshot was a JPEG of this quality: the agent encodes the frame it grabbed the

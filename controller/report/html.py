@@ -171,7 +171,7 @@ def _resolve_crops(view: dict[str, Any], directory: Path) -> None:
                             continue
                         out = io.BytesIO()
                         img.convert("RGB").crop((x, y, x + w, y + h)).save(out, format="PNG")
-                except (OSError, Image.DecompressionBombError):
+                except (OSError, ValueError, Image.DecompressionBombError):
                     continue
                 crops["replayed"] = f"data:image/png;base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
 

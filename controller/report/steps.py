@@ -132,7 +132,8 @@ def _crops(u: dict[str, Any], shot: dict[str, Any] | None) -> dict[str, Any] | N
     box = [exp.get(k) for k in ("x", "y", "w", "h")]
     if u.get("kind") != "matches" or not isinstance(png, str) or len(png) > 700_000 or not _BASE64.fullmatch(png) \
             or not png.startswith("iVBORw0KGgo") \
-            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100_000 for v in box):
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100_000 for v in box) \
+            or box[2] < 1 or box[3] < 1:
         return None
     return {"recorded": f"data:image/png;base64,{png}", "region": tuple(box),
             "shot_file": shot.get("raw_file") if shot else None, "replayed": None,

@@ -171,12 +171,18 @@ class StepObservation:
 
 # -- URLs --------------------------------------------------------------------------------------------
 def _loopback(host: str) -> bool:
+    """Whether ``host`` (canonical, brackets off) is the guest itself: ``localhost`` names, loopback
+    addresses, also written as an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, which chromium
+    reaches as 127.0.0.1 and Python does not call loopback), or the unspecified address."""
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    address = mapped or address
+    return address.is_loopback or address.is_unspecified
 
 
 @dataclass(frozen=True)

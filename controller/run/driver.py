@@ -46,12 +46,8 @@ class ModelSpaceUnknown(DriverError):
 
 class ScreenChanged(DriverError):
     """An approved action did not run: the screen no longer showed, where it lands, what the person
-    approved it on (the agent's 409 ``screen_changed``), and the approval was not given again.
-    ``denied``: a person answered no to the new screen (else nobody could be asked again)."""
-
-    def __init__(self, message: str, *, denied: bool) -> None:
-        super().__init__(message)
-        self.denied = denied
+    approved it on (the agent's 409 ``screen_changed``), and the approval was not given again (a no, or
+    nobody to ask, or asked too often: the run's denials say which)."""
 
 
 @dataclass(frozen=True)
@@ -248,9 +244,10 @@ class SandboxDriver(_ComputerDriverBase):
     def bind_next(self, actions: list[Any], shot: SentScreenshot | None = None) -> ScreenBinding | None:
         """Bind the next action sent to ``shot`` (default: :attr:`last_shot`, the screenshot the person
         approving was shown): the regions ``actions`` (model px; an SDK call's actions or their dicts)
-        touch, or around the last point acted on when they touch none, compared by :attr:`bind_rule`.
+        touch, or around the last point acted on when they touch none (the whole screenshot when there is
+        none yet), compared by :attr:`bind_rule`; the points are mapped from the model's px to ``shot``'s.
         The agent checks them before that action runs (``expect_screen``, contract 1). Returns the
-        binding (None when binding is off, no screenshot was sent yet or nothing can be compared)."""
+        binding (None when binding is off or no screenshot was sent yet)."""
         shot = shot or self.last_shot
         if self.bind_rule is None or shot is None:
             self._binding = None
@@ -262,14 +259,25 @@ class SandboxDriver(_ComputerDriverBase):
             except (ActionInvalid, DriverError):
                 continue  # the action itself is refused later, with its own error
         frame = shot.frame if isinstance(shot.frame, Frame) else Frame(*shot.frame)
+        # The points are the model's (its last screenshot's px); ``shot`` may be another image (asked
+        # again on a new screenshot of another size or frame): compare where the actions really land.
+        fallback = self._last_point
+        space = self.model_space
+        if space is not None:
+            def to_shot(point: tuple[int, int]) -> tuple[int, int]:
+                sx, sy = space.to_screen(*point)
+                return ((sx - frame.x) * shot.image_size[0] // max(frame.w, 1),
+                        (sy - frame.y) * shot.image_size[1] // max(frame.h, 1))
+            points = [to_shot(p) for p in points]
+            fallback = to_shot(fallback) if fallback is not None else None
         quality = None
         if shot.mime == "image/jpeg":  # the driver's own re-encode (size cap) uses at most 85
             quality = min(self.policy.quality, 85) if shot.reencoded else self.policy.quality
         with Image.open(io.BytesIO(shot.data)) as img:
             binding = bind(img.convert("RGB"), (frame.x, frame.y, frame.w, frame.h), points, self.bind_rule,
-                           fallback=self._last_point, jpeg_quality=quality)
-        self._binding = binding if binding.regions else None
-        return self._binding
+                           fallback=fallback, jpeg_quality=quality)
+        self._binding = binding
+        return binding
 
     def look(self) -> SentScreenshot:
         """A screenshot under the policy for a person (a question asked again on the screen as it is
@@ -280,7 +288,7 @@ class SandboxDriver(_ComputerDriverBase):
         frame = raw.frame if isinstance(raw.frame, Frame) else Frame(*raw.frame)
         with Image.open(io.BytesIO(data)) as img:
             size = img.size
-        return SentScreenshot(data, mime, size, frame, tuple(raw.screen_size))
+        return self._cap(SentScreenshot(data, mime, size, frame, tuple(raw.screen_size)))
 
     def clear_binding(self) -> None:
         """Drop a binding no action used (its call was refused before any action ran)."""
@@ -309,10 +317,9 @@ class SandboxDriver(_ComputerDriverBase):
                 if binding is None or getattr(exc, "code", None) != "screen_changed":
                     raise
                 if self.on_screen_changed is None or not self.on_screen_changed(exc):
-                    denied = bool(getattr(exc, "denied", False))
                     self.last_error = "screen_changed"
                     raise ScreenChanged("the screen changed where the approved action lands and the approval "
-                                        "was not given again: nothing of it ran", denied=denied) from None
+                                        "was not given again: nothing of it ran") from None
         try:
             points = parse_action(_as_dict(action)).points()
         except (ActionInvalid, DriverError):

@@ -164,11 +164,15 @@ def card_file(card: Any) -> str:
     return src.rsplit("/", 1)[1]
 
 
-def wait_other_card(page: Any, first_id: str) -> Any:
-    """The one card shown once the card ``first_id`` is gone, its screenshot loaded."""
+def wait_other_card(page: Any, run: Any, first_id: str) -> Any:
+    """The one card shown once the card ``first_id`` is gone, its screenshot loaded; fails at once
+    when the run ends first (nobody was asked again)."""
     from playwright.sync_api import expect
 
     card = page.locator(f".card:not([data-request-id='{first_id}'])")
+    poll(lambda: card.count() > 0 or run.live.status is not None, timeout=DEADLINE_MS / 1000,
+         what="a second card (or the run's end)")
+    assert card.count() > 0, f"the run ended ({run.live.status}) without asking again on a new screen"
     expect(card).to_have_count(1)
     expect(page.locator(f".card[data-request-id='{first_id}']")).to_have_count(0)
     page.wait_for_function("(id) => { const i = document.querySelector(`.card:not([data-request-id='${id}']) img`);"
@@ -212,7 +216,7 @@ def test_a_moved_button_voids_the_approval_and_a_second_card_asks_on_the_new_scr
         # as a person would: approve once the live screen shows the button at its new place
         wait_live_shows(page, MOVED_TOP, GREEN)
         first.get_by_role("button", name="Approve", exact=True).click()
-        second = wait_other_card(page, first_id)
+        second = wait_other_card(page, run, first_id)
         expect(second.locator(".checks .code")).to_have_text("sensitive_action")
         second_file = card_file(second)
         second.get_by_role("button", name=second_answer, exact=True).click()

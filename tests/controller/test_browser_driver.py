@@ -106,6 +106,10 @@ def _rules(**network: Any) -> UrlRules:
     ({}, "http://localhost:8080/", False),                   # another spelling is another origin
     ({}, "http://127.0.0.1:9999/", False),                   # a guest-local service the task does not open
     ({}, "http://127.0.0.1:8000/v1/display", False),         # the agent
+    ({"mode": "allowlist", "allow": ["http://[::ffff:127.0.0.1]:8000"], "allow_addresses": ["127.0.0.1/32"]},
+     "http://[::ffff:127.0.0.1]:8000/", False),              # the agent, written as an IPv4-mapped address
+    ({}, "http://[::ffff:7f00:1]:8000/", False),
+    ({}, "http://0.0.0.0:8000/", False),                     # the unspecified address is the guest too
     ({}, "https://example.org/", False),                     # deny-all
     ({}, "file:///etc/passwd", False),
     ({}, "chrome://settings", False),

@@ -76,7 +76,18 @@ def test_regions_are_clipped_deduplicated_and_fall_back_to_the_pointer():
     assert regions_for([(0, 0)], (100, 100), RULE) == [Region(x=0, y=0, w=25, h=25)]
     assert regions_for([(50, 50), (50, 50)], (100, 100), RULE) == [Region(x=26, y=26, w=49, h=49)]
     assert regions_for([], (100, 100), RULE, fallback=(99, 99)) == [Region(x=75, y=75, w=25, h=25)]
-    assert regions_for([], (100, 100), RULE) == []
+    # no point at all: the whole image, in squares of at most 513 px
+    assert regions_for([], (100, 100), RULE) == [Region(x=0, y=0, w=100, h=100)]
+    assert [(r.x, r.y, r.w, r.h) for r in regions_for([], (1280, 800), RULE)] == [
+        (0, 0, 513, 513), (513, 0, 513, 513), (1026, 0, 254, 513),
+        (0, 513, 513, 287), (513, 513, 513, 287), (1026, 513, 254, 287)]
+
+
+def test_the_whole_screen_compared_in_squares_lets_a_clock_through_and_not_a_new_page():
+    regions = regions_for([], (1280, 800), RULE)
+    assert compare(screen(clock="12:00:00"), screen(clock="12:00:07"), regions, RULE).matched
+    other = Image.new("RGB", (1280, 800), "#202020")
+    assert not compare(screen(), other, regions, RULE).matched
     assert regions_for([(100, 5)], (100, 100), RULE) == []  # outside: nothing to compare
 
 

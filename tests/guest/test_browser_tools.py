@@ -526,6 +526,17 @@ def test_hold_keys_holds_them_for_the_duration(headed: Agent, site: dict[str, st
     assert headed.refused("hold_keys", keys=["Terminate_Server"], duration_ms=1)[:2] == (400, "invalid_request")
 
 
+@pytest.mark.parametrize("keys", [["Control", "l"], ["Alt", "d"], ["F6"], ["ctrl", "t"], ["Super"], ["Menu"]])
+def test_hold_keys_never_reaches_the_browsers_own_shortcuts(headed: Agent, site: dict[str, str], keys) -> None:
+    """The address bar (Ctrl+L, Alt+D, F6), a new tab (Ctrl+T) and the like are the browser's, not the page's:
+    held through the X input they would open what the URL policy refuses, so they are refused and no key goes
+    down."""
+    headed.goto(site["base"] + "/xy")
+    headed.page("window.events.length = 0")
+    assert headed.refused("hold_keys", keys=keys, duration_ms=50)[:2] == (422, "not_actionable")
+    assert events(headed, "keydown") == []
+
+
 def test_x_input_needs_the_tab_in_front_and_a_point_in_the_viewport(headed: Agent, site: dict[str, str]) -> None:
     headed.goto(site["base"] + "/xy")
     first = next(t["id"] for t in headed.state()["tabs"] if t["active"])
