@@ -105,6 +105,7 @@ from typing import Any
 from controller.agent_client import AgentClient
 from controller.bench_sampling import interleave, percentiles
 from controller.bench_console import checks as console_checks, render_lines as console_lines, run_console
+from controller.chromium import APPS_JSON, CHROMIUM, channel_app
 from controller.text import clean, clean_lines
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
@@ -348,7 +349,6 @@ def _unavailable(backend: str, image: str | None) -> tuple[str | None, Any]:
         why = _docker_unavailable(image or DEFAULT_IMAGE)
         if why:
             return why, None
-    from controller.sandbox import SandboxError
     from controller.sandbox.registry import get_backend
 
     try:
@@ -489,14 +489,12 @@ BROWSER_PAGE = ("<!doctype html><html><head><title>Bench form</title>"
                 + "<label>Notes <textarea>none</textarea></label>"
                 + "<button type=button onclick='window.count = (window.count || 0) + 1'>Count</button>"
                 + "<button type=submit>Send</button></form></body></html>")
-CHROMIUM_PATH = "/usr/bin/chromium"
-APPS_JSON = Path(__file__).resolve().parents[1] / "images" / "apps.json"
 
 
 def _browser_unavailable() -> str | None:
     """Why the browser tools section cannot run here, or None."""
-    if not (os.path.isfile(CHROMIUM_PATH) and os.access(CHROMIUM_PATH, os.X_OK)):
-        return f"{CHROMIUM_PATH} not installed (apt-get install chromium)"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"{CHROMIUM} not installed (apt-get install chromium)"
     if not shutil.which("Xvfb"):
         return "Xvfb not installed (apt-get install xvfb)"
     if os.geteuid() == 0 and not shutil.which("setpriv"):
@@ -549,15 +547,6 @@ def run_browser(iterations: int = 30) -> dict[str, Any]:
     with ExitStack() as stack:  # torn down in reverse: client, agent (and its chromium), page server, Xvfb
         top = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ds-bench-browser-",
                                                                    ignore_cleanup_errors=True)))
-        profile = top / "profile"
-        profile.mkdir()
-        prefix: list[str] = []
-        if os.geteuid() == 0:
-            shutil.chown(profile, "nobody", "nogroup")
-            os.chmod(top, 0o755)
-            prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "env", f"HOME={profile}"]
-        declared = json.loads(APPS_JSON.read_text())["chromium"]
-        argv = [a if not a.startswith("--user-data-dir=") else f"--user-data-dir={profile}" for a in declared["argv"]]
         server = Xvfb(1280, 800, 24).start()
         stack.callback(server.stop)
         page = _serve_page(BROWSER_PAGE.encode())
@@ -565,7 +554,7 @@ def run_browser(iterations: int = 30) -> dict[str, Any]:
         stack.callback(page.shutdown)
         url = f"http://127.0.0.1:{page.server_address[1]}/"
         env = {k: v for k, v in server.env().items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-        apps = {"chromium": {"argv": [*prefix, *argv], "channel": declared["channel"]}}
+        apps = channel_app(top)
         agent = AgentProcess(server.display, apps=apps, env=dict(env, HOME=str(top)), cwd=str(top)).start()
         stack.callback(agent.stop)
         client = stack.enter_context(AgentClient(agent.base_url, agent.token, timeout=60))

@@ -47,3 +47,41 @@ def launch(playwright: Any, **options: Any) -> Any:
     """
     executable = str(AS_NOBODY) if os.geteuid() == 0 else CHROMIUM
     return playwright.chromium.launch(executable_path=executable, chromium_sandbox=True, **options)
+
+
+APPS_JSON = Path(__file__).resolve().parents[1] / "images" / "apps.json"
+"""The guest's app allowlist; its ``chromium`` entry is the agent's channel app (contract 8)."""
+
+
+def profile_tree(top: Path, *subdirs: str) -> list[str]:
+    """Make ``top/profile`` (and ``top/<name>`` for each of ``subdirs``) for a chromium this process
+    starts outside Playwright: created, and when the caller is root handed to ``nobody`` (``top`` made
+    0755 so ``nobody`` can reach them; Chromium refuses to run its sandbox as root). Returns the argv
+    prefix that starts a program as that user (``setpriv ... --``; empty when not root). Raises OSError
+    when a directory cannot be made or handed over."""
+    names = ("profile", *subdirs)
+    for name in names:
+        (top / name).mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return []
+    for name in names:
+        shutil.chown(top / name, "nobody", "nogroup")
+    os.chmod(top, 0o755)
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+
+
+def channel_app(top: Path, extra: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The agent's apps mapping ``{"chromium": {"argv": [...], "channel": ...}}`` for a local agent (the
+    benchmark, the tests): :data:`APPS_JSON`'s chromium entry with its ``--user-data-dir`` in
+    ``top/profile`` (:func:`profile_tree`), run as ``nobody`` with that directory as ``HOME`` when the
+    caller is root, plus ``extra`` arguments. Raises OSError (as :func:`profile_tree`; also when
+    :data:`APPS_JSON` is missing, outside a checkout) or KeyError (no chromium entry)."""
+    import json
+
+    prefix = profile_tree(top)
+    profile = top / "profile"
+    if prefix:
+        prefix = [*prefix, "env", f"HOME={profile}"]
+    declared = json.loads(APPS_JSON.read_text())["chromium"]
+    argv = [a if not a.startswith("--user-data-dir=") else f"--user-data-dir={profile}" for a in declared["argv"]]
+    return {"chromium": {"argv": [*prefix, *argv, *extra], "channel": declared["channel"]}}

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.chromium import channel_app
 from controller.sandbox.owner import process_start
 
 
@@ -145,17 +146,7 @@ def chromium_desktop(*args: Any, sandbox: Any = None, chromium_args: tuple[str, 
     from tests.loop.local_sandbox import LocalSandbox
 
     top = Path(tempfile.mkdtemp(prefix="ds-chromium-"))
-    profile = top / "profile"
-    profile.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(profile, "nobody", "nogroup")
-        os.chmod(top, 0o755)
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", "env", f"HOME={profile}"]
-    root = Path(__file__).resolve().parents[1]
-    declared = json.loads((root / "images" / "apps.json").read_text())["chromium"]
-    argv = [a if not a.startswith("--user-data-dir=") else f"--user-data-dir={profile}" for a in declared["argv"]]
-    apps = {"chromium": {"argv": [*prefix, *argv, *chromium_args], "channel": declared["channel"]}}
+    apps = channel_app(top, chromium_args)
     desktop = (sandbox or LocalSandbox)(*args, apps=apps, **options)
     try:
         yield desktop.start()

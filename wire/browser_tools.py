@@ -36,7 +36,7 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
                       field_validator, model_validator)
 
 from .actions import MAX_TEXT_CHARS
@@ -170,6 +170,17 @@ Ref = Annotated[StrictStr, Field(min_length=1, max_length=MAX_LABEL_BYTES)]
 Coordinate = Annotated[StrictInt, Field(ge=0, le=9_007_199_254_740_991)]
 
 
+def _query_text(value: str) -> str:
+    if not normalise_space(value) or utf8_len(normalise_space(value)) > MAX_QUERY_BYTES:
+        raise ValueError(f"must hold text, at most {MAX_QUERY_BYTES} bytes once whitespace is normalised")
+    return value
+
+
+QueryText = Annotated[StrictStr, AfterValidator(_query_text)]
+"""Text a page is searched for (``find``'s query, ``wait_for``'s text): not blank, at most
+:data:`MAX_QUERY_BYTES` in UTF-8 once whitespace is normalised (:func:`normalise_space`)."""
+
+
 class _TabArgs(_Args):
     tab_id: TabId = None
 
@@ -197,14 +208,7 @@ class GetPageTextArgs(_TabArgs):
 class FindArgs(_TabArgs):
     """``find``: elements and text lines whose label or text holds ``query`` (case-insensitive)."""
 
-    query: StrictStr
-
-    @field_validator("query")
-    @classmethod
-    def _query(cls, value: str) -> str:
-        if not normalise_space(value) or utf8_len(normalise_space(value)) > MAX_QUERY_BYTES:
-            raise ValueError(f"query must hold text, at most {MAX_QUERY_BYTES} bytes")
-        return value
+    query: QueryText
 
 
 class ClickArgs(_TargetArgs):
@@ -293,15 +297,8 @@ class WaitForArgs(_TabArgs):
     """``wait_for``: wait until the visible text holds ``text`` (whitespace normalised), at most
     ``timeout_ms``."""
 
-    text: StrictStr
+    text: QueryText
     timeout_ms: StrictInt = Field(ge=1, le=30_000)
-
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        if not normalise_space(value) or utf8_len(normalise_space(value)) > MAX_QUERY_BYTES:
-            raise ValueError(f"text must hold text, at most {MAX_QUERY_BYTES} bytes once whitespace is normalised")
-        return value
 
 
 class HoverAtArgs(_TabArgs):

@@ -33,7 +33,7 @@ from PIL import Image
 from controller.run.record import read_record
 from controller.run.tasks import Task, load_task
 from tests.conformance.harness import poll
-from tests.console.test_e2e import DEADLINE_MS, console_run, docker_client, open_run, wait_card
+from tests.console.test_e2e import DEADLINE_MS, KeptOpen, console_run, docker_client, open_run, wait_card
 from tests.console.test_e2e import page  # noqa: F401 - fixture: a fresh chromium context, page errors fail
 from wire.screen_match import changed_share
 
@@ -79,20 +79,6 @@ def start_sandbox(task: Task, started: list[Any]) -> Any:
         image=image, extra_labels={"desktop-sandbox.test": f"bound-{secrets.token_hex(4)}"}), client=client)
     started.append(sb)
     return sb
-
-
-class KeptOpen:
-    """The sandbox as the run sees it, except that its ``close`` does nothing: the test reads the page's
-    state after the run, then :func:`sandboxes` closes it."""
-
-    def __init__(self, sandbox: Any) -> None:
-        self._sandbox = sandbox
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sandbox, name)
-
-    def close(self) -> None:
-        pass
 
 
 _PAGE_CALL = (

@@ -157,7 +157,7 @@ class KeptOpen:
     """A sandbox the run may not close (its ``close`` does nothing): the test reads the desktop after
     the run, then closes it itself."""
 
-    def __init__(self, sandbox: LocalSandbox) -> None:
+    def __init__(self, sandbox: Any) -> None:
         self._sandbox = sandbox
 
     def __getattr__(self, name: str) -> Any:

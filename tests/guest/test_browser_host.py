@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from controller.chromium import profile_tree
 from guest.browser import BrowserHost
 from guest.cdp import wait_until
 from guest.launch import spawn_with_pipes
@@ -45,13 +46,8 @@ def site() -> Iterator[dict[str, Any]]:
 def host(site: dict[str, Any]) -> Iterator[BrowserHost]:
     # A profile directory nobody can reach (pytest's tmp_path sits under a 0700 directory of root's).
     top = Path(tempfile.mkdtemp(prefix="ds-browser-"))
+    prefix = profile_tree(top)
     profile = top / "profile"
-    profile.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(profile, "nobody", "nogroup")
-        os.chmod(top, 0o755)
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
     pid, fds = spawn_with_pipes([CHROMIUM, "--headless=new", "--remote-debugging-pipe", f"--user-data-dir={profile}",
                                  "--no-first-run", "--password-store=basic", "about:blank"],
                                 {"HOME": str(profile), "PATH": "/usr/bin:/bin"}, prefix)

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from openai.lib import browser as sdk
 from PIL import Image
 
+from controller.chromium import profile_tree
 from guest.app import AgentConfig, create_app
 from guest.cdp import wait_until
 from guest.launch import spawn_with_pipes
@@ -45,16 +46,8 @@ def site() -> Iterator[dict[str, str]]:
 def start_chromium(extra: list[str], env: dict[str, str]) -> tuple[int, list[int], Path]:
     """Debian's chromium with a DevTools pipe, as ``nobody`` when root; returns (pid, fds, its top dir)."""
     top = Path(tempfile.mkdtemp(prefix="ds-tools-"))
-    profile = top / "profile"
-    profile.mkdir()
-    downloads = top / "downloads"
-    downloads.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        for path in (profile, downloads):
-            shutil.chown(path, "nobody", "nogroup")
-        os.chmod(top, 0o755)
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+    prefix = profile_tree(top, "downloads")
+    profile, downloads = top / "profile", top / "downloads"
     pid, fds = spawn_with_pipes([CHROMIUM, *extra, "--remote-debugging-pipe", f"--user-data-dir={profile}",
                                  "--no-first-run", "--password-store=basic", "about:blank"],
                                 {"HOME": str(profile), "PATH": "/usr/bin:/bin", "XDG_DOWNLOAD_DIR": str(downloads), **env},

@@ -81,3 +81,18 @@ def test_a_recorded_pickup_run_replays_on_the_vm(pickup_on_the_vm, tmp_path):
     assert [state for state, _ in states] == ["matched"] * len(replay.steps), states
     assert outcome.status == "passed", (outcome.reason, outcome.checks)
 
+
+def test_browser_pickup_passes_on_the_vm(vm_image, tmp_path):
+    """tasks/browser-pickup.toml (the SDK's structured browser tools over the agent's chromium) on the VM
+    backend: every browser call succeeds and the booking is verified from the app's database."""
+    from controller.cli import sandbox_opener
+
+    outcome = run_task(load_task(TASKS / "browser-pickup.toml"), sandbox_opener("vm", None),
+                       RunOptions(runs_dir=tmp_path, live=False, asker=None))
+    entries = read_record(outcome.record_dir)
+    calls = [e for e in entries if e["type"] == "browser_call"]
+    s = summarize(entries)
+    _timings.append(("browser-pickup run-task", {"wall_s": s["wall_s"], **(s.get("timings") or {})}))
+    assert outcome.status == "passed", (outcome.reason, calls[-3:])
+    assert calls and all(c["ok"] for c in calls)
+    assert [c["passed"] for c in outcome.checks] == [True]
