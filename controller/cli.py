@@ -261,8 +261,10 @@ def bench(ctx: typer.Context) -> None:
     driver's path through the relay into a Docker sandbox beside the in-guest floor, in one run.
 
     Options pass through to ``python -m controller.bench`` (--iterations N, --baseline-iterations N,
-    --type-iterations N, --no-baseline, --image TAG, --no-docker, --json FILE). Exit 0 only if every
-    target was met.
+    --type-iterations N, --no-baseline, --image TAG, --backend docker|vm, --no-docker,
+    --console-iterations N, --no-console, --json FILE). --browser adds the browser tools: a step of
+    read_page + click + screenshot through the SDK's BrowserToolset beside the computer driver's step
+    on one page (--browser-iterations N). Exit 0 only if every target was met.
 
     With --suite first: many sandboxes on this host instead (controller.bench_suite): memory and CPU of an
     idle and a busy sandbox, sandbox start and run-task wall time with 1, 2, 4 and 8 runs at once, the

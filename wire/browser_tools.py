@@ -320,6 +320,10 @@ def _unique_modifiers(value: list[str]) -> list[str]:
     return value
 
 
+Modifiers = Annotated[list[Modifier], Field(max_length=4), AfterValidator(_unique_modifiers)]
+"""The modifiers ``click_at`` and ``drag_path`` hold: at most four, each once."""
+
+
 class Point(_Args):
     """A viewport point ``{x, y}`` (CSS px)."""
 
@@ -335,12 +339,7 @@ class ClickAtArgs(_TabArgs):
     y: Coordinate
     button: Literal["left", "right", "middle"]
     click_count: Literal[1, 2, 3]
-    keys: list[Modifier] = Field(max_length=4)
-
-    @field_validator("keys")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        return _unique_modifiers(value)
+    keys: Modifiers
 
 
 class DragPathArgs(_TabArgs):
@@ -348,12 +347,7 @@ class DragPathArgs(_TabArgs):
     (viewport CSS px), ``keys`` held, through the X input."""
 
     path: list[Point] = Field(min_length=2, max_length=100)
-    keys: list[Modifier] = Field(max_length=4)
-
-    @field_validator("keys")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        return _unique_modifiers(value)
+    keys: Modifiers
 
 
 class HoldKeysArgs(_TabArgs):

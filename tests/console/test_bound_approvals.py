@@ -33,7 +33,8 @@ from PIL import Image
 from controller.run.record import read_record
 from controller.run.tasks import Task, load_task
 from tests.conformance.harness import poll
-from tests.console.test_e2e import DEADLINE_MS, KeptOpen, console_run, docker_client, open_run, wait_card
+from tests.console.test_e2e import (DEADLINE_MS, KeptOpen, console_run, docker_client, open_run, share_of, wait_card,
+                                    wait_live_shows)
 from tests.console.test_e2e import page  # noqa: F401 - fixture: a fresh chromium context, page errors fail
 from wire.screen_match import changed_share
 
@@ -99,17 +100,6 @@ def page_call(sb: Any, method: str, path: str) -> dict[str, Any]:
 
 
 # -- pixels ---------------------------------------------------------------------------------------------
-def rgb_of(hex_rgb: str) -> tuple[int, int, int]:
-    return tuple(int(hex_rgb[i:i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
-
-
-def share_of(image: Image.Image, region: tuple[int, int, int, int], hex_rgb: str, tolerance: int = 24) -> float:
-    """Share (0-1) of the region's pixels within ``tolerance`` of ``hex_rgb`` in every channel."""
-    x, y, w, h = region
-    crop = image.convert("RGB").crop((x, y, x + w, y + h))
-    return 1.0 - changed_share(Image.new("RGB", crop.size, rgb_of(hex_rgb)), crop, tolerance)
-
-
 def differs(a: Image.Image, b: Image.Image, region: tuple[int, int, int, int], tolerance: int = 48) -> float:
     """Share (0-1) of the region's pixels that differ by more than ``tolerance`` in some channel."""
     x, y, w, h = region
@@ -119,28 +109,6 @@ def differs(a: Image.Image, b: Image.Image, region: tuple[int, int, int, int], t
 
 def record_image(record_dir: Path, file: str) -> Image.Image:
     return Image.open(io.BytesIO((record_dir / file).read_bytes())).convert("RGB")
-
-
-def wait_live_shows(page: Any, region: tuple[int, int, int, int], hex_rgb: str, fraction: float = 0.9) -> None:
-    """Wait (Playwright's polling, :data:`DEADLINE_MS`) until the console's live screen (the MJPEG
-    ``#screen-img``, drawn at the 1280x800 screen size) shows ``hex_rgb`` (within 32 per channel: JPEG)
-    on at least ``fraction`` of ``region`` (screen px), as a person would see it."""
-    page.wait_for_function(
-        """([x, y, w, h, rgb, fraction]) => {
-             const img = document.getElementById('screen-img');
-             if (!img || !img.naturalWidth) return false;
-             const c = document.createElement('canvas');
-             c.width = 1280; c.height = 800;
-             const g = c.getContext('2d');
-             g.drawImage(img, 0, 0, 1280, 800);
-             const d = g.getImageData(x, y, w, h).data;
-             let hits = 0;
-             for (let i = 0; i < d.length; i += 4)
-               if (Math.abs(d[i] - rgb[0]) <= 32 && Math.abs(d[i + 1] - rgb[1]) <= 32
-                   && Math.abs(d[i + 2] - rgb[2]) <= 32) hits++;
-             return hits >= fraction * w * h;
-           }""",
-        arg=[*region, list(rgb_of(hex_rgb)), fraction], timeout=DEADLINE_MS)
 
 
 def card_file(card: Any) -> str:

@@ -42,6 +42,7 @@ from controller.run.runner import RunOptions, RunOutcome, run_task
 from controller.run.tasks import Task, load_task
 from tests.loop.local_sandbox import LocalSandbox
 from tests.require import require_commands, unavailable
+from wire.screen_match import changed_share
 
 pytestmark = pytest.mark.slow
 
@@ -486,12 +487,40 @@ TAKEOVER_TURNS = [
 ]
 
 
-def share_of(image: Image.Image, region: tuple[int, int, int, int], rgb: str, tolerance: int = 24) -> float:
-    """Share of the region's pixels within ``tolerance`` of ``rgb`` in every channel."""
-    want = tuple(int(rgb[i:i + 2], 16) for i in (1, 3, 5))
+def rgb_of(hex_rgb: str) -> tuple[int, int, int]:
+    """``#rrggbb`` as (r, g, b)."""
+    return tuple(int(hex_rgb[i:i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+
+
+def share_of(image: Image.Image, region: tuple[int, int, int, int], hex_rgb: str, tolerance: int = 24) -> float:
+    """Share (0-1) of the region's pixels (x, y, w, h, screen px) within ``tolerance`` of ``hex_rgb`` in
+    every channel."""
     x, y, w, h = region
-    pixels = [image.getpixel((i, j)) for i in range(x, x + w) for j in range(y, y + h)]
-    return sum(all(abs(p[c] - want[c]) <= tolerance for c in range(3)) for p in pixels) / len(pixels)
+    crop = image.convert("RGB").crop((x, y, x + w, y + h))
+    return 1.0 - changed_share(Image.new("RGB", crop.size, rgb_of(hex_rgb)), crop, tolerance)
+
+
+def wait_live_shows(page: Any, region: tuple[int, int, int, int], hex_rgb: str, fraction: float = 0.9,
+                    tolerance: int = 32) -> None:
+    """Wait (Playwright's polling, :data:`DEADLINE_MS`) until the console's live screen (the MJPEG
+    ``#screen-img``, drawn at the 1280x800 screen size) shows ``hex_rgb`` (within ``tolerance`` per
+    channel: JPEG) on at least ``fraction`` of ``region`` (screen px), as a person would see it."""
+    page.wait_for_function(
+        """([x, y, w, h, rgb, fraction, tolerance]) => {
+             const img = document.getElementById('screen-img');
+             if (!img || !img.naturalWidth) return false;
+             const c = document.createElement('canvas');
+             c.width = 1280; c.height = 800;
+             const g = c.getContext('2d');
+             g.drawImage(img, 0, 0, 1280, 800);
+             const d = g.getImageData(x, y, w, h).data;
+             let hits = 0;
+             for (let i = 0; i < d.length; i += 4)
+               if (Math.abs(d[i] - rgb[0]) <= tolerance && Math.abs(d[i + 1] - rgb[1]) <= tolerance
+                   && Math.abs(d[i + 2] - rgb[2]) <= tolerance) hits++;
+             return hits >= fraction * w * h;
+           }""",
+        arg=[*region, list(rgb_of(hex_rgb)), fraction, tolerance], timeout=DEADLINE_MS)
 
 
 def test_take_over_click_and_resume_and_the_model_sees_the_click(tmp_path, page):
@@ -513,21 +542,7 @@ def test_take_over_click_and_resume_and_the_model_sees_the_click(tmp_path, page)
         screen.click(position={"x": (x + 0.5) * box["width"] / 1280, "y": (y + 0.5) * box["height"] / 800})
         expect(page.locator("#log")).to_contain_text("person (console): click (")
         # as a person would: Resume once the live screen shows the title bar active
-        page.wait_for_function(
-            """([x, y, w, h, rgb]) => {
-                 const img = document.getElementById('screen-img');
-                 const c = document.createElement('canvas');
-                 c.width = 1280; c.height = 800;
-                 const g = c.getContext('2d');
-                 g.drawImage(img, 0, 0, 1280, 800);
-                 const d = g.getImageData(x, y, w, h).data;
-                 let hits = 0;
-                 for (let i = 0; i < d.length; i += 4)
-                   if (Math.abs(d[i] - rgb[0]) <= 24 && Math.abs(d[i + 1] - rgb[1]) <= 24
-                       && Math.abs(d[i + 2] - rgb[2]) <= 24) hits++;
-                 return hits >= 0.9 * w * h;
-               }""",
-            arg=[*TITLE_REGION, [int(TITLE_ACTIVE[i:i + 2], 16) for i in (1, 3, 5)]])
+        wait_live_shows(page, TITLE_REGION, TITLE_ACTIVE, tolerance=24)
         page.get_by_role("button", name="Resume", exact=True).click()
         expect(state).to_have_text("running")  # never the state Resume answered while the loop woke up
         outcome = run.finish()
