@@ -153,3 +153,25 @@ def chromium_desktop(*args: Any, sandbox: Any = None, chromium_args: tuple[str, 
     finally:
         desktop.close()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@contextmanager
+def probe_desktop(display: str, work: Path, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[Any, Any, Any]]:
+    """``(agent, client, desktop)`` on X display ``display``: the real agent (its only app the event-logging
+    probe window, file roots ``work``, ``extra_args`` on its command line), an ``AgentClient`` (30 s
+    timeout) and the conformance suite's ``AgentDesktop`` over them; all stopped on exit."""
+    from controller.agent_client import AgentClient
+    from guest.localrun import AgentProcess
+    from tests.conformance.harness import AgentDesktop
+
+    agent = AgentProcess(display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
+                         files_roots=[str(work)], extra_args=list(extra_args)).start()
+    try:
+        with AgentClient(agent.base_url, agent.token, timeout=30) as client:
+            desktop = AgentDesktop(client, str(work), display=display)
+            try:
+                yield agent, client, desktop
+            finally:
+                desktop.close()
+    finally:
+        agent.stop()

@@ -21,6 +21,7 @@ from controller.offline import browser as br
 from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
 from controller.run.model_client import offline_client
+from tests.controller.test_scripted_server import Clock
 
 RED = "#cc0000"
 
@@ -118,17 +119,6 @@ class Desk:
 
     def screenshot(self):
         return {"type": "computer_screenshot", "image_url": _png(self.image)}
-
-
-class Clock:
-    """A monotonic clock that moves ``step`` seconds each time it is read (no real waiting)."""
-
-    def __init__(self, step: float) -> None:
-        self.now, self.step = 1000.0, step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
 
 
 def toolset(page: PageStandIn) -> BrowserToolset:

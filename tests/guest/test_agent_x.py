@@ -20,6 +20,7 @@ from controller.agent_client import AgentClient, AgentError
 from guest import pointer
 from guest.localrun import Xvfb
 from tests.conformance.harness import AgentDesktop, AgentTarget, poll
+from tests.helpers import probe_desktop
 from tests.conformance.test_wait_release import ATTEMPTS, STALL_GAP_S
 
 WAIT_CAP = 3.0
@@ -28,18 +29,9 @@ BUSY_TIMEOUT = 0.5
 
 @pytest.fixture(scope="module")
 def setup(xvfb, tmp_path_factory):
-    from guest.localrun import AgentProcess
-
-    work = tmp_path_factory.mktemp("agent-x")
-    agent = AgentProcess(xvfb.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
-                         files_roots=[str(work)],
-                         extra_args=["--wait-cap", str(WAIT_CAP), "--busy-timeout", str(BUSY_TIMEOUT)]).start()
-    client = AgentClient(agent.base_url, agent.token, timeout=30)
-    desktop = AgentDesktop(client, str(work), display=xvfb.display)
-    yield agent, client, desktop
-    desktop.close()
-    client.close()
-    agent.stop()
+    with probe_desktop(xvfb.display, tmp_path_factory.mktemp("agent-x"),
+                       ("--wait-cap", str(WAIT_CAP), "--busy-timeout", str(BUSY_TIMEOUT))) as started:
+        yield started
 
 
 def test_whole_request_is_validated_before_any_event(setup):

@@ -7,7 +7,6 @@ as usual, also while something animates elsewhere on the screen."""
 from __future__ import annotations
 
 import io
-import sys
 import threading
 import time
 
@@ -16,7 +15,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from controller.agent_client import AgentClient
-from tests.conformance.harness import AgentDesktop
+from tests.helpers import probe_desktop
 from wire.screen_match import MatchRule, bind
 
 RULE = MatchRule()
@@ -24,17 +23,8 @@ RULE = MatchRule()
 
 @pytest.fixture(scope="module")
 def setup(xvfb, tmp_path_factory):
-    from guest.localrun import AgentProcess
-
-    work = tmp_path_factory.mktemp("expect-screen")
-    agent = AgentProcess(xvfb.display, apps={"probe": [sys.executable, "-m", "guest", "probe"]},
-                         files_roots=[str(work)]).start()
-    client = AgentClient(agent.base_url, agent.token, timeout=30)
-    desktop = AgentDesktop(client, str(work), display=xvfb.display)
-    yield agent, client, desktop
-    desktop.close()
-    client.close()
-    agent.stop()
+    with probe_desktop(xvfb.display, tmp_path_factory.mktemp("expect-screen")) as started:
+        yield started
 
 
 def post(agent, body: dict) -> httpx.Response:
