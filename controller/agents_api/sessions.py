@@ -248,7 +248,7 @@ class SessionHub:
         return session.as_json()
 
     def _task_for(self, params: SessionParams) -> tuple[Any, str | None]:
-        from controller.offline.scripted_server import ScriptError, load_script
+        from controller.offline.script import ScriptError, load_task_script
         from controller.run.tasks import TaskError, load_task
 
         task_file = offline_task_path(params.model)
@@ -258,7 +258,7 @@ class SessionHub:
                               "(e.g. offline:tasks/pickup.toml)", "agent.model")
             try:
                 task = load_task(task_file)
-                load_script(task.offline_script_path())
+                load_task_script(task)
             except (TaskError, ScriptError, OSError) as exc:
                 raise invalid(f"agent.model {params.model!r}: cannot use this offline task: {exc}",
                               "agent.model") from None

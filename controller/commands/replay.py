@@ -58,7 +58,8 @@ def write_task(replay: Any, script: Path, destination: Path) -> Path:
     text = re.sub(r"(?ms)^\[offline\][^\n]*\n.*?(?=^\[|\Z)", "", text).rstrip() + "\n"
     name = f"{destination.stem}.offline.jsonl"
     (destination.parent / name).write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
-    header = f"# A replay of {replay.record_dir}: every step expects the screen the model had when it chose it.\n"
+    header = (f"# A replay of {replay.record_dir}: every step expects the screen the model had when it chose it.\n"
+              f"# Run: desktop-sandbox run-task {destination} (the recorded task's own notes follow)\n")
     destination.write_text(header + text + f'\n[offline]\nscript = "{name}"\n', encoding="utf-8")
     return destination
 

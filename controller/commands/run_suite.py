@@ -21,7 +21,7 @@ def run_suite(paths: list[Path], *, parallel: int, repeat: int, backend: str, im
     summary on stderr, the JSON and JUnit reports written when asked, the suite's index path on stdout.
     Exits with :func:`controller.suite.exit_status` (2 for refused input, 130 when cancelled)."""
     from controller import suite
-    from controller.offline.scripted_server import ScriptError, load_script
+    from controller.offline.script import ScriptError, load_task_script
     from controller.run.tasks import TaskError, load_task
     from controller.sandbox import (INTERRUPT_SIGNALS, BackendUnavailable, SandboxError, SandboxInterrupted,
                                     raise_on_signals, signals_deferred)
@@ -37,7 +37,7 @@ def run_suite(paths: list[Path], *, parallel: int, repeat: int, backend: str, im
             try:
                 task = load_task(path)
                 if offline:
-                    load_script(task.offline_script_path())
+                    load_task_script(task)
             except (TaskError, ScriptError) as exc:
                 refuse(f"cannot use task {path}: {exc}")
             tasks.append((task.name, path))

@@ -29,7 +29,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
     """Run ``task_file`` with the command's options; the sandbox comes from ``opener(backend, image_tag)``
     (``arch=`` added when given; :func:`sandbox_opener` unless replaced). Prints the record path on stdout
     and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
-    from controller.offline.scripted_server import ScriptError, load_script
+    from controller.offline.script import ScriptError, load_task_script
     from controller.run.runner import RunOptions
     from controller.run.runner import run_task as run
     from controller.run.tasks import TaskError, load_task
@@ -66,7 +66,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
         writable_runs_dir(runs_dir)
         if not (live if live is not None else bool(os.environ.get("OPENAI_API_KEY"))):
             try:  # the offline exercise: refuse a missing or malformed script before a sandbox starts
-                load_script(script or task.offline_script_path())
+                load_task_script(task, script)
             except (ScriptError, TaskError) as exc:  # a bad script, or a task without [offline]
                 refuse(f"cannot use the offline script: {exc}")
         open_sandbox = _not_opened

@@ -2,10 +2,13 @@
 
 A browser turn ``{"browser": [{"member": "click", "arguments": {...}}, ...]}`` becomes one response
 with one ``function_call`` per entry, named ``browser_<member>``, its arguments a JSON string. The
-vocabulary is the SDK's own (:mod:`openai.lib.browser`): the members are ``BROWSER_MEMBERS`` and each
-member's argument schema is the one its ``BrowserToolset(...).tools`` declares to the model, read
-from the SDK here (never copied), then the SDK's own run-time argument check on top, so a script
-line the SDK would refuse when it runs is refused when the script is loaded.
+vocabulary is the SDK's own (:mod:`openai.lib.browser`): the members are those of ``BROWSER_MEMBERS``
+the guest agent serves (:data:`SERVED`) and each member's argument schema is the one its
+``BrowserToolset(...).tools`` declares to the model, read from the SDK here (never copied), then the
+SDK's own run-time argument check and the agent's argument model (``wire.browser_tools``) on top, so
+a script line the SDK or the agent would refuse when it runs is refused when the script is loaded.
+A script loaded for a task (:func:`controller.offline.script.load_task_script`) may call only the
+task's members.
 
 ``tab_id`` may be left out where the SDK's schema lets it be null (it is sent as null: the active
 tab). A ``target`` may be an element description ``{"label": "...", "role": "..."}`` (``role``
@@ -26,8 +29,10 @@ from functools import lru_cache
 from typing import Any
 
 from openai.lib import browser as sdk
+from pydantic import ValidationError
 
 from controller.text import clean
+from wire.browser_tools import ARGUMENT_MODELS, GUEST_MEMBERS
 
 MAX_CALLS_PER_TURN = 32
 """Most entries one browser turn may hold (one ``function_call`` each)."""
@@ -36,7 +41,11 @@ MAX_LABEL_BYTES = 256
 """Longest ``label`` a target description may give, UTF-8 bytes (the SDK's own bound on element labels)."""
 
 MEMBERS: tuple[str, ...] = tuple(sdk.BROWSER_MEMBERS)
-"""Every member a browser turn may call (the SDK's ``BROWSER_MEMBERS``)."""
+"""Every member of the SDK's ``BrowserToolset`` (``BROWSER_MEMBERS``): the tool schemas read here."""
+
+SERVED: tuple[str, ...] = tuple(m for m in MEMBERS if m in GUEST_MEMBERS or m == "list_tabs")
+"""The members a browser turn may call: those the guest agent serves (``wire.browser_tools.GUEST_MEMBERS``)
+and ``list_tabs`` (the SDK answers it from the browser's state), in the SDK's order."""
 
 ROLES: tuple[str, ...] = typing.get_args(typing.get_type_hints(sdk.BrowserReadElement)["role"])
 """The element roles of the SDK's read reports (``BrowserReadElement.role``)."""
@@ -163,8 +172,9 @@ def described_targets(entries: list[dict[str, Any]]) -> list[tuple[int, dict[str
 def validate_entries(entries: Any, where: str) -> None:
     """Raise ValueError (``where: browser[i]...: what``, one line) unless ``entries`` is a valid
     ``browser`` list: 1..:data:`MAX_CALLS_PER_TURN` objects ``{member, arguments}``, each member one of
-    :data:`MEMBERS`, its arguments as the SDK's schema and run-time check accept them (with ``tab_id``
-    left out where it may be null, and element descriptions where a ``target`` is taken)."""
+    :data:`SERVED`, its arguments as the SDK's schema and run-time check and the guest agent's argument
+    model accept them (with ``tab_id`` left out where it may be null, and element descriptions where a
+    ``target`` is taken)."""
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{where}: browser must be a non-empty list of calls")
     if len(entries) > MAX_CALLS_PER_TURN:
@@ -178,8 +188,11 @@ def validate_entries(entries: Any, where: str) -> None:
         if extra:
             raise ValueError(f"{at}.{extra[0]}: unknown field (a call takes member, arguments)")
         member = entry.get("member")
+        if isinstance(member, str) and member in schemas and member not in SERVED:
+            raise ValueError(f"{at}.member: {member!r} is a member of the SDK's BrowserToolset the guest agent "
+                             f"does not serve (served: {', '.join(SERVED)})")
         if not isinstance(member, str) or member not in schemas:
-            raise ValueError(f"{at}.member: unknown member {json.dumps(member)[:80]} (one of: {', '.join(MEMBERS)})")
+            raise ValueError(f"{at}.member: unknown member {json.dumps(member)[:80]} (one of: {', '.join(SERVED)})")
         arguments = entry.get("arguments")
         if not isinstance(arguments, dict):
             raise ValueError(f"{at}.arguments: required, an object")
@@ -194,7 +207,26 @@ def validate_entries(entries: Any, where: str) -> None:
         try:
             sdk._arguments(member, json.dumps(checked))  # the SDK's run-time check: unique keys, region order ...
         except sdk.BrowserError as exc:
-            raise ValueError(f"{at}.arguments: refused by the SDK's own check: {exc}") from None
+            raise ValueError(f"{at}.arguments{_field_problem(member, checked) or ''}: refused by the SDK's own "
+                             f"check: {exc}") from None
+        problem = _field_problem(member, checked)
+        if problem:  # what the agent refuses at run time (contract 9's limits), refused at load instead
+            raise ValueError(f"{at}.arguments{problem}: refused by the guest agent's check")
+
+
+def _field_problem(member: str, arguments: dict[str, Any]) -> str | None:
+    """``.field (rule)`` for the first argument the agent's own model of ``member``
+    (``wire.browser_tools.ARGUMENT_MODELS``) refuses, or None."""
+    model = ARGUMENT_MODELS.get(member)
+    if model is None:
+        return None
+    try:
+        model.model_validate(arguments)
+    except ValidationError as exc:
+        first = exc.errors(include_input=False, include_url=False)[0]
+        loc = ".".join(str(part) for part in first.get("loc", ()))
+        return f".{loc} ({clean(str(first.get('msg', 'invalid')), 200)})" if loc else None
+    return None
 
 
 def _validate_description(target: dict[str, Any], at: str) -> None:

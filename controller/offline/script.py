@@ -13,6 +13,7 @@ follow the SDK's own tool schemas (:mod:`controller.offline.browser`). A script 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,17 @@ class ScriptError(ValueError):
     """A script line is not a valid model turn (contract 3)."""
 
 
-def load_script(path: str | Path) -> list[dict[str, Any]]:
+def load_script(path: str | Path, *, tools: Sequence[str] | None = None,
+                browser_members: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Read a JSONL script; blank lines and lines starting with ``//`` are skipped.
 
+    ``tools`` (``[model] tools``: ``computer``, ``browser``) and ``browser_members`` (the task's
+    ``BrowserToolset`` members): when given, every turn must call only those, as the scripted model's
+    requests declare only them (:func:`load_task_script` passes a task's). ``None``: not checked.
+
     Raises :class:`ScriptError` naming the file (and the line) for anything that is not a valid turn,
-    and for files that cannot be read or are not UTF-8.
+    a call of a tool or member the task does not give the model, and for files that cannot be read
+    or are not UTF-8.
     """
     text = read_input_or_raise(path, MAX_SCRIPT_BYTES, ScriptError)
     turns: list[dict[str, Any]] = []
@@ -54,12 +61,46 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
             raise ScriptError(f"{path}:{number}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), "
                               "which no model sends and the guest refuses")
         validate_turn(turn, where=f"{path}:{number}")
+        if tools is not None:
+            _check_declared(turn, f"{path}:{number}", tools, browser_members)
         if not turns:
             validate_first_turn(turn, where=f"{path}:{number}")
         turns.append(turn)
     if not turns:
         raise ScriptError(f"{path}: empty script")
     return turns
+
+
+def load_task_script(task: Any, path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The offline script of ``task`` (a :class:`controller.run.tasks.Task`): ``path``, or its
+    ``[offline] script``, read by :func:`load_script` with the task's tools and browser members.
+    Raises :class:`ScriptError`, or :class:`controller.run.tasks.TaskError` when the task has no
+    ``[offline]`` script and no ``path`` is given."""
+    members = task.browser_members if "browser" in task.model.tools else ()
+    return load_script(path or task.offline_script_path(), tools=task.model.tools, browser_members=members)
+
+
+def _check_declared(turn: dict[str, Any], where: str, tools: Sequence[str], members: Sequence[str]) -> None:
+    """Raise :class:`ScriptError` when valid ``turn`` calls a tool not in ``tools`` or a browser member
+    not in ``members``."""
+    if "browser" in turn:
+        if "browser" not in tools:
+            raise ScriptError(f"{where}: a browser turn, but the task gives the model no browser tool "
+                              f"([model] tools = {json.dumps(list(tools))})")
+        needed = [(f"browser[{i}].member", call["member"]) for i, call in enumerate(turn["browser"])]
+        if "expect" in turn:  # its waits are browser_screenshot calls
+            needed.append(("expect", "screenshot"))
+        if br.described_targets(turn["browser"]):  # a description is resolved by browser_read_page calls
+            needed.append(("target (an element description)", "read_page"))
+        for at, member in needed:
+            if member not in members:
+                raise ScriptError(
+                    f"{where}: {at}: needs {member!r}, not one of the task's browser members "
+                    f"({', '.join(members)}); name it in [model] browser_members (which replaces the SDK's "
+                    "defaults)")
+    elif ("actions" in turn or "action" in turn) and "computer" not in tools:
+        raise ScriptError(f"{where}: a computer turn, but the task gives the model no computer tool "
+                          f"([model] tools = {json.dumps(list(tools))})")
 
 
 def validate_first_turn(turn: dict[str, Any], where: str) -> None:

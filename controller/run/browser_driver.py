@@ -376,6 +376,9 @@ class GuestBrowserDriver:
         """The outcome of the latest member call (the record's ``browser_call`` line reads it)."""
         self.refused_url: str | None = None
         """Why :meth:`url_policy` refused the latest URL (None when it let it through)."""
+        self.denied: str | None = None
+        """The call a confirmation was denied for (``browser click target=...``; None while none was):
+        the run's loop ends there, failed, as a denied computer action ends it."""
         self.before_observe: Callable[[], Any] | None = None
         """The run's ``before_capture`` chain (origin wait, sign-in; its answer is not used), run by
         :meth:`state` before the read that follows a step's browser calls (:class:`StepObservation`)."""
@@ -440,7 +443,8 @@ class GuestBrowserDriver:
     def confirm(self, ctx: dict[str, Any], cancelled: Callable[[], bool] | None = None) -> bool:
         """The SDK's ``confirm`` (state-changing members only): exactly True unless :attr:`gate` asks
         before this member (``--confirm-actions`` names it, or ``--step``); then the person's answer
-        through the run's approval registry (True only for an approval), as ActionGate asks."""
+        through the run's approval registry (True only for an approval), as ActionGate asks. A no
+        (or nobody to ask) sets :attr:`denied`."""
         gate = self.gate
         member = str(ctx.get("member"))
         if gate is None or not gate.asks(member):
@@ -453,6 +457,7 @@ class GuestBrowserDriver:
             if gate.on_decision is not None:
                 gate.on_decision(Decision(what="action", decision="denied", by="no-approver", action=logged,
                                           call_id=ctx.get("call_id"), message=msg))
+            self.denied = logged
             return False
         question = f"Run {shown}?"
         request = gate.open("action", question, actions=[shown], call_id=ctx.get("call_id"))
@@ -462,6 +467,8 @@ class GuestBrowserDriver:
                                       action=logged, call_id=ctx.get("call_id"), message=request.reason,
                                       request_id=request.id, latency_ms=request.latency_ms,
                                       screenshot=request.screenshot))
+        if not request.approved:
+            self.denied = logged
         return True if request.approved else False
 
     # -- one call ----------------------------------------------------------------------------------

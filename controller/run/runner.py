@@ -67,7 +67,8 @@ from controller.run.record import RunRecord, new_run_id, print_summary, read_ent
 from controller.run.recording import (
     BodyMeter, DecisionTail, RecordingHooks, decision_reader, expectation_recorder, run_started_entry,
 )
-from controller.offline.scripted_server import ScriptedModel, ScriptedServer, load_script
+from controller.offline.script import load_task_script
+from controller.offline.scripted_server import ScriptedModel, ScriptedServer
 from controller.run.tasks import Task
 from controller.run.verify import GuestFileMissing, guest_path, run_checks
 from controller.sandbox.signals import SandboxInterrupted
@@ -307,8 +308,10 @@ def _browser_loop(task: Task, model: str, legacy: bool, driver: SandboxDriver, b
     the browser path, once per model step before the SDK reads the state that follows the step's browser
     calls (:class:`controller.run.browser_driver.StepObservation`): the loop goes through the runner's
     turns (``iterate``, as its ``run`` does) to tell the driver each step's calls before they run.
-    Returns the model's final message; raises what the runner raises (``ToolRunnerError`` when it stops
-    short)."""
+    A browser call a person denied (``--confirm-actions``, ``--step``) ends the loop before the model's
+    next turn runs anything (``ToolRunnerError``; the run is then ``failed`` on that denial), as a denied
+    computer action does. Returns the model's final message; raises what the runner raises
+    (``ToolRunnerError`` when it stops short)."""
     computer = task.computer_tools
     first = driver.capture() if computer else None
     params = browser_params(task, model, first, legacy)
@@ -327,6 +330,8 @@ def _browser_loop(task: Task, model: str, legacy: bool, driver: SandboxDriver, b
                            on_diagnostic=on_diagnostic)
     try:
         for turn in turns:
+            if browser.denied is not None:  # a person said no: the run stops there, as for a computer action
+                raise ToolRunnerError(f"{browser.denied} was denied", [], [])
             browser.plan_step(turn.response.output, names)  # before the turn's tools run
             if turn.final:
                 return turn.response.output_text
@@ -446,8 +451,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             t = time.monotonic()
             try:
                 if not live:
-                    script_path = options.script or task.offline_script_path()
-                    scripted = ScriptedModel(load_script(script_path), on_expectation=expectation_recorder(record))
+                    scripted = ScriptedModel(load_task_script(task, options.script),
+                                             on_expectation=expectation_recorder(record))
                     server = ScriptedServer(scripted).start()
                 if cancel():
                     raise _Cancelled()

@@ -87,6 +87,39 @@ def test_run_task_refuses_bad_tasks_in_one_line_before_starting_anything(tmp_pat
     _refused(_offline_cli("run-task", str(task), "--offline", cwd=tmp_path), *needles)
 
 
+BROWSER_TASK = ('[model]\ntools = ["browser"]\n[[launch]]\napp = "chromium"\nargs = ["http://127.0.0.1:8080/"]\n'
+                '[offline]\nscript = "s.jsonl"\n')
+READ = '{"browser": [{"member": "read_page", "arguments": {"filter": "all"}}]}'
+
+
+@pytest.mark.parametrize("model, turns, needles", [
+    # a member the SDK has but the task does not enable (set_checked is explicit-only)
+    (BROWSER_TASK, [READ, '{"browser": [{"member": "set_checked", "arguments": {"target": "d1e1", "checked": true}}]}'],
+     ["s.jsonl:2", "browser[0].member", "needs 'set_checked'", "browser_members"]),
+    (BROWSER_TASK.replace('tools = ["browser"]', 'tools = ["browser"]\nbrowser_members = ["read_page"]'),
+     [READ, '{"browser": [{"member": "read_page", "arguments": {"filter": "all"}}, '
+            '{"member": "click", "arguments": {"target": "d1e1"}}]}'],
+     ["s.jsonl:2", "browser[1].member", "needs 'click'", "read_page"]),
+    # the members a turn uses without naming them: a description's reads, an expectation's screenshots
+    (BROWSER_TASK.replace('tools = ["browser"]', 'tools = ["browser"]\nbrowser_members = ["click"]'),
+     ['{"browser": [{"member": "click", "arguments": {"target": {"label": "Book"}}}]}', READ],
+     ["s.jsonl:1", "target (an element description)", "needs 'read_page'"]),
+    (BROWSER_TASK.replace('tools = ["browser"]', 'tools = ["browser"]\nbrowser_members = ["read_page"]'),
+     [READ, '{"browser": [{"member": "read_page", "arguments": {"filter": "all"}}], '
+            '"expect": [{"kind": "changed", "x": 0, "y": 0, "w": 9, "h": 9}]}'],
+     ["s.jsonl:2", "expect", "needs 'screenshot'"]),
+    (BROWSER_TASK, [READ, '{"actions": [{"type": "click", "button": "left", "x": 1, "y": 1}]}'], ["s.jsonl:2", "no computer tool"]),
+    ('[offline]\nscript = "s.jsonl"\n', ['{"actions": [{"type": "wait"}]}', READ], ["s.jsonl:2", "no browser tool"]),
+])
+def test_run_task_refuses_a_script_that_calls_what_the_task_does_not_give_the_model(tmp_path, model, turns, needles):
+    """The scripted model declares only the task's tools and members: a script calling another is refused
+    at load, in one line naming its line, before anything starts (not as a failed run)."""
+    (tmp_path / "s.jsonl").write_text("\n".join(turns) + "\n")
+    task = tmp_path / "t.toml"
+    task.write_text(GOOD + model)
+    _refused(_offline_cli("run-task", str(task), "--offline", cwd=tmp_path), *needles)
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--max-steps", "0"], ["max-steps"]),
     (["--max-steps", "-3"], ["max-steps"]),

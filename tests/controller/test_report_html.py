@@ -460,3 +460,30 @@ def test_origin_requests_are_shown_with_their_origin_decision_and_the_connection
     assert "\u202e" not in text and "<script>alert" not in text
     before = page.find("section", id="before")[0]["text"]
     assert "approved opt-in https://opted.test by command line" in " ".join(before.split())
+
+
+def test_a_step_without_a_screenshot_is_flagged_only_when_the_model_should_have_had_one(tmp_path):
+    """A run of browser tools sends the model no screenshot unless it asks for one: its steps say so plainly;
+    a computer step without one is still flagged as missing (the red ``noshot`` line)."""
+    from controller.run.entries import BrowserCall, BrowserResult, ModelResponse
+
+    rec = RunRecord(tmp_path, "run-browser")
+    rec.write("run_started", task={"name": "t"})
+    rec.write(ModelResponse(response_id="r1", http_status=200))
+    rec.write(BrowserCall(step=1, call_id="c1", member="read_page", ok=True, result=BrowserResult(kind="read", elements=3)))
+    rec.write(ModelResponse(response_id="r2", http_status=200, text="done"))
+    rec.finish("passed", "1 of 1 checks")
+    rec.close()
+    page = Page(render_report(rec.dir))
+    for n in (1, 2):
+        plain = page.find("div", within=page.step(n), class_="plain")
+        assert plain and "browser tools" in plain[0]["text"], page.step(n)["text"]
+    rec = RunRecord(tmp_path, "run-computer")
+    rec.write("run_started", task={"name": "t"})
+    rec.write("model_response", response_id="r1")
+    rec.write("computer_call", call_id="c", actions=[{"type": "wait"}])
+    rec.finish("error", "no screenshot")
+    rec.close()
+    page = Page(render_report(rec.dir))
+    flagged = page.find("div", within=page.step(1), class_="noshot")
+    assert flagged and "plain" not in flagged[0]["attrs"]["class"] and "browser" not in flagged[0]["text"]

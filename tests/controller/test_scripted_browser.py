@@ -411,7 +411,11 @@ def _click(**arguments):
     ({"browser": [{"member": "zoom", "arguments": {"region": [1, 2, 3]}}]}, "arguments.region: needs at least 4"),
     ({"browser": [{"member": "zoom", "arguments": {"region": [9, 0, 3, 5]}}]}, "refused by the SDK's own check"),
     ({"browser": [{"member": "wait_for", "arguments": {"text": "   ", "timeout_ms": 5}}]},
-     "refused by the SDK's own check"),
+     "arguments.text (Value error, must hold text"),  # the SDK's check names no field: the agent's model does
+    ({"browser": [{"member": "find", "arguments": {"query": "x" * 257}}]},
+     "arguments.query (Value error, must hold text, at most 256 bytes"),  # the SDK takes it, the agent would not
+    ({"browser": [{"member": "run_script", "arguments": {"source": "1", "timeout_ms": 5}}]},
+     "'run_script' is a member of the SDK's BrowserToolset the guest agent does not serve"),
     ({"browser": [_click(target={"label": "Book", "role": "link"})]}, "arguments.target.role: must be one of"),
     ({"browser": [_click(target={"label": ""})]}, "arguments.target.label: required, a non-empty string"),
     ({"browser": [_click(target={"name": "Book"})]}, "arguments.target.name: unknown field"),

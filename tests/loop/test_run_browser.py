@@ -68,6 +68,21 @@ def test_a_wrong_browser_script_fails_on_the_check(desktop, tmp_path):
     assert not check["passed"] and "2030-05-18" in json.dumps(check["observed"])
 
 
+def test_a_denied_browser_click_ends_the_run_failed_before_the_next_turn(desktop, tmp_path):
+    """``--confirm-actions click`` with nobody to ask: the Book click is denied, nothing is booked, and the
+    run ends ``failed`` on that denial at once (the script's next turn, a 20 s ``wait_for``, never runs),
+    as a denied computer action ends it."""
+    outcome = run_task(_on(desktop), lambda task: desktop,
+                       RunOptions(runs_dir=tmp_path, live=False, asker=None, confirm_actions=["click"]))
+    entries = read_record(outcome.record_dir)
+    calls = [e for e in entries if e["type"] == "browser_call"]
+    assert outcome.status == "failed" and "browser click" in outcome.reason and "denied" in outcome.reason, outcome.reason
+    assert "wait_for" not in [c["member"] for c in calls]
+    assert [(a["decision"], a["by"]) for a in entries if a["type"] == "approval"][:1] == [("denied", "no-approver")]
+    [check] = outcome.checks
+    assert not check["passed"]  # the radio button's click was the first one denied: nothing booked
+
+
 def test_the_sdks_toolset_over_the_driver_on_the_real_agent(desktop):
     from openai.lib.browser import BrowserToolset, _state
     from openai.types.responses import ResponseFunctionToolCall
