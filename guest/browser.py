@@ -51,6 +51,26 @@ FILL_ATTEMPTS = 3
 """Tries per field before a fill gives up with ``field_unstable``."""
 WORLD = "desktop-sandbox"
 
+FIELD_KIND_JS = r"""
+function fieldKind(el, label) {
+  const type = (el.getAttribute('type') || 'text').toLowerCase();
+  if (type === 'password') return 'password';
+  if (!['text', 'email', 'tel', 'number', 'search', ''].includes(type)) return null;
+  const hint = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200);
+  const words = (el.id + ' ' + (el.getAttribute('name') || '') + ' ' + hint + ' ' + label).toLowerCase().slice(0, 1000);
+  if (/password|passcode/.test(words) || /current-password|new-password/.test(hint)) return 'password';
+  if (type === 'email' || /\b(email|username)\b/.test(hint) || /mail/.test(words)) return 'email';
+  if (hint.includes('one-time-code') || /code|otp|one.time|verification/.test(words)) return 'code';
+  return null;
+}
+"""
+"""The one rule of what a form field holds, as page script: ``fieldKind(el, label)`` is ``'password'``
+(``type=password``; or its id, name, autocomplete hint or label says password or passcode, or the hint
+is ``current-password`` / ``new-password``), ``'email'``, ``'code'`` (a one-time code: the hint
+``one-time-code``, or code, otp, one time, verification in those words) or null. The sign-in scanner
+finds its fields by it; the browser tools' reads never return the value of a ``password`` or ``code``
+field (``guest.browser_tools``)."""
+
 HELPERS_JS = r"""
 const MAX_INPUTS = %(max_inputs)d, MAX_LABEL = %(max_label)d, MAX_FIELDS = %(max_fields)d, MAX_OPTIONS = %(max_options)d;
 const TOKEN = /^[A-Za-z0-9_.:~-]{1,64}$/;
@@ -77,18 +97,7 @@ function shown(el) {
   if (r.width < 4 || r.height < 4) return false;
   return el.checkVisibility({opacityProperty: true, visibilityProperty: true, contentVisibilityAuto: true});
 }
-function kindOf(el, label) {
-  const type = (el.getAttribute('type') || 'text').toLowerCase();
-  if (type === 'password') return 'password';
-  if (!['text', 'email', 'tel', 'number', 'search', ''].includes(type)) return null;
-  const hint = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200);
-  const words = (el.id + ' ' + (el.getAttribute('name') || '') + ' ' + hint + ' ' + label).toLowerCase().slice(0, 1000);
-  if (/password|passcode/.test(words) || /current-password|new-password/.test(hint)) return 'password';
-  if (type === 'email' || /\b(email|username)\b/.test(hint) || /mail/.test(words)) return 'email';
-  if (hint.includes('one-time-code') || /code|otp|one.time|verification/.test(words)) return 'code';
-  return null;
-}
-function inputs() {
+%(field_kind)sfunction inputs() {
   const all = document.getElementsByTagName('input'), out = [], used = new Set();
   for (let i = 0; i < all.length && i < MAX_INPUTS; i++) {
     const el = all[i];
@@ -103,7 +112,7 @@ function credentialFields() {
   const {list, truncated} = inputs(), found = [];
   for (const item of list) {
     if (!shown(item.el)) continue;
-    const label = labelOf(item.el), kind = kindOf(item.el, label);
+    const label = labelOf(item.el), kind = fieldKind(item.el, label);
     if (kind) found.push({...item, label, kind});
   }
   if (!found.length) return {fields: [], truncated};
@@ -148,7 +157,8 @@ function clear(el) {
   el.dispatchEvent(new Event('input', {bubbles: true}));
   el.dispatchEvent(new Event('change', {bubbles: true}));
 }
-""" % {"max_inputs": MAX_INPUTS, "max_label": MAX_LABEL_CHARS, "max_fields": MAX_FIELDS, "max_options": MAX_OPTIONS}
+""" % {"max_inputs": MAX_INPUTS, "max_label": MAX_LABEL_CHARS, "max_fields": MAX_FIELDS, "max_options": MAX_OPTIONS,
+       "field_kind": FIELD_KIND_JS}
 
 
 SET_VALUE_JS = "function (id, value) {" + HELPERS_JS + """

@@ -51,7 +51,7 @@ from wire.browser_tools import BrowserCall, BrowserCallResult
 from Xlib import XK
 
 from . import keys as keynames
-from .browser import BrowserError, BrowserHost, _as_browser_error
+from .browser import FIELD_KIND_JS, BrowserError, BrowserHost, _as_browser_error
 from .cdp import ChannelClosed, ChannelError, CommandFailed, Pipe, wait_until
 
 WORLD = "desktop-sandbox-tools"
@@ -153,10 +153,13 @@ function labelOf(el, role) {
   if (role === 'textbox' && el.isContentEditable) { const s = bounded(el, L.label); if (s) return s; }
   return '';
 }
-function privateField(el) {
+%(field_kind)s
+function privateField(el, label) {
   if (el.localName === 'input' && el.type === 'password') return true;
   const ac = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200).split(/\s+/);
-  return ac.some(t => t.startsWith('cc-') || t === 'one-time-code');
+  if (ac.some(t => t.startsWith('cc-') || t === 'one-time-code')) return true;
+  const kind = fieldKind(el, label || '');
+  return kind === 'password' || kind === 'code';
 }
 function refOf(el) {
   let ref = S.ids.get(el);
@@ -205,7 +208,7 @@ function read(mode, query) {
         if (els.length >= L.elements) om.add('target_limit');
         else {
           if (role === 'textbox' || role === 'slider') {
-            if (privateField(n)) om.add('private');
+            if (privateField(n, label)) om.add('private');
             else if ('value' in n && typeof n.value === 'string') item.value = n.value.slice(0, 4 * L.value + 1);
             else if (n.isContentEditable) item.value = bounded(n, L.value + 1);
           } else if (role === 'checkbox' || role === 'radio') {
@@ -275,6 +278,8 @@ function prepare(ref, need) {
   if (!found.el) return found;
   const el = found.el, role = roleOf(el);
   if (need === 'textbox' && role !== 'textbox') return {status: 'kind', role};
+  if (need === 'textbox' && !(el.isContentEditable || (('readOnly' in el) && !el.readOnly && !el.disabled
+      && (el.localName === 'textarea' || el.localName === 'input')))) return {status: 'readonly', role};
   if (need === 'select' && el.localName !== 'select') return {status: 'kind', role};
   if (need === 'check' && role !== 'checkbox' && role !== 'radio') return {status: 'kind', role};
   el.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'});
@@ -329,10 +334,15 @@ switch (op) {
   case 'metrics': return [outerWidth, outerHeight, innerWidth, innerHeight, devicePixelRatio, document.readyState];
   case 'ready': return document.readyState;
   case 'visible': return document.visibilityState === 'visible';
+  case 'focused': return document.hasFocus() === true;
+  case 'digest': { const found = element(arg.ref); if (!found.el) return null; const el = found.el;
+    const v = String(el.isContentEditable ? el.textContent : ('value' in el ? el.value : '')).slice(0, 1 << 20);
+    let h = 0; for (let i = 0; i < v.length; i++) h = (Math.imul(h, 31) + v.charCodeAt(i)) | 0;
+    return v.length + ':' + h; }
   case 'painted': return performance.getEntriesByType('paint').some(e => e.name === 'first-contentful-paint');
 }
 return null;
-}""" % {"limits": json.dumps({"work": W.MAX_WORK_NODES, "text": W.MAX_READ_TEXT, "elements": W.MAX_READ_ELEMENTS,
+}""" % {"field_kind": FIELD_KIND_JS, "limits": json.dumps({"work": W.MAX_WORK_NODES, "text": W.MAX_READ_TEXT, "elements": W.MAX_READ_ELEMENTS,
                               "label": W.MAX_LABEL_BYTES, "value": W.MAX_VALUE_BYTES, "options": W.MAX_OPTIONS,
                               "reportOptions": W.MAX_REPORT_OPTIONS})}
 """The one script the agent runs in pages, called as ``(op, arg)`` in its isolated world."""
@@ -355,6 +365,47 @@ _KEY_ALIASES = {"return": "enter", "esc": "escape", "del": "delete", "ctrl": "co
                 "command": "meta", "super": "meta", "win": "meta", "option": "alt", "up": "arrowup",
                 "down": "arrowdown", "left": "arrowleft", "right": "arrowright", "pgup": "pageup",
                 "pgdn": "pagedown", " ": "space"}
+
+
+_EDITING_WITH_CONTROL = frozenset({"a", "c", "x", "v", "z", "y", "Backspace", "Delete", "ArrowLeft", "ArrowRight",
+                                   "ArrowUp", "ArrowDown", "Home", "End", "Enter"})
+_EDITING_WITH_CONTROL_SHIFT = frozenset({"z", "v", "ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown", "Home", "End"})
+
+
+def _digest(value: str) -> str:
+    """The page script's ``digest`` of a field's ``value``: its length in UTF-16 code units, ``:``, and
+    a 32-bit signed multiplicative hash of those units (as JavaScript's ``Math.imul(h, 31) + unit``)."""
+    units = value.encode("utf-16-le")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (h * 31 + int.from_bytes(units[i:i + 2], "little")) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    return f"{len(units) // 2}:{h}"
+
+
+def chord_problem(keys: list[tuple[str, str, int, str]]) -> str | None:
+    """Why chord ``keys`` (:func:`cdp_key` tuples) is refused, or None. Chromium takes key events sent
+    over DevTools as typed ones, its own shortcuts too (Ctrl+T, Ctrl+W, Ctrl+H, Ctrl+U, F12, Alt+Home...:
+    new windows, chrome:// and view-source pages, the home page, quitting), none of which the driver's
+    URL policy sees. So a chord is the page's only when it holds no Alt or Meta, no function key, and,
+    with Control, is one editing shortcut (select all, copy, cut, paste, undo, redo, word moves and
+    deletes, Ctrl+Enter); with Control and Shift, redo, paste as text or a selecting move."""
+    held = {key for key, _code, _vk, _text in keys} & set(_MODIFIER_BITS)
+    others = [key for key, _code, _vk, _text in keys if key not in _MODIFIER_BITS]
+    if held & {"Alt", "Meta"}:
+        return "a chord with Alt or Meta is a shortcut of the browser itself"
+    if any(re.fullmatch(r"F[0-9]+", key) for key in others):
+        return "function keys are shortcuts of the browser itself (F6, F11, F12...)"
+    if "Control" not in held:
+        return None
+    allowed = _EDITING_WITH_CONTROL_SHIFT if "Shift" in held else _EDITING_WITH_CONTROL
+    lowered = [key.lower() if len(key) == 1 else key for key in others]
+    if len(lowered) == 1 and lowered[0] in allowed:
+        return None
+    return (f"with {'Control+Shift' if 'Shift' in held else 'Control'} only an editing shortcut is the page's "
+            f"(one of {', '.join(sorted(allowed))}); the others are the browser's own (new tab, close, "
+            "history, view source...)")
 
 
 def cdp_key(name: str) -> tuple[str, str, int, str]:
@@ -857,6 +908,7 @@ class BrowserTools:
             "kind": ("not_actionable", f"the element is not what {need} needs"),
             "hidden": ("not_actionable", "the element is not visible"),
             "disabled": ("not_actionable", "the element is disabled"),
+            "readonly": ("not_actionable", "the element takes no typed text (read-only, or not editable)"),
             "outside": ("not_actionable", "the element cannot be scrolled into the viewport"),
             "covered": ("not_actionable", "another element covers the element's centre"),
         }
@@ -874,6 +926,14 @@ class BrowserTools:
         return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
 
     def _mouse(self, ch: _Channel, tab: _Tab, kind: str, x: float, y: float, **extra: Any) -> None:
+        """One mouse event in ``tab`` (viewport CSS px). Raises BrowserError 422 ``not_actionable`` for a
+        tab not in front: chromium never delivers mouse input to a hidden tab (the command would only
+        time out)."""
+        with self._lock:
+            behind = ch.active != tab.target
+        if behind:
+            raise BrowserError(422, "not_actionable", f"{tab.id} is not the tab in front, and a hidden tab takes "
+                                                      "no mouse input: switch_tab to it first")
         ch.pipe.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, **extra},
                      session_id=self._session(ch, tab), timeout=SCRIPT_TIMEOUT_S)
 
@@ -933,10 +993,21 @@ class BrowserTools:
             focused = self._script(ch, tab, "focus", {"ref": args.target}, loader=loader)
             if focused != "ok":
                 raise refuse("not_actionable", "the element did not take the focus")
+            before = self._script(ch, tab, "digest", {"ref": args.target}, loader=loader)
         if args.text:
             ch.pipe.call("Input.insertText", {"text": args.text}, session_id=session, timeout=SCRIPT_TIMEOUT_S)
         elif args.target is not None:
             self._keys(ch, tab, ["Backspace"])
+        if args.target is not None and args.text:
+            # a field that filters what is typed (a number field given letters) keeps its value: say so
+            # rather than answer as if the text were in it (the value itself is never read out: a digest)
+            try:
+                after = self._script(ch, tab, "digest", {"ref": args.target}, loader=loader, timeout=SHORT_TIMEOUT_S)
+            except BrowserError:
+                after = None  # the page moved on (a submit on input): nothing to compare
+            if after is not None and after == before and before != _digest(args.text):
+                raise refuse("not_actionable", "the element did not take the text (its value is unchanged: a field "
+                                               "that filters what is typed, such as a number field)")
         return self._result(ch, tab, target=box)
 
     def _keys(self, ch: _Channel, tab: _Tab, names: list[str]) -> None:
@@ -944,6 +1015,9 @@ class BrowserTools:
             keys = [cdp_key(name) for name in names]
         except ValueError as exc:
             raise BrowserError(400, "invalid_request", str(exc)) from None
+        problem = chord_problem(keys)
+        if problem:
+            raise BrowserError(422, "not_actionable", f"key {'+'.join(k for k, *_ in keys)[:120]!r} is refused: {problem}")
         session = self._session(ch, tab)
         modifiers = 0
         for key, code, vk, text in keys:
@@ -1031,10 +1105,12 @@ class BrowserTools:
             raise refuse("unsupported_url", "only http(s) URLs and about:blank are opened")
 
     def _load(self, ch: _Channel, tab: _Tab, url: str) -> str | None:
-        """Navigate ``tab`` to ``url`` and wait (at most ``load_timeout``) until its new document has
-        loaded; a page that keeps loading past it is left loading. Returns None, or the browser's
-        error text when the navigation failed (its error page is then shown)."""
+        """Navigate ``tab`` to ``url`` and wait until its new document has loaded, ``load_timeout`` in
+        all (a server slow to answer leaves that much less for the load: the driver's deadline holds);
+        a page that keeps loading past it is left loading. Returns None, or the browser's error text
+        when the navigation failed (its error page is then shown)."""
         session = self._session(ch, tab)
+        deadline = time.monotonic() + self.load_timeout
         answer = ch.pipe.call("Page.navigate", {"url": url}, session_id=session, timeout=self.load_timeout)
         if answer.get("errorText"):
             return "navigation failed: " + _text(answer["errorText"])[:200]
@@ -1049,7 +1125,7 @@ class BrowserTools:
                 raise
             except (ChannelError, BrowserError):
                 return False
-        wait_until(loaded, self.load_timeout, interval=0.1)
+        wait_until(loaded, max(0.0, deadline - time.monotonic()), interval=0.1)
         return None
 
     def _do_navigate(self, ch: _Channel, args: W.NavigateArgs) -> BrowserCallResult:
@@ -1183,5 +1259,11 @@ class BrowserTools:
                 raise BrowserError(422, "not_actionable", f"hold_keys holds keys for the page only: {name[:64]!r} "
                                                           "is a modifier or function key the browser itself takes")
             keysyms.append(keysym)
+        if self._script(ch, tab, "focused", {}, timeout=SHORT_TIMEOUT_S) is not True:
+            # the X input goes where the X focus is: with the page unfocused, chromium's own window
+            # (its address bar after Tab left the page) or another window would take the keys
+            raise BrowserError(422, "not_actionable", "hold_keys needs the page to have the keyboard focus, and "
+                                                      "it has not (the browser's own bar or another window has it): "
+                                                      "click in the page first")
         self.executor.hold_keys(keysyms, args.duration_ms / 1000)
         return self._result(ch, tab)

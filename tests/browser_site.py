@@ -158,6 +158,19 @@ PAGES: dict[str, str] = {
     "/longtitle": "<!doctype html><title>x</title><script>document.title = '\\u00e9'.repeat(700);</script>",
     "/private": "<!doctype html><title>Private</title><script>window.__dsTools = 'page'; </script>"
                 "<input aria-label='Code' autocomplete='one-time-code' value='123456'>",
+    "/secrets": ("<!doctype html><title>Secrets</title><form>"
+                 "<label>Passphrase <input name=password value=pw-by-name></label>"
+                 "<label>Current <input autocomplete=current-password value=pw-by-hint></label>"
+                 "<label>New password <input id=np value=pw-by-label></label>"
+                 "<label>Passcode <input name=passcode type=tel value=pc-by-name></label>"
+                 "<label>Sign-in code <input name=otp value=otp-by-name></label>"
+                 "<label>Verification <textarea name=verification>code-in-textarea</textarea></label>"
+                 "<label>Nickname <input name=nick value=shown-value></label></form>"),
+    "/fields": ("<!doctype html><title>Fields</title>" + LOG_JS +
+                "<label>Fixed <input id=fixed readonly value=keep></label>"
+                "<label>Amount <input id=amount type=number></label>"
+                "<label>Plain <input id=plain value=same></label>"
+                "<div role=textbox tabindex=0 aria-label=Fake id=fake>role text</div>"),
     "/delay": "<!doctype html><title>Delay</title><button id=b onclick=\"setTimeout(() => document.body.insertAdjacentHTML('beforeend', '<p>appeared</p>'), 200)\">Go</button>",
 }
 
@@ -201,6 +214,16 @@ def serve() -> tuple[str, str, Callable[[], None]]:
                 self.send_header("Content-Length", "1000000")
                 self.end_headers()
                 self.wfile.write(b"<!doctype html><title>Slow</title><p>Still loading page</p>" + b" " * 2000)
+                self.wfile.flush()
+                stop_slow.wait(120)
+                return
+            if path == "/late":  # its headers come late (a slow server), then a body that never ends
+                stop_slow.wait(2.0)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", "1000000")
+                self.end_headers()
+                self.wfile.write(b"<!doctype html><title>Late</title><p>Late page</p>" + b" " * 2000)
                 self.wfile.flush()
                 stop_slow.wait(120)
                 return

@@ -59,6 +59,7 @@ class Agent:
     """The agent app (in-process, over HTTP with Starlette's test client) holding one chromium."""
 
     def __init__(self, display: str, extra: list[str], env: dict[str, str]) -> None:
+        self.display = display
         self.app = create_app(AgentConfig(display=display, token=TOKEN))
         self.http = TestClient(self.app)
         self.tools = self.app.state.browser_tools
@@ -413,6 +414,74 @@ def test_a_page_that_never_stops_loading_returns_at_the_deadline(agent: Agent, s
     assert "Still loading page" in agent.call("get_page_text")["result"]["text"]
 
 
+def test_a_slow_server_does_not_stretch_navigates_deadline(agent: Agent, site: dict[str, str]) -> None:
+    """Headers 2 s late, then a body that never ends: the navigation's wait and the load's are one
+    deadline (``load_timeout``), so the driver's client deadline still holds."""
+    t0 = time.monotonic()
+    assert agent.call("navigate", url=site["base"] + "/late")["result"] is None
+    assert time.monotonic() - t0 < agent.tools.load_timeout + 1.5
+    assert "Late page" in agent.call("get_page_text")["result"]["text"]
+
+
+@pytest.mark.parametrize("keys", [["Control", "t"], ["Control", "w"], ["Control", "n"], ["Control", "Shift", "n"],
+                                  ["Control", "h"], ["Control", "u"], ["Control", "l"], ["Control", "Tab"],
+                                  ["Alt", "Home"], ["Alt", "ArrowLeft"], ["Meta", "a"], ["F6"], ["F12"], ["ctrl", "J"]])
+def test_key_never_reaches_the_browsers_own_shortcuts(agent: Agent, site: dict[str, str], keys: list[str]) -> None:
+    """Key events sent over DevTools reach chromium's own shortcuts too (a new window, chrome:// pages,
+    view-source, the home page, quitting with the last tab): those chords are refused, nothing changes."""
+    agent.goto(site["base"] + "/form")
+    before = [(t["id"], t["url"]) for t in agent.state()["tabs"]]
+    status, code, message = agent.refused("key", keys=keys)
+    assert (status, code) == (422, "not_actionable") and "browser" in message, message
+    assert [(t["id"], t["url"]) for t in agent.state()["tabs"]] == before
+    assert "Feature form" in agent.call("get_page_text")["result"]["text"]
+
+
+def test_reads_never_return_what_a_password_or_code_field_holds(agent: Agent, site: dict[str, str]) -> None:
+    """The fields the sign-in scanner takes for a password or a one-time code (by name, autocomplete hint
+    or label, not only ``type=password``) are the ones whose values a read omits (one rule)."""
+    report = agent.goto(site["base"] + "/secrets")
+    for label in ("Passphrase", "Current", "New password", "Passcode", "Sign-in code", "Verification"):
+        assert "value" not in by_label(report, label), label
+    assert by_label(report, "Nickname")["value"] == "shown-value"
+    assert "private" in report["omitted"]
+    found = agent.call("find", query="pass")["result"]
+    text = str(report) + str(found) + agent.call("get_page_text")["result"]["text"]
+    assert not [v for v in ("pw-by-", "pc-by-", "otp-by-", "code-in-") if v in text]
+
+
+def test_type_says_when_the_element_did_not_take_the_text(agent: Agent, site: dict[str, str]) -> None:
+    report = agent.goto(site["base"] + "/fields")
+    for label in ("Fixed", "Fake"):  # read-only, and a role=textbox that is not editable
+        status, code, message = agent.refused("type", target=by_label(report, label)["ref"], text="new")
+        assert (status, code) == (422, "not_actionable") and "takes no typed text" in message, (label, message)
+    status, code, message = agent.refused("type", target=by_label(report, "Amount")["ref"], text="NEWTEXT")
+    assert (status, code) == (422, "not_actionable") and "did not take the text" in message
+    assert agent.page("document.getElementById('fixed').value") == "keep"
+    agent.call("type", target=by_label(report, "Amount")["ref"], text="42")
+    agent.call("type", target=by_label(report, "Plain")["ref"], text="same")  # its value already: no refusal
+    assert agent.page("[amount.value, plain.value]") == ["42", "same"]
+
+
+def test_mouse_members_refuse_a_tab_behind_at_once(agent: Agent, site: dict[str, str]) -> None:
+    """Chromium delivers no mouse input to a hidden tab: click, hover and scroll there are refused at
+    once with what to do, not left to time out."""
+    report = agent.goto(site["base"] + "/form")
+    behind = next(t["id"] for t in agent.state()["tabs"] if t["active"])
+    agent.call("new_tab", url=site["base"] + "/other")
+    try:
+        t0 = time.monotonic()
+        for member, arguments in (("click", {"target": by_label(report, "Send form")["ref"]}),
+                                  ("hover", {"target": by_label(report, "Send form")["ref"]}),
+                                  ("scroll", {"direction": "down", "amount": 100})):
+            status, code, message = agent.refused(member, tab_id=behind, **arguments)
+            assert (status, code) == (422, "not_actionable") and "switch_tab" in message, (member, message)
+        assert time.monotonic() - t0 < 5  # each well inside the 5 s a mouse command would wait
+        agent.call("type", tab_id=behind, target=by_label(report, "Full name")["ref"], text="Bea")  # keys do go there
+    finally:
+        agent.call("close_tab", tab_id=next(t["id"] for t in agent.state()["tabs"] if t["active"]))
+
+
 def test_big_pages_are_bounded(agent: Agent, site: dict[str, str]) -> None:
     report = agent.goto(site["base"] + "/many")
     assert len(report["elements"]) == W.MAX_READ_ELEMENTS and "target_limit" in report["omitted"]
@@ -528,6 +597,30 @@ def test_hold_keys_never_reaches_the_browsers_own_shortcuts(headed: Agent, site:
     headed.page("window.events.length = 0")
     assert headed.refused("hold_keys", keys=keys, duration_ms=50)[:2] == (422, "not_actionable")
     assert events(headed, "keydown") == []
+
+
+def test_hold_keys_needs_the_page_to_have_the_keyboard_focus(headed: Agent, site: dict[str, str]) -> None:
+    """Through the X input the keys go where the X focus is: while another window has it (here an X
+    client's own window given the focus), hold_keys refuses and no key reaches anything."""
+    from Xlib import X, display as xdisplay
+
+    headed.goto(site["base"] + "/xy")
+    headed.call("click_at", x=50, y=50, button="left", click_count=1, keys=[])
+    assert headed.wait_page("document.hasFocus()")
+    d = xdisplay.Display(headed.display)
+    try:
+        w = d.screen().root.create_window(0, 0, 50, 50, 0, d.screen().root_depth)
+        w.map()
+        d.sync()
+        w.set_input_focus(X.RevertToParent, X.CurrentTime)
+        d.sync()
+        assert wait_until(lambda: headed.page("document.hasFocus()") is False, 10, 0.05)
+        headed.page("window.events.length = 0")
+        status, code, message = headed.refused("hold_keys", keys=["a"], duration_ms=50)
+        assert (status, code) == (422, "not_actionable") and "keyboard focus" in message
+        assert events(headed, "keydown") == []
+    finally:
+        d.close()
 
 
 def test_x_input_needs_the_tab_in_front_and_a_point_in_the_viewport(headed: Agent, site: dict[str, str]) -> None:
