@@ -388,8 +388,8 @@ def chord_problem(keys: list[tuple[str, str, int, str]]) -> str | None:
     """Why chord ``keys`` (:func:`cdp_key` tuples) is refused, or None. Chromium takes key events sent
     over DevTools as typed ones, its own shortcuts too (Ctrl+T, Ctrl+W, Ctrl+H, Ctrl+U, F12, Alt+Home...:
     new windows, chrome:// and view-source pages, the home page, quitting), none of which the driver's
-    URL policy sees. So a chord is the page's only when it holds no Alt or Meta, no function key, and,
-    with Control, is one editing shortcut (select all, copy, cut, paste, undo, redo, word moves and
+    URL policy sees. So a chord is the page's only when it holds no Alt or Meta, no function key, no
+    Escape with a modifier (Shift+Escape: the task manager), and, with Control, is one editing shortcut (select all, copy, cut, paste, undo, redo, word moves and
     deletes, Ctrl+Enter); with Control and Shift, redo, paste as text or a selecting move."""
     held = {key for key, _code, _vk, _text in keys} & set(_MODIFIER_BITS)
     others = [key for key, _code, _vk, _text in keys if key not in _MODIFIER_BITS]
@@ -397,6 +397,8 @@ def chord_problem(keys: list[tuple[str, str, int, str]]) -> str | None:
         return "a chord with Alt or Meta is a shortcut of the browser itself"
     if any(re.fullmatch(r"F[0-9]+", key) for key in others):
         return "function keys are shortcuts of the browser itself (F6, F11, F12...)"
+    if "Escape" in others and held:
+        return "Escape with a modifier is a shortcut of the browser itself (Shift+Escape: its task manager)"
     if "Control" not in held:
         return None
     allowed = _EDITING_WITH_CONTROL_SHIFT if "Shift" in held else _EDITING_WITH_CONTROL

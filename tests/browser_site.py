@@ -201,6 +201,16 @@ def serve() -> tuple[str, str, Callable[[], None]]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _endless(self, head: bytes) -> None:
+            """A page whose body (``head`` first) never ends: open until the site stops."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", "1000000")
+            self.end_headers()
+            self.wfile.write(b"<!doctype html>" + head + b" " * 2000)
+            self.wfile.flush()
+            stop_slow.wait(120)
+
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/huge":
@@ -209,24 +219,10 @@ def serve() -> tuple[str, str, Callable[[], None]]:
                 return self._send(b"file body", "application/octet-stream",
                                   Content_Disposition='attachment; filename="f.bin"')
             if path == "/slow":  # never finishes loading: the body stays open until the site stops
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", "1000000")
-                self.end_headers()
-                self.wfile.write(b"<!doctype html><title>Slow</title><p>Still loading page</p>" + b" " * 2000)
-                self.wfile.flush()
-                stop_slow.wait(120)
-                return
-            if path == "/late":  # its headers come late (a slow server), then a body that never ends
+                return self._endless(b"<title>Slow</title><p>Still loading page</p>")
+            if path == "/late":  # its headers come 2 s late (a slow server), then a body that never ends
                 stop_slow.wait(2.0)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", "1000000")
-                self.end_headers()
-                self.wfile.write(b"<!doctype html><title>Late</title><p>Late page</p>" + b" " * 2000)
-                self.wfile.flush()
-                stop_slow.wait(120)
-                return
+                return self._endless(b"<title>Late</title><p>Late page</p>")
             page = PAGES.get(path)
             if page is None:
                 self.send_error(404)

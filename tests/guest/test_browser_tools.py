@@ -425,7 +425,8 @@ def test_a_slow_server_does_not_stretch_navigates_deadline(agent: Agent, site: d
 
 @pytest.mark.parametrize("keys", [["Control", "t"], ["Control", "w"], ["Control", "n"], ["Control", "Shift", "n"],
                                   ["Control", "h"], ["Control", "u"], ["Control", "l"], ["Control", "Tab"],
-                                  ["Alt", "Home"], ["Alt", "ArrowLeft"], ["Meta", "a"], ["F6"], ["F12"], ["ctrl", "J"]])
+                                  ["Alt", "Home"], ["Alt", "ArrowLeft"], ["Meta", "a"], ["F6"], ["F12"], ["ctrl", "J"],
+                                  ["Shift", "Escape"]])
 def test_key_never_reaches_the_browsers_own_shortcuts(agent: Agent, site: dict[str, str], keys: list[str]) -> None:
     """Key events sent over DevTools reach chromium's own shortcuts too (a new window, chrome:// pages,
     view-source, the home page, quitting with the last tab): those chords are refused, nothing changes."""
