@@ -155,11 +155,10 @@ function labelOf(el, role) {
 }
 %(field_kind)s
 function privateField(el, label) {
-  if (el.localName === 'input' && el.type === 'password') return true;
-  const ac = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200).split(/\s+/);
-  if (ac.some(t => t.startsWith('cc-') || t === 'one-time-code')) return true;
   const kind = fieldKind(el, label || '');
-  return kind === 'password' || kind === 'code';
+  if (kind === 'password' || kind === 'code') return true;
+  const ac = (el.getAttribute('autocomplete') || '').toLowerCase().slice(0, 200).split(/\s+/);
+  return ac.some(t => t.startsWith('cc-') || t === 'one-time-code');  // an e-mail field may carry the hint
 }
 function refOf(el) {
   let ref = S.ids.get(el);
@@ -389,8 +388,9 @@ def chord_problem(keys: list[tuple[str, str, int, str]]) -> str | None:
     over DevTools as typed ones, its own shortcuts too (Ctrl+T, Ctrl+W, Ctrl+H, Ctrl+U, F12, Alt+Home...:
     new windows, chrome:// and view-source pages, the home page, quitting), none of which the driver's
     URL policy sees. So a chord is the page's only when it holds no Alt or Meta, no function key, no
-    Escape with a modifier (Shift+Escape: the task manager), and, with Control, is one editing shortcut (select all, copy, cut, paste, undo, redo, word moves and
-    deletes, Ctrl+Enter); with Control and Shift, redo, paste as text or a selecting move."""
+    Escape with a modifier (Shift+Escape: the task manager), and, with Control, is one editing shortcut
+    (select all, copy, cut, paste, undo, redo, word moves and deletes, Ctrl+Enter); with Control and
+    Shift, redo, paste as text or a selecting move."""
     held = {key for key, _code, _vk, _text in keys} & set(_MODIFIER_BITS)
     others = [key for key, _code, _vk, _text in keys if key not in _MODIFIER_BITS]
     if held & {"Alt", "Meta"}:
