@@ -223,6 +223,15 @@ class AgentClient:
         """Close the kept-alive connections; later calls raise AgentError ``unreachable``."""
         self._transport.close()
 
+    def stop_calls(self, grace_s: float | None) -> None:
+        """The caller is stopping (a run cancelled): a call in flight now is cut once ``grace_s``
+        seconds have passed (AgentError ``interrupted``), and each later call ends within ``grace_s``
+        seconds, however the agent stalls; ``None``: calls get their own deadlines again
+        (:meth:`controller.agent_transport.AgentTransport.stop_calls`)."""
+        stop = getattr(self._transport, "stop_calls", None)
+        if stop is not None:
+            stop(grace_s)
+
     def __enter__(self) -> "AgentClient":
         return self
 
@@ -462,6 +471,12 @@ class AgentClient:
             return BrowserStateV1.model_validate(body).wire()
         except ValidationError as exc:
             raise AgentError(0, "bad_response", f"{what}: not a browser state: {_first_problem(exc)}") from None
+
+    def browser_rule(self, rule: Any) -> None:
+        """``PUT /v1/browser/rule``: the URL rule the agent judges every request of its chromium by
+        (:class:`wire.browser_tools.GuestUrlRule`; contract 9). Answer capped at :data:`JSON_MAX_BYTES`.
+        Raises AgentError."""
+        self._request("PUT", "/v1/browser/rule", JSON_MAX_BYTES, json_body=rule.model_dump())
 
     def browser_call(self, member: str, arguments: dict[str, Any]) -> Any:
         """``POST /v1/browser/call`` ``{member, arguments}`` (:class:`wire.browser_tools.BrowserCall`):

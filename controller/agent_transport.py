@@ -7,7 +7,10 @@ receive waits at most the time left before the call's deadline (``time.monotonic
 peer that trickles one byte just inside each read timeout, or stalls mid-answer, is cut off at the
 deadline instead of resetting a per-read timer. Failures raise :class:`TransportError`, whose ``code``
 :class:`controller.agent_client.AgentClient` passes on in ``AgentError`` (the rule: ARCHITECTURE.md,
-contract 1).
+contract 1). A caller that is stopping (a run cancelled) shortens every call with
+:meth:`AgentTransport.stop_calls`: a call then in flight is cut once its grace has passed (its socket
+shut down: ``interrupted``), and every later call gets no more than the grace, however the agent stalls
+(a desktop program holding the X server grabbed stalls every call of the agent).
 
 :class:`Deadlines` and :class:`DeadlineBackend` give an ``httpcore`` pool the same per-call deadline
 (the gateway control client, :mod:`controller.run.origins`).
@@ -54,7 +57,8 @@ _NO_BODY = (204, 304)
 class TransportError(Exception):
     """A call that got no usable answer. ``code``: ``unreachable`` (no connection, or it broke),
     ``deadline`` (no complete answer before the call's deadline), ``too_large`` (over the call's size
-    cap) or ``bad_response`` (not well-framed HTTP/1.1, or a ``Content-Encoding``). ``message`` is one
+    cap), ``bad_response`` (not well-framed HTTP/1.1, or a ``Content-Encoding``) or ``interrupted``
+    (cut short by :meth:`AgentTransport.stop_calls`). ``message`` is one
     printable line; text from the peer in it is escaped (:func:`controller.text.clean`)."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -82,10 +86,11 @@ class _Connection:
     ``readline``, ``close``): lines are counted against :data:`HEAD_MAX_BYTES` and checked for control
     characters on the way."""
 
-    __slots__ = ("sock", "buf", "deadline", "head_left", "head_ended", "idle_since", "reused", "sent")
+    __slots__ = ("sock", "buf", "deadline", "head_left", "head_ended", "idle_since", "reused", "sent", "cut")
 
     def __init__(self, address: tuple[str, int], deadline: float) -> None:
         self.deadline = deadline
+        self.cut = False  # its socket was shut down by AgentTransport.stop_calls
         self.sock = socket.create_connection(address, timeout=self._left())
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -345,6 +350,46 @@ class AgentTransport:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._in_flight: set[_Connection] = set()
+        self._grace: float | None = None  # set by stop_calls: the most any call may take now
+        self._stops = 0  # stop_calls so far: a cut scheduled by an earlier one is void
+
+    def stop_calls(self, grace_s: float | None) -> None:
+        """The caller is stopping: each call in flight now that has not ended within ``grace_s``
+        seconds is cut (its socket shut down: TransportError ``interrupted``), and each later call
+        ends within ``grace_s`` seconds of its start. ``None``: calls get their own deadlines again
+        (a cut not yet made is not made)."""
+        with self._lock:
+            self._stops += 1
+            self._grace = grace_s
+            stop, in_flight = self._stops, list(self._in_flight)
+        if grace_s is None or not in_flight:
+            return
+        timer = threading.Timer(grace_s, self._cut, args=(stop, in_flight))
+        timer.daemon = True
+        timer.start()
+
+    def _cut(self, stop: int, connections: list[_Connection]) -> None:
+        with self._lock:
+            if stop != self._stops:
+                return
+            cut = [conn for conn in connections if conn in self._in_flight]
+            for conn in cut:
+                conn.cut = True
+        for conn in cut:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)  # wakes the call's send or receive at once
+            except OSError:
+                pass
+
+    def _track(self, conn: _Connection | None, flying: bool) -> None:
+        if conn is None:
+            return
+        with self._lock:
+            if flying:
+                self._in_flight.add(conn)
+            else:
+                self._in_flight.discard(conn)
 
     def request(self, method: str, target: str, body: bytes | None, *, deadline: float, cap: int,
                 error_cap: int, content_type: str = "application/json") -> Reply:
@@ -353,6 +398,9 @@ class AgentTransport:
         other at most ``error_cap``. A kept-alive connection is reused; when sending on one fails
         before the kernel took a byte of the request (the agent had closed it), the request goes once
         more on a fresh connection. Raises :class:`TransportError`."""
+        with self._lock:
+            if self._grace is not None:
+                deadline = min(deadline, time.monotonic() + self._grace)
         head = b"%s %s HTTP/1.1\r\n%s" % (method.encode("ascii"), target.encode("ascii"), self._fixed)
         if body is None:
             data = head + b"\r\n"
@@ -362,31 +410,38 @@ class AgentTransport:
         conn: _Connection | None = None
         try:
             conn = self._checkout(deadline)
+            self._track(conn, True)
             try:
                 conn.send(data)
             except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-                if not (conn.reused and conn.sent == 0):
+                if not (conn.reused and conn.sent == 0) or conn.cut:
                     raise
+                self._track(conn, False)
                 conn.drop()
                 conn = None
                 conn = _Connection(self._address, deadline)
+                self._track(conn, True)
                 conn.send(data)
             reply, keep = conn.answer(method, cap, error_cap)
-        except TimeoutError:
+        except (TimeoutError, TransportError, http.client.HTTPException, OSError) as exc:
             _drop(conn)
-            raise TransportError("deadline", "no complete answer before the call's deadline") from None
-        except TransportError:
-            _drop(conn)
-            raise
-        except http.client.HTTPException as exc:  # before OSError: RemoteDisconnected is both
-            _drop(conn)
-            raise _bad(f"not a complete HTTP/1.1 answer ({clean(f'{type(exc).__name__}: {exc}', 120)})") from None
-        except OSError as exc:
-            _drop(conn)
+            self._track(conn, False)
+            if conn is not None and conn.cut:
+                raise TransportError("interrupted", "cut short: the caller is stopping") from None
+            if isinstance(exc, TimeoutError):
+                raise TransportError("deadline", "no complete answer before the call's deadline") from None
+            if isinstance(exc, TransportError):
+                raise
+            if isinstance(exc, http.client.HTTPException):  # before OSError: RemoteDisconnected is both
+                raise _bad(f"not a complete HTTP/1.1 answer ({clean(f'{type(exc).__name__}: {exc}', 120)})") from None
             raise TransportError("unreachable", clean(str(exc) or type(exc).__name__, 120)) from None
         except BaseException:
             _drop(conn)
+            self._track(conn, False)
             raise
+        self._track(conn, False)
+        if conn.cut:  # the answer was complete: the socket is shut down all the same
+            keep = False
         if keep:
             self._checkin(conn)
         else:

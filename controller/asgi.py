@@ -1,6 +1,7 @@
 """What the controller's two HTTP servers (the web console, ``controller.console``; the Agents API,
 ``controller.agents_api``) share: uvicorn run on a thread that says when it listens, and a request body
-read under a size cap."""
+read under a size cap. The connection rules they keep with every other server of the project (head
+deadline, body floor, the cap on unauthenticated connections, ``Host``) are :mod:`wire.connections`."""
 
 from __future__ import annotations
 

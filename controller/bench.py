@@ -51,7 +51,8 @@ hop before it.
 
 **Web console** (:mod:`controller.bench_console`; skipped, with the reason, without Xvfb, Debian's chromium
 or Playwright): action-to-pixels in the console's page beside its floor (the same click straight to the
-agent, its screenshot polled), and the controller's CPU cost of the live view at 5 frames a second.
+agent, its screenshot polled), and the controller's CPU cost of the live view at 5 frames a second,
+one tab showing it and five (one grab loop serves them all).
 
 **Browser tools** (``--browser``; skipped, with the reason, without Xvfb, Debian's chromium, setpriv as
 root, or ``images/apps.json``): the agent as a real subprocess on a private Xvfb 1280x800x24 with

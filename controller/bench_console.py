@@ -9,8 +9,8 @@ Run by :mod:`controller.bench` (``--no-console`` skips it): :func:`run_console` 
 whose square turns black or white on every button or key press; a :class:`LiveRun` attached to an
 :class:`AgentClient` of that agent and taken over (state ``human``: a thread waits in its checkpoint as
 the model loop does); a :class:`ConsoleServer` serving it; Debian's chromium driven by Playwright,
-logged in through the one-time URL, on the run's page, whose ``<img>`` shows ``screen.mjpeg?fps=5``
-(static/screen.js).
+logged in through the one-time URL, on the run's page, whose ``<img>`` shows the frames its socket
+brings at 5 a second (static/screen.js).
 
 **Action to pixels** (ms): in the page, ``performance.now()`` from sending a click on the square as the
 page sends input (``fetch`` POST ``/runs/{id}/input``, the page's CSRF token) to the first animation
@@ -22,13 +22,14 @@ console frame is (JPEG, quality 60, at most 1280 wide) polled until it shows the
 console p50 / floor p50. Also the input POST's round trip as the page sees it.
 
 **CPU of the live view**: the controller is this process; its CPU time (``time.process_time``, every
-thread, the console's included) over windows of ``window_s`` seconds with the run page open and one
-viewer of ``screen.mjpeg?fps=5`` in the browser (:data:`VIEWER_JS`: it reads the stream, decodes each
-JPEG and notes when it came), alternated with windows of the same page and no viewer (the ``<img>``'s
-stream stopped). Reported: CPU % of one core of each (median over the windows), the live view's share
-(the difference), CPU ms per frame served, frames per second the browser received (from the arrival
-times), and the agent process's
-CPU % over the viewer windows (the guest's side of the same frames).
+thread, the console's included) over windows of ``window_s`` seconds with :data:`TABS` tabs of the run's
+page open in one browser, in turn: none showing the live screen (every tab hidden: the page asks for no
+frame), one tab shown (one viewer), all of them shown (:data:`TABS` viewers). A tab is hidden or shown
+as the browser does when it goes to the background (:data:`VISIBILITY_JS`: headless tabs are never
+hidden on their own). Reported, medians over the windows: CPU % of one core of each, the live view's
+share (less the idle windows'), CPU ms per frame served, the frames per second the run's one grab loop
+served and each shown tab received (its page's count), and the agent process's CPU % (the guest's side
+of the same frames); for one viewer at the top level, for :data:`TABS` under ``tabs``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ SPOT = (SQUARE[0] + 96, SQUARE[1] + 96)
 TARGET_P50_MS = 150.0
 MIN_FPS_RATIO = 0.9
 """The browser must receive at least this share of the frames per second it asked for."""
+TABS = 5
+"""Tabs of the run's page in the CPU windows (all of them viewers in the last kind of window)."""
+MAX_SHARED_RATIO = 1.5
+"""With :data:`TABS` viewers the run's grab loop may serve at most this many times one viewer's frames."""
 SAMPLE_TIMEOUT_S = 5.0
 RUN_ID = "bench-console"
 
@@ -134,47 +139,11 @@ SAMPLE_JS = """async ({action, spot, dark, jitterMs, timeoutMs}) => {
   return {ms: seen - t0, post_ms: postMs};
 }"""
 
-#: Start (``url``) or stop (null) the page's viewer of the MJPEG stream: it reads the stream, takes it
-#: apart (a part ends after its Content-Length, or without one at the next delimiter), decodes each JPEG
-#: (createImageBitmap) and notes when it came (``window.__dsViewer.times``, page ms).
-VIEWER_JS = """(url) => {
-  if (window.__dsViewer) window.__dsViewer.ctl.abort();
-  if (!url) return 0;
-  const st = window.__dsViewer = {times: [], ctl: new AbortController()};
-  const find = (buf, seq, from) => {
-    outer: for (let i = from; i <= buf.length - seq.length; i++) {
-      for (let j = 0; j < seq.length; j++) if (buf[i + j] !== seq[j]) continue outer;
-      return i;
-    }
-    return -1;
-  };
-  (async () => {
-    const resp = await fetch(url, {signal: st.ctl.signal, credentials: "same-origin", cache: "no-store"});
-    const boundary = /boundary="?([^";]+)/.exec(resp.headers.get("content-type") || "")[1];
-    const delim = new TextEncoder().encode("\\r\\n--" + boundary), blank = new TextEncoder().encode("\\r\\n\\r\\n");
-    const reader = resp.body.getReader();
-    let buf = new Uint8Array(0);
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) return;
-      const joined = new Uint8Array(buf.length + value.length);
-      joined.set(buf);
-      joined.set(value, buf.length);
-      buf = joined;
-      for (;;) {
-        const head = find(buf, blank, 0);
-        if (head < 0) break;
-        const len = /content-length: *(\\d+)/i.exec(new TextDecoder("latin1").decode(buf.subarray(0, head)));
-        const end = len ? head + 4 + Number(len[1]) : find(buf, delim, head + 4);
-        if (end < 0 || end > buf.length) break;
-        const jpeg = buf.slice(head + 4, end);
-        buf = buf.slice(end);
-        (await createImageBitmap(new Blob([jpeg], {type: "image/jpeg"}))).close();
-        st.times.push(performance.now());
-      }
-    }
-  })().catch(() => undefined);
-  return 0;
+#: Hide (true) or show (false) a tab as the browser does when it goes to the background or comes back:
+#: the page's ``visibilitychange`` handler then stops or resumes asking for frames (static/screen.js).
+VISIBILITY_JS = """(hidden) => {
+  Object.defineProperty(document, "visibilityState", {value: hidden ? "hidden" : "visible", configurable: true});
+  document.dispatchEvent(new Event("visibilitychange"));
 }"""
 
 
@@ -240,50 +209,56 @@ def _latency(page: Any, agent: AgentClient, iterations: int, seed: int) -> dict[
     return out
 
 
-def _cpu(page: Any, served: list[int], agent_pid: int, rounds: int, window_s: float) -> dict[str, Any]:
-    """The live view's CPU (module docstring): idle and viewer windows alternately, ``rounds`` each."""
-    stream = page.evaluate("() => location.pathname") + f"/screen.mjpeg?fps={FPS:g}"  # on the run's page
-    page.evaluate("() => document.getElementById('screen-img').removeAttribute('src')")  # the page's own stream
-    windows: dict[str, list[dict[str, float]]] = {"idle": [], "viewer": []}
+def _cpu(tabs: list[Any], served: list[int], agent_pid: int, rounds: int, window_s: float) -> dict[str, Any]:
+    """The live view's CPU (module docstring): windows with no tab, one tab and every tab shown, in turn,
+    ``rounds`` each; ``tabs``: the run's page in each tab."""
+    kinds = {"idle": 0, "one": 1, "tabs": len(tabs)}
+    windows: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    frames = "() => window.DSScreen.frames()"  # the frames a tab has shown (static/screen.js)
     for _ in range(rounds):
-        for kind in ("idle", "viewer"):
-            page.evaluate(VIEWER_JS, stream if kind == "viewer" else None)
-            if kind == "viewer":
-                page.wait_for_function("() => window.__dsViewer.times.length > 0", timeout=SAMPLE_TIMEOUT_S * 1000)
-            else:
+        for kind, shown in kinds.items():
+            for n, tab in enumerate(tabs):
+                tab.evaluate(VISIBILITY_JS, n >= shown)
+            counts = [tab.evaluate(frames) for tab in tabs[:shown]]
+            for tab, count in zip(tabs, counts):  # each shown tab has its frames coming again
+                tab.wait_for_function("(n) => window.DSScreen.frames() > n", arg=count,
+                                      timeout=SAMPLE_TIMEOUT_S * 1000)
+            if not shown:
                 _quiet(served)
-            p0 = page.evaluate("() => performance.now()")
+            counts = [tab.evaluate(frames) for tab in tabs[:shown]]
             s0, c0, a0, w0 = len(served), time.process_time(), _cpu_s(agent_pid), time.perf_counter()
             time.sleep(window_s)  # the measuring window itself: CPU time is read over a span of wall time
             w1, c1, a1, s1 = time.perf_counter(), time.process_time(), _cpu_s(agent_pid), len(served)
-            got = page.evaluate("(p0) => window.__dsViewer.times.filter(t => t >= p0)", p0) if kind == "viewer" else []
-            # the browser's rate from its frames' arrival times: no +-1 frame at the window's edges
-            rate = (len(got) - 1) * 1000 / (got[-1] - got[0]) if len(got) > 1 and got[-1] > got[0] else 0.0
-            windows[kind].append({"wall": w1 - w0, "cpu": c1 - c0, "agent": a1 - a0, "served": s1 - s0, "rate": rate})
-    page.evaluate(VIEWER_JS, None)
-    pct = {k: [w["cpu"] / w["wall"] * 100 for w in v] for k, v in windows.items()}
-    per_frame = [(v["cpu"] - i["cpu"] / i["wall"] * v["wall"]) * 1000 / v["served"]
-                 for i, v in zip(windows["idle"], windows["viewer"]) if v["served"]]
+            got = [tab.evaluate(frames) - count for tab, count in zip(tabs, counts)]
+            windows[kind].append({"wall": w1 - w0, "cpu": c1 - c0, "agent": a1 - a0, "served": s1 - s0,
+                                  "rate": statistics.median(got) / (w1 - w0) if got else 0.0})
+    for tab in tabs:
+        tab.evaluate(VISIBILITY_JS, False)
     med = statistics.median
-    return {
-        "fps": FPS, "window_s": window_s, "rounds": rounds,
-        "idle_cpu_pct": round(med(pct["idle"]), 2), "viewer_cpu_pct": round(med(pct["viewer"]), 2),
-        "live_view_cpu_pct": round(med(pct["viewer"]) - med(pct["idle"]), 2),
-        "cpu_ms_per_frame": round(med(per_frame), 2) if per_frame else None,
-        "browser_fps": round(med([w["rate"] for w in windows["viewer"]]), 2),
-        "served_fps": round(med([w["served"] / w["wall"] for w in windows["viewer"]]), 2),
-        "idle_served": sum(w["served"] for w in windows["idle"]),
-        "agent_cpu_pct": round(med([w["agent"] / w["wall"] * 100 for w in windows["viewer"]]), 2),
-    }
+    idle_pct = med([w["cpu"] / w["wall"] * 100 for w in windows["idle"]])
+
+    def figures(kind: str) -> dict[str, Any]:
+        per_frame = [(v["cpu"] - i["cpu"] / i["wall"] * v["wall"]) * 1000 / v["served"]
+                     for i, v in zip(windows["idle"], windows[kind]) if v["served"]]
+        pct = med([w["cpu"] / w["wall"] * 100 for w in windows[kind]])
+        return {"viewer_cpu_pct": round(pct, 2), "live_view_cpu_pct": round(pct - idle_pct, 2),
+                "cpu_ms_per_frame": round(med(per_frame), 2) if per_frame else None,
+                "browser_fps": round(med([w["rate"] for w in windows[kind]]), 2),
+                "served_fps": round(med([w["served"] / w["wall"] for w in windows[kind]]), 2),
+                "agent_cpu_pct": round(med([w["agent"] / w["wall"] * 100 for w in windows[kind]]), 2)}
+
+    return {"fps": FPS, "window_s": window_s, "rounds": rounds, "idle_cpu_pct": round(idle_pct, 2),
+            **figures("one"), "idle_served": sum(w["served"] for w in windows["idle"]),
+            "tabs": {"count": len(tabs), **figures("tabs")}}
 
 
 def _quiet(served: list[int]) -> None:
-    """Return once no frame was served for two frame periods (a stopped viewer's stream has ended)."""
+    """Return once no frame was served for two frame periods (the hidden tabs ask for none)."""
     deadline = time.monotonic() + SAMPLE_TIMEOUT_S
     seen = -1
     while seen != len(served):
         if time.monotonic() > deadline:
-            raise RuntimeError("the MJPEG stream kept serving frames after its viewer stopped")
+            raise RuntimeError("frames were still served with every tab hidden")
         seen = len(served)
         time.sleep(2 / FPS)  # poll interval: two frame periods, so a live stream serves one in between
 
@@ -345,13 +320,18 @@ def run_console(iterations: int = 30, rounds: int = 3, window_s: float = 4.0, se
         server.add_run(live)
         browser = launch_chromium(stack.enter_context(sync_playwright()))
         stack.callback(browser.close)
-        page = browser.new_page(viewport={"width": 1600, "height": 1100})
+        context = browser.new_context(viewport={"width": 1600, "height": 1100})  # its tabs share the login
+        page = context.new_page()
         page.goto(server.url)  # lands on the runs list, the console's base path + "/"
         page.goto(page.url.rstrip("/") + f"/runs/{RUN_ID}")
         page.wait_for_function("() => document.getElementById('state').textContent === 'human'"
                                " && document.getElementById('screen-img').naturalWidth > 0")
         samples = _latency(page, floor_agent, iterations, seed)
-        cpu = _cpu(page, served, agent.proc.pid, rounds, window_s)
+        tabs = [page]
+        for _ in range(TABS - 1):  # more tabs of the same browser (its session cookie)
+            tabs.append(context.new_page())
+            tabs[-1].goto(page.url)
+        cpu = _cpu(tabs, served, agent.proc.pid, rounds, window_s)
     rows = {name: percentiles(values) for name, values in samples.items()}
     x_floor = round(rows["console"]["p50"] / rows["floor"]["p50"], 2) if rows["floor"]["p50"] > 0 else None
     cpu["frame_kib"] = round(statistics.median(served) / 1024, 1)
@@ -363,11 +343,16 @@ def checks(section: dict[str, Any]) -> dict[str, bool]:
     if "latency" not in section:
         return {}
     cpu, p50 = section["cpu"], section["latency"]["console"]["p50"]
+    tabs = cpu["tabs"]
     return {
         f"console action-to-pixels p50 < {TARGET_P50_MS:g} ms (measured {p50:.1f} ms)": p50 < TARGET_P50_MS,
         (f"console live view at {cpu['fps']:g} fps: browser received {cpu['browser_fps']:g} fps "
          f"(>= {MIN_FPS_RATIO * cpu['fps']:g}); controller CPU {cpu['live_view_cpu_pct']:g}% of one core, "
-         f"{cpu['cpu_ms_per_frame']} ms per frame"): cpu["browser_fps"] >= MIN_FPS_RATIO * cpu["fps"],
+         f"{cpu['cpu_ms_per_frame']} ms per frame; {tabs['count']} tabs: {tabs['browser_fps']:g} fps each, "
+         f"{tabs['served_fps']:g} frames/s grabbed (<= {MAX_SHARED_RATIO:g} x one tab's {cpu['served_fps']:g}), "
+         f"controller CPU {tabs['live_view_cpu_pct']:g}%"):
+            cpu["browser_fps"] >= MIN_FPS_RATIO * cpu["fps"] and tabs["browser_fps"] >= MIN_FPS_RATIO * cpu["fps"]
+            and tabs["served_fps"] <= MAX_SHARED_RATIO * cpu["served_fps"],
     }
 
 
@@ -376,17 +361,23 @@ def render_lines(section: dict[str, Any]) -> list[str]:
     if "skipped" in section:
         return [f"web console: skipped ({section['skipped']})"]
     lat, cpu = section["latency"], section["cpu"]
-    lines = [f"web console: page on 127.0.0.1, <img> of screen.mjpeg?fps={cpu['fps']:g}, clicks POSTed from "
-             f"the page; private Xvfb {section['screen']}",
+    lines = [f"web console: page on 127.0.0.1, <img> of its socket's frames at {cpu['fps']:g} fps, clicks POSTed "
+             f"from the page; private Xvfb {section['screen']}",
              f"{'operation':36} {'p50':>8} {'p95':>8} {'n':>4} {'x floor':>8}"]
     for key, name in (("console", "action-to-pixels (page <img>)"), ("floor", "floor: click + agent screenshot"),
                       ("input_post", "input POST round trip (page)")):
         row = lat[key]
         ratio = f"{lat['x_floor']}x" if key == "console" and lat.get("x_floor") is not None else "-"
         lines.append(f"{name:36} {row['p50']:>8.2f} {row['p95']:>8.2f} {row['n']:>4} {ratio:>8}")
+    tabs = cpu["tabs"]
     lines.append(f"live view at {cpu['fps']:g} fps: controller CPU {cpu['live_view_cpu_pct']:.2f}% of one core "
-                 f"(page with viewer {cpu['viewer_cpu_pct']:.2f}%, without {cpu['idle_cpu_pct']:.2f}%), "
+                 f"(one tab shown {cpu['viewer_cpu_pct']:.2f}%, none {cpu['idle_cpu_pct']:.2f}%), "
                  f"{cpu['cpu_ms_per_frame']} ms CPU per frame ({cpu.get('frame_kib', '?')} KiB); browser received "
                  f"{cpu['browser_fps']:.2f} fps, served {cpu['served_fps']:.2f}; agent CPU "
                  f"{cpu['agent_cpu_pct']:.2f}%; median of {cpu['rounds']} x {cpu['window_s']:g} s windows each")
+    lines.append(f"{tabs['count']} tabs shown: controller CPU {tabs['live_view_cpu_pct']:.2f}% of one core "
+                 f"({tabs['viewer_cpu_pct']:.2f}% in all), {tabs['cpu_ms_per_frame']} ms CPU per frame grabbed; each "
+                 f"tab received {tabs['browser_fps']:.2f} fps, the run's one grab loop served "
+                 f"{tabs['served_fps']:.2f}; "
+                 f"agent CPU {tabs['agent_cpu_pct']:.2f}%")
     return lines

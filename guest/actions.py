@@ -309,15 +309,23 @@ class Executor:
         ``busy``, DisplayUnavailable."""
         self._acquire()
         held = Held()
+        before = None
         try:
             with self.conn.session() as dpy:
+                before = self.keyboard.neutralize(dpy)  # the keys mean the keys named, whatever the locks
                 self.keyboard.hold(dpy, held, keysyms)
                 dpy.sync()
             # The hold itself: the member asks for keys down for this long (not a wait for a condition).
             time.sleep(seconds)
         finally:
             self._release_all(held)
-            self._lock.release()
+            try:
+                with self.conn.session() as dpy:
+                    self.keyboard.restore(dpy, before)
+            except DisplayUnavailable:
+                pass  # the server is gone, and with it its keyboard state
+            finally:
+                self._lock.release()
 
     def release(self) -> None:
         """Release every key and button the server reports down (``POST /v1/release``)."""
@@ -342,9 +350,12 @@ class Executor:
         during it and released after."""
         run = self.handler(item.action.type)
         kb = self.keyboard
-        modifiers = kb.hold(dpy, held, item.keysyms) if item.points and item.keysyms else []
-        run(dpy, held, item, deadline)
-        if modifiers:
+        if not (item.points and item.keysyms):
+            run(dpy, held, item, deadline)
+            return
+        with kb.exact_state(dpy):  # the held keys mean the keys named, whatever lock the keyboard is in
+            modifiers = kb.hold(dpy, held, item.keysyms)
+            run(dpy, held, item, deadline)
             kb.unhold(dpy, held, modifiers)
             dpy.sync()
 

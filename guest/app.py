@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wire.browser import FillRequest
-from wire.browser_tools import BrowserCall, call_problem
+from wire.browser_tools import BrowserCall, GuestUrlRule, call_problem
 from wire.screen_match import ScreenBinding
 
 from .actions import BUSY_TIMEOUT_S, REQUEST_TIMEOUT_S, WAIT_CAP_S, WAIT_QUIET_S, ActionError, Executor
@@ -327,6 +327,8 @@ def create_app(config: AgentConfig) -> FastAPI:
             args = []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise LaunchError(400, "invalid_request", "'args' must be a list of strings")
+        if body["app"] in config.channel_apps:
+            tools.launching(args)  # the origins it opens may be loaded (contract 9)
         return {"pid": await run_in_threadpool(launcher.launch, body["app"], args)}
 
     # The agent's chromium (contract 8): its sign-in form, filling it, a page's text for checks.
@@ -370,6 +372,19 @@ def create_app(config: AgentConfig) -> FastAPI:
     def browser_state() -> dict[str, Any]:
         """The SDK's ``BrowserState`` with its observation (:class:`wire.browser_tools.BrowserStateV1`)."""
         return tools.state()
+
+    @app.put("/v1/browser/rule", dependencies=auth)
+    async def browser_rule(request: Request) -> dict[str, Any]:
+        """Judge every request of the agent's chromium by this URL rule from now on
+        (:class:`wire.browser_tools.GuestUrlRule`, echoed); a bad body is 400 ``invalid_request`` naming
+        the field and the rule, never its value."""
+        body = await json_body(request)
+        try:
+            rule = GuestUrlRule.model_validate(body)
+        except ValidationError as exc:
+            raise ActionError(400, "invalid_request", _first_problem(exc)) from None
+        tools.set_rule(rule)
+        return rule.model_dump()
 
     @app.post("/v1/browser/call", dependencies=auth)
     async def browser_call(request: Request) -> dict[str, Any]:

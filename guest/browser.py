@@ -7,11 +7,17 @@
   ``securityOrigin`` from ``Page.getFrameTree``, never page text) and its sign-in form
   (:class:`wire.browser.SignInForm`), found by :data:`HELPERS_JS`;
 * :meth:`BrowserHost.fill` -- put values into that form and submit it, only while the main frame's
-  origin is the request's ``credential_origin`` (checked before every value); a value is set on the field
-  itself from the isolated world, passed as an argument of a call bound to the checked document (never
-  through the keyboard focus, which a frame of another origin can take; never in a script's text, a log
-  or an answer); a field the page rewrites is retried, then cleared; a form whose document is still there
-  after the submit has the values cleared;
+  origin is the request's ``credential_origin`` (checked before every value) and only into a form that
+  posts them to that origin (:func:`wire.browser.form_refusal`, checked before the first value and again
+  in the same script run as the click, with the browser's own validation: ``unsafe_form``,
+  ``cross_origin_form``, ``invalid``); a value is set on the field itself from the isolated world, passed
+  as an argument of a call bound to the checked document (never through the keyboard focus, which a
+  frame of another origin can take; never in a script's text, a log or an answer), into a field masked
+  first (made a password field, whose browser style no page style outweighs, and
+  ``-webkit-text-security``; both kept by a mutation observer while values are there: its characters
+  never reach the X display every desktop-user process can read); a field the page rewrites is retried,
+  then cleared; a form whose document is still there after the submit has the values cleared, one the
+  submit left has them emptied as it is hidden (no value in the back/forward cache or restored on Back);
 * :meth:`BrowserHost.page_text` -- the text of a page opened in a background tab (the ``page`` checks).
 
 Scripts run in an isolated world (``Page.createIsolatedWorld``), never in the page's own: the page
@@ -30,8 +36,8 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from wire.browser import (MAX_FIELDS, MAX_LABEL_CHARS, MAX_OPTIONS, FillRequest, FillResult, SignInForm,
-                          SignInPage)
+from wire.browser import (MAX_DETAIL_CHARS, MAX_FIELDS, MAX_LABEL_CHARS, MAX_OPTIONS, SUBMIT_METHOD, FillRequest,
+                          FillResult, SignInForm, SignInPage, form_refusal)
 
 from .cdp import ChannelClosed, ChannelError, CommandTimeout, Pipe, wait_until
 
@@ -49,6 +55,20 @@ SHORT_TIMEOUT_S = 1.0
 """Deadline of a command polled in a loop (a page being swapped for the next may drop it)."""
 FILL_ATTEMPTS = 3
 """Tries per field before a fill gives up with ``field_unstable``."""
+CONSTRAINTS = {
+    "valueMissing": "is required and empty",
+    "typeMismatch": "is not of the field's type (an e-mail address, a URL)",
+    "patternMismatch": "does not match the field's pattern",
+    "tooLong": "is longer than the field's maxlength",
+    "tooShort": "is shorter than the field's minlength",
+    "rangeUnderflow": "is below the field's min",
+    "rangeOverflow": "is above the field's max",
+    "stepMismatch": "does not fit the field's step",
+    "badInput": "is not one the field can take",
+    "customError": "is refused by the page's own check",
+}
+"""The browser's validity constraints (``ValidityState``), in the order it reports them, and how an
+``invalid`` outcome's detail words each for a field the fill wrote."""
 WORLD = "desktop-sandbox"
 
 FIELD_KIND_JS = r"""
@@ -144,10 +164,135 @@ function methodOptions() {
 }
 function scan() {
   const {fields, truncated} = credentialFields();
-  if (fields.length) return {fields: fields.map(f => ({id: f.id, label: f.label, kind: f.kind, required: !!f.el.required,
-      type: f.kind === 'password' ? 'password' : (f.el.type === 'email' ? 'email' : 'text')})), options: [], truncated};
-  const options = methodOptions();
-  return {fields: [], options: options.map(o => ({id: o.id, label: o.label, field_ids: []})), truncated};
+  if (fields.length) {
+    const form = fields[0].el.form;
+    return {fields: fields.map(f => ({id: f.id, label: f.label, kind: f.kind, required: !!f.el.required,
+        type: f.kind === 'password' ? 'password' : (f.el.type === 'email' ? 'email' : 'text')})), options: [], truncated,
+        ...destinationOf(form, form && submitterOf(form, null))};
+  }
+  const options = methodOptions(), form = options.length ? options[0].el.form : null;
+  return {fields: [], options: options.map(o => ({id: o.id, label: o.label, field_ids: []})), truncated,
+          ...destinationOf(form, form && submitterOf(form, null))};
+}
+const FORM = HTMLFormElement.prototype;
+function formGet(form, name) { return Object.getOwnPropertyDescriptor(FORM, name).get.call(form); }
+function submitterOf(form, chosen) {
+  if (chosen && chosen.type !== 'radio') return chosen;
+  // The form's own default button: its first submit button in tree order (one inside it may belong to
+  // another form, form=, and would submit that one; one outside may belong to it), or none.
+  const elements = formGet(form, 'elements');
+  for (let i = 0; i < elements.length && i < MAX_INPUTS; i++) {
+    const el = elements[i];
+    if ((el instanceof HTMLButtonElement || el instanceof HTMLInputElement) && el.type === 'submit') return el;
+  }
+  return null;
+}
+function destinationOf(form, submitter) {
+  if (!form) return {method: '', destination: ''};
+  const method = submitter && submitter.hasAttribute('formmethod') ? submitter.formMethod : formGet(form, 'method');
+  const action = submitter && submitter.hasAttribute('formaction') ? submitter.formAction : formGet(form, 'action');
+  let destination = 'null';
+  try {
+    const url = new URL(String(action));
+    if (url.protocol === 'http:' || url.protocol === 'https:') destination = url.origin;
+  } catch (e) {}
+  return {method: String(method).toLowerCase().slice(0, 20), destination: destination.slice(0, 2048)};
+}
+const CONSTRAINTS = %(constraints)s;
+const VALUE = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value');
+const CONSTRAINED = ['pattern', 'minlength', 'maxlength', 'min', 'max', 'step', 'multiple', 'required'];
+function probeOf(el, value) {
+  // A detached plain input with the constraints and the type the field had before the fill made it a
+  // password field (hide), holding value: what that type keeps of a value and what it says of it.
+  const probe = document.createElement('input'), type = guard().types.get(el);
+  for (const name of CONSTRAINED) { const v = el.getAttribute(name); if (v !== null) probe.setAttribute(name, v); }
+  if (type) probe.setAttribute('type', type);
+  VALUE.set.call(probe, value);
+  return probe;
+}
+function validityOf(el) {
+  if (!el.validity || !(el instanceof HTMLInputElement) || !guard().types.has(el)) return el.validity;
+  const own = el.validity, probe = probeOf(el, VALUE.get.call(el)).validity, out = {valid: own.valid && probe.valid};
+  for (const c of CONSTRAINTS) out[c] = own[c] || (c !== 'customError' && probe[c]);
+  return out;
+}
+function typeOf(el) {
+  const g = guard();
+  return String((g.types.has(el) ? g.types.get(el) : el.getAttribute('type')) || 'text').toLowerCase();
+}
+function invalidField(form, submitter, written) {
+  if (formGet(form, 'noValidate') || (submitter && submitter.formNoValidate)) return null;
+  const mine = new Map(written.map(id => [findField(id), id]));
+  const elements = formGet(form, 'elements');
+  for (let i = 0; i < elements.length && i < MAX_INPUTS; i++) {
+    const el = elements[i], validity = validityOf(el);
+    if (!el.willValidate || !validity || validity.valid) continue;
+    const constraint = CONSTRAINTS.find(c => validity[c]) || 'customError';
+    if (mine.has(el)) return {field: mine.get(el), constraint, message: ''};
+    return {field: labelOf(el) || el.tagName.toLowerCase(), constraint, message: clip(el.validationMessage)};
+  }
+  return null;
+}
+const MASK = '-webkit-text-security';
+function guard() {
+  if (globalThis.signInGuard) return globalThis.signInGuard;
+  const g = globalThis.signInGuard = {masked: new Map(), types: new Map(), observer: null};
+  // A document left with values in its fields (a submit that navigated) keeps none: not in the back/forward
+  // cache, not in the form state the browser restores on Back. The form's data left with its request.
+  addEventListener('pagehide', () => {
+    const setter = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+    for (const el of g.masked.keys()) setter.call(el, '');
+    unmask();
+  }, true);
+  return g;
+}
+function applyMask(el) {
+  if (el.style.getPropertyValue(MASK) !== 'disc' || el.style.getPropertyPriority(MASK) !== 'important')
+    el.style.setProperty(MASK, 'disc', 'important');
+}
+function hide(el) {
+  // A field the fill writes is a password field while it holds the value: the browser's own style draws
+  // those masked (an important declaration of its own origin, which no style of the page's outweighs, not
+  // even one from a shadow root the field is slotted into, whose important declarations win over inline ones).
+  const g = guard();
+  if (String(el.getAttribute('type')).toLowerCase() === 'password') return;
+  if (!g.types.has(el)) g.types.set(el, el.getAttribute('type'));
+  el.setAttribute('type', 'password');
+}
+function mask(el) {
+  const g = guard();
+  if (!g.masked.has(el)) g.masked.set(el, [el.style.getPropertyValue(MASK), el.style.getPropertyPriority(MASK)]);
+  applyMask(el);
+  if (g.observer) return;
+  g.observer = new MutationObserver(records => {
+    for (const record of records) {
+      if (record.type === 'attributes') {
+        if (record.attributeName === 'type') { if (g.types.has(record.target)) hide(record.target); }
+        else if (g.masked.has(record.target)) applyMask(record.target);
+        continue;
+      }
+      for (const node of record.addedNodes) {
+        if (node.nodeType !== Node.ELEMENT_NODE) continue;
+        const found = node instanceof HTMLInputElement ? [node] : node.getElementsByTagName('input');
+        for (let i = 0; i < found.length && i < MAX_INPUTS; i++) mask(found[i]);
+      }
+    }
+  });
+  g.observer.observe(document, {subtree: true, childList: true, attributes: true, attributeFilter: ['style', 'type']});
+}
+function unmask() {
+  const g = guard();
+  for (const [el, [value, priority]] of [...g.masked]) {
+    if (el.isConnected && el.value !== '') continue;
+    g.masked.delete(el);
+    if (value) el.style.setProperty(MASK, value, priority); else el.style.removeProperty(MASK);
+  }
+  for (const [el, type] of [...g.types]) {
+    if (el.isConnected && el.value !== '') continue;
+    g.types.delete(el);
+    if (type === null) el.removeAttribute('type'); else el.setAttribute('type', type);
+  }
+  if (!g.masked.size && !g.types.size && g.observer) { g.observer.disconnect(); g.observer = null; }
 }
 function findField(id) { const f = credentialFields().fields.find(f => f.id === id); return f ? f.el : null; }
 function findOption(id) { const o = methodOptions().find(o => o.id === id); return o ? o.el : null; }
@@ -158,22 +303,54 @@ function clear(el) {
   el.dispatchEvent(new Event('change', {bubbles: true}));
 }
 """ % {"max_inputs": MAX_INPUTS, "max_label": MAX_LABEL_CHARS, "max_fields": MAX_FIELDS, "max_options": MAX_OPTIONS,
-       "field_kind": FIELD_KIND_JS}
+       "field_kind": FIELD_KIND_JS, "constraints": json.dumps(list(CONSTRAINTS))}
 
 
 SET_VALUE_JS = "function (id, value) {" + HELPERS_JS + """
   const el = findField(id);
   if (!el) return 'gone';
+  mask(el);
+  hide(el);
   el.focus();
-  Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(el, value);
+  VALUE.set.call(el, VALUE.get.call(probeOf(el, value)));
   el.dispatchEvent(new Event('input', {bubbles: true}));
   el.dispatchEvent(new Event('change', {bubbles: true}));
   const now = findField(id);
   if (!now) return 'unstable';
+  mask(now);
+  hide(now);
   const max = now.maxLength > 0 ? Math.min(now.maxLength, value.length) : value.length;
-  return now.value.length === max || (now.type === 'email' && now.value.length > 0) ? 'set' : 'unstable';
+  return now.value.length === max || (typeOf(now) === 'email' && now.value.length > 0) ? 'set' : 'unstable';
 }"""
-"""The fill of one field (:meth:`BrowserHost._type_into`), called with ``(field id, value)``."""
+"""The fill of one field (:meth:`BrowserHost._type_into`), called with ``(field id, value)``: the field
+is masked and made a password field before the value goes in (:data:`HELPERS_JS` ``mask`` and ``hide``),
+and takes what its own type would keep of the value (an e-mail field trims it; ``probeOf``)."""
+
+SUBMIT_JS = "function (want, anchor, option, written) {" + HELPERS_JS + """
+  const field = anchor !== null ? findField(anchor) : null;
+  const chosen = option !== null ? findOption(option) : null;
+  if (chosen && chosen.type !== 'radio' && !written.length) { chosen.click(); return {submitted: true}; }
+  const form = (field || chosen || {}).form;
+  if (!form) return written.length ? {submitted: false, method: '', destination: ''} : {submitted: false};
+  const submitter = submitterOf(form, chosen);
+  const to = destinationOf(form, submitter);
+  if (written.length) {
+    if (to.method !== %(method)s || to.destination !== want) return {submitted: false, ...to};
+    const invalid = invalidField(form, submitter, written);
+    if (invalid) return {submitted: false, ...to, invalid};
+  }
+  if (submitter) submitter.click(); else FORM.requestSubmit.call(form);
+  return {submitted: true, ...to};
+}""" % {"method": json.dumps(SUBMIT_METHOD)}
+"""The submit (:meth:`BrowserHost._submit`), called with ``(credential origin, the first written field's
+id or null, the chosen option's id or null, the written field ids)``. When values were written, it
+checks again, in the same run as the click (no page script runs between check and click; the page's
+own click and submit handlers run after, and its script can read the values anyway), what
+:func:`wire.browser.form_refusal` checked before the first value -- the method is post, the destination
+the credential origin -- and that the browser's own validation would let the form go (``invalid``:
+the first field that fails, by the written field's id and the constraint's name, never the browser's
+message for it, which may quote the value; for another field its label and message). Answers
+``{submitted, method?, destination?, invalid?}``."""
 
 
 class BrowserError(Exception):
@@ -346,7 +523,9 @@ class BrowserHost:
         if not origin.startswith(("http://", "https://")):
             scanned = {}  # an opaque origin (about:blank, data:, a document still committing) takes no credential
         if isinstance(scanned, dict) and (scanned.get("fields") or scanned.get("options")):
-            form = SignInForm.model_validate({"fields": scanned.get("fields", []), "options": scanned.get("options", [])})
+            form = SignInForm.model_validate({"fields": scanned.get("fields", []), "options": scanned.get("options", []),
+                                              "method": str(scanned.get("method", ""))[:20],
+                                              "destination": str(scanned.get("destination", ""))[:2048]})
         return SignInPage(origin=origin, url=str(frame.get("url", ""))[:2048], title=str(title or "")[:500], form=form)
 
     def fill(self, request: FillRequest) -> FillResult:
@@ -388,6 +567,17 @@ class BrowserHost:
         if (request.selected_option is not None and request.selected_option not in option_ids
                 and option_ids) or any(f.field_id not in field_ids for f in request.fields):
             return FillResult(outcome="form_changed", origin=want)
+        if request.fields:  # where the values would go, before the first one is typed
+            to = self._run(pipe, session, f"""
+                const field = findField({json.dumps(request.fields[0].field_id)});
+                const chosen = {json.dumps(request.selected_option)} !== null ? findOption({json.dumps(request.selected_option)}) : null;
+                return field ? destinationOf(field.form, field.form && submitterOf(field.form, chosen)) : null;""")
+            if not isinstance(to, dict):
+                return FillResult(outcome="form_changed", origin=want)
+            destination = str(to.get("destination", ""))[:2048]
+            refusal = form_refusal(want, str(to.get("method", ""))[:20], destination)
+            if refusal is not None:
+                return FillResult(outcome=refusal[0], origin=want, destination=destination, detail=refusal[1])
         loader = self._frame(pipe, session).get("loaderId")
         typed: list[str] = []
         if request.selected_option is not None and option_ids:
@@ -404,17 +594,19 @@ class BrowserHost:
         if self._origin(pipe, session) != want:
             self._clear(pipe, session, typed)
             return FillResult(outcome="origin_changed", origin=self._origin(pipe, session))
-        anchor = json.dumps(typed[0] if typed else None)
-        option = json.dumps(request.selected_option)
-        self._run(pipe, session, f"""
-            const field = {anchor} !== null ? findField({anchor}) : null;
-            const chosen = {option} !== null ? findOption({option}) : null;
-            if (chosen && chosen.type !== 'radio') {{ chosen.click(); return true; }}
-            const form = (field || chosen || {{}}).form;
-            if (!form) return false;
-            const button = form.querySelector('button[type=submit], button:not([type]), input[type=submit]');
-            if (button) button.click(); else if (form.requestSubmit) form.requestSubmit(); else form.submit();
-            return true;""")
+        sent = self._submit(pipe, session, want, request.selected_option, typed)
+        destination = str(sent.get("destination", ""))[:2048]
+        if not sent.get("submitted"):
+            self._clear(pipe, session, typed)
+            if not sent:  # the checked document is gone, or the page broke the script
+                now = self._origin(pipe, session)
+                return FillResult(outcome="origin_changed" if now != want else "form_changed", origin=now)
+            invalid = sent.get("invalid")
+            refusal = (form_refusal(want, str(sent.get("method", ""))[:20], destination) if typed else None) \
+                or (("invalid", _invalid_detail(invalid)) if isinstance(invalid, dict) else None)
+            if refusal is None:  # a chosen option with no form around it: nothing to submit
+                return FillResult(outcome="no_form", origin=want)
+            return FillResult(outcome=refusal[0], origin=want, destination=destination, detail=refusal[1])
 
         def moved() -> bool:
             # A new document only (a new loaderId): pushState or a hash change keep the document, and the
@@ -431,7 +623,21 @@ class BrowserHost:
             after = str(self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("securityOrigin") or "null")
         except ChannelError:
             after = "null"
-        return FillResult(outcome="submitted", navigated=navigated, origin=after)
+        return FillResult(outcome="submitted", navigated=navigated, origin=after, destination=destination)
+
+    def _submit(self, pipe: Pipe, session: str, want: str, option: str | None, typed: list[str]) -> dict[str, Any]:
+        """Check and submit the form (:data:`SUBMIT_JS`, in the isolated world of the checked document):
+        ``{submitted, method?, destination?, invalid?}``; ``{}`` when the document is gone."""
+        frame = self._frame(pipe, session)
+        if str(frame.get("securityOrigin") or "") != want:
+            return {}
+        answer = pipe.call("Runtime.callFunctionOn", {
+            "functionDeclaration": SUBMIT_JS, "executionContextId": self._world(pipe, session, frame),
+            "returnByValue": True, "arguments": [{"value": want}, {"value": typed[0] if typed else None},
+                                                 {"value": option}, {"value": typed}]},
+            session_id=session, timeout=EVAL_TIMEOUT_S + 1.0)
+        value = answer.get("result", {}).get("value") if "exceptionDetails" not in answer else None
+        return value if isinstance(value, dict) else {}
 
     def _type_into(self, pipe: Pipe, session: str, origin: str, field_id: str, value: str) -> str:
         """Put ``value`` into field ``field_id`` of the main frame's document: ``ok``, ``origin_changed``,
@@ -465,7 +671,7 @@ class BrowserHost:
         if not field_ids:
             return
         try:
-            self._run(pipe, session, f"for (const id of {json.dumps(field_ids)}) clear(findField(id)); return true;")
+            self._run(pipe, session, f"for (const id of {json.dumps(field_ids)}) clear(findField(id)); unmask(); return true;")
         except (ChannelError, BrowserError):
             pass
 
@@ -507,6 +713,17 @@ class BrowserHost:
         return {"origin": str(frame.get("securityOrigin") or _origin_of(str(frame.get("url", "")))),
                 "url": str(frame.get("url", ""))[:2048], "text": text[:MAX_PAGE_TEXT],
                 "truncated": len(text) > MAX_PAGE_TEXT}
+
+
+def _invalid_detail(invalid: dict[str, Any]) -> str:
+    """An ``invalid`` outcome's detail from :data:`SUBMIT_JS`'s ``invalid``: ``field ID: <the constraint
+    in words>`` for a written field, ``field LABEL: <the browser's message>`` for another (page text,
+    cut; the caller escapes it)."""
+    constraint = str(invalid.get("constraint", ""))
+    message = str(invalid.get("message") or "")[:MAX_LABEL_CHARS] or CONSTRAINTS.get(constraint, "is invalid")
+    text = (f"the browser's validation stops the submit: field {str(invalid.get('field', ''))[:MAX_LABEL_CHARS]}: "
+            f"{message}" + (f" ({constraint})" if constraint in CONSTRAINTS else ""))
+    return text[:MAX_DETAIL_CHARS]
 
 
 def _as_browser_error(exc: ChannelError) -> BrowserError:

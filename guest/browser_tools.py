@@ -23,8 +23,15 @@ as a small one); same-origin iframes and open shadow roots are read, other frame
 (``frame_limit``). Every DevTools command has a deadline; a page that blocks its event loop makes
 reads and element actions time out (504 ``browser_timeout``), never the agent.
 
+Every request chromium makes (any tab, frame or worker; each hop of a redirect) waits for the agent's
+answer (:meth:`BrowserTools._guard`): the URL rule (:class:`wire.browser_tools.GuestUrlRule`, ``PUT
+/v1/browser/rule``, with the origins chromium was launched with) refuses guest-local origins it does not
+name, the agent's port and the gateway; a refused document gets :data:`REFUSAL_PAGE`, anything else
+refused fails in chromium.
+
 Input: ``click``, ``hover``, ``type``, ``key``, ``scroll`` are trusted events sent to the tab through
-CDP ``Input``; ``select_option`` sets the options from the isolated world and fires ``input`` and
+CDP ``Input``; a ref's mouse input and typed text reach that element or nothing (the input gate, :data:`GATE_FN_JS`,
+:meth:`BrowserTools._gated`); ``select_option`` sets the options from the isolated world and fires ``input`` and
 ``change``; ``click_at``, ``hover_at``, ``drag_path``, ``hold_keys`` go through the agent's X input
 (:class:`guest.actions.Executor`, the computer actions' input lock), viewport CSS px mapped to screen
 px by :meth:`BrowserTools.viewport_on_screen`.
@@ -36,7 +43,9 @@ belong together (one home of how the agent drives its browser for the model).
 from __future__ import annotations
 
 import base64
+import html
 import json
+import logging
 import queue
 import re
 import threading
@@ -52,7 +61,7 @@ from Xlib import XK
 
 from . import keys as keynames
 from .browser import FIELD_KIND_JS, BrowserError, BrowserHost, _as_browser_error
-from .cdp import ChannelClosed, ChannelError, CommandFailed, Pipe, wait_until
+from .cdp import ChannelClosed, ChannelError, CommandFailed, CommandTimeout, Pipe, wait_until
 
 WORLD = "desktop-sandbox-tools"
 """Name of this agent's isolated world in each document."""
@@ -69,6 +78,17 @@ CLICK_SPACING_S = 0.02
 interval, never within one X timestamp)."""
 MAX_PENDING_EVENTS = 1000
 """Most page events (dialogs, new tabs) waiting to be handled; more are dropped."""
+GUARD_WAIT_S = 30.0
+"""How long a call waits for a new browser's request guard (its ``Fetch.enable``) before it fails."""
+REFUSAL_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>Refused</title></head><body>"
+                "<h1>Refused</h1><p>The sandbox did not load this address: {reason}.</p><p>{url}</p></body></html>")
+"""What a tab or frame shows instead of a document the URL rule refuses (``reason``: a
+``wire.browser_tools.REFUSED_*`` reason, ``url``: the refused URL as :func:`shown_url` writes it; both
+HTML-escaped)."""
+SHOWN_URL_CHARS = 300
+"""Most characters of a refused URL the refusal page shows."""
+
+_log = logging.getLogger(__name__)
 
 _REF = re.compile(r"^d([0-9]{1,9})e([0-9]{1,9})$")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -77,6 +97,15 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _text(value: Any) -> str:
     """A string from the browser as text: lone surrogates (a JS string may hold them) replaced."""
     return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else ""
+
+
+def shown_url(url: str) -> str:
+    """``url`` as the refusal page shows it: at most :data:`SHOWN_URL_CHARS` characters (``...`` after a
+    cut), a backslash and every character but printable ASCII escaped as Python writes them (``\\\\``,
+    ``\\xNN``, ``\\uNNNN``)."""
+    cut = url[:SHOWN_URL_CHARS]
+    text = "".join(c if " " < c < "\x7f" and c != "\\" else ascii(c)[1:-1] for c in cut)
+    return text + ("..." if len(url) > SHOWN_URL_CHARS else "")
 
 
 def refuse(code: str, message: str) -> BrowserError:
@@ -98,6 +127,54 @@ def navigable(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+# -- the input gate (runs in the isolated world only) ------------------------------------------------
+GATE_FN_JS = r"""function dsGate(win) {
+  let G;
+  try { G = win.__dsGate; } catch (e) { return null; }
+  if (G) return G;
+  G = {armed: null};
+  Object.defineProperty(win, '__dsGate', {value: G});
+  const gate = (e) => {
+    if (!e.isTrusted) return;
+    let a = null;
+    try { const top = win.top.__dsGate; a = top ? top.armed : null; } catch (x) { a = null; }
+    a = a || G.armed;
+    if (!a || Date.now() > a.until) return;
+    if (!a.typing && (e.type === 'beforeinput' || e.type.startsWith('key'))) return;
+    const path = e.composedPath();
+    for (const n of a.allowed) if (path.includes(n)) { if (a.got.length < 64) a.got.push(e.type); return; }
+    if (e.type.endsWith('over') || e.type.endsWith('move')) for (const n of a.frames) if (path.includes(n)) return;
+    e.stopImmediatePropagation();
+    e.preventDefault();
+    if (a.diverted.length < 64) a.diverted.push(e.type);
+  };
+  for (const t of %(types)s) win.addEventListener(t, gate, {capture: true});
+  return G;
+}""" % {"types": json.dumps(["pointerover", "pointerdown", "pointermove", "pointerup", "mouseover", "mousedown",
+                              "mousemove", "mouseup", "click", "dblclick", "auxclick", "contextmenu",
+                              "keydown", "keypress", "beforeinput"])}
+"""The input gate of one window of this agent's isolated world (``dsGate(win)``: installed once, returns
+its state). While the tab's top window's gate is armed (``armed``: the named element and its labels in
+``allowed``, a ``Date.now()`` deadline in ``until``), every trusted pointer or mouse event that would
+reach anything else is stopped and its default prevented in the capture phase at the window, before
+any listener of the page, and noted in ``diverted``; those that reach the element are noted in ``got``.
+Armed for typing (``typing``), it gates key events and ``beforeinput`` the same way (text the page would
+have go to another element than the one named is not inserted there); otherwise it lets them be.
+A same-origin frame's gate reads the top window's; enter and leave events are not gated (they name the
+element's ancestors and activate nothing), nor are over and move events on the frames the element is in
+(``frames``: the pointer passes over them to reach it)."""
+GATE_JS = "(" + GATE_FN_JS + ")(window);"
+"""Registered for every new document of every tab (``Page.addScriptToEvaluateOnNewDocument`` in
+:data:`WORLD`), so the gate's listeners come before any of the page's own."""
+HOVER_EVENTS = frozenset({"pointerover", "pointermove", "mouseover", "mousemove"})
+"""The gated events that activate nothing. Chromium sends them by itself too, for the resting pointer,
+when a scroll or the page moves things under it: a click fails on another element's press, release or
+click only, a hover when its move reached another element and not the one named."""
+ARM_S = 20.0
+"""How long an armed gate holds at most (the input commands' deadlines, with room): past it the gate
+lets everything through again, should the agent never disarm it."""
 
 
 # -- the page-side script (runs in the isolated world only) ------------------------------------------
@@ -154,6 +231,7 @@ function labelOf(el, role) {
   return '';
 }
 %(field_kind)s
+%(gate)s
 function privateField(el, label) {
   const kind = fieldKind(el, label || '');
   if (kind === 'password' || kind === 'code') return true;
@@ -298,6 +376,25 @@ switch (op) {
   case 'read': return read(arg.mode, arg.query);
   case 'text': return visibleText();
   case 'prepare': return prepare(arg.ref, arg.need);
+  case 'arm': {
+    const p = prepare(arg.ref, arg.need);
+    if (p.status !== 'ok') return p;
+    const el = S.refs.get(arg.ref), G = dsGate(window);
+    dsGate(el.ownerDocument.defaultView);
+    const allowed = [el], frames = [];
+    if (arg.need !== 'hover' && arg.need !== 'textbox' && el.labels) for (const l of el.labels) allowed.push(l);
+    for (let w = el.ownerDocument.defaultView, i = 0; i < 20 && w !== window && w.frameElement; i++) {
+      frames.push(w.frameElement);
+      w = w.frameElement.ownerDocument.defaultView;
+    }
+    G.armed = {allowed, frames, typing: arg.need === 'textbox', got: [], diverted: [], until: Date.now() + arg.ms};
+    return p;
+  }
+  case 'disarm': {
+    const G = dsGate(window), a = G.armed;
+    G.armed = null;
+    return a ? {got: [...new Set(a.got)], diverted: [...new Set(a.diverted)]} : null;
+  }
   case 'focus': {
     const found = element(arg.ref); if (!found.el) return found.status;
     const el = found.el; el.focus();
@@ -341,7 +438,7 @@ switch (op) {
   case 'painted': return performance.getEntriesByType('paint').some(e => e.name === 'first-contentful-paint');
 }
 return null;
-}""" % {"field_kind": FIELD_KIND_JS, "limits": json.dumps({"work": W.MAX_WORK_NODES, "text": W.MAX_READ_TEXT, "elements": W.MAX_READ_ELEMENTS,
+}""" % {"field_kind": FIELD_KIND_JS, "gate": GATE_FN_JS, "limits": json.dumps({"work": W.MAX_WORK_NODES, "text": W.MAX_READ_TEXT, "elements": W.MAX_READ_ELEMENTS,
                               "label": W.MAX_LABEL_BYTES, "value": W.MAX_VALUE_BYTES, "options": W.MAX_OPTIONS,
                               "reportOptions": W.MAX_REPORT_OPTIONS})}
 """The one script the agent runs in pages, called as ``(op, arg)`` in its isolated world."""
@@ -470,6 +567,9 @@ class _Channel:
     closing: set[str] = field(default_factory=set)
     jobs: "queue.Queue[Callable[[], None]]" = field(default_factory=lambda: queue.Queue(MAX_PENDING_EVENTS))
     ready: threading.Event = field(default_factory=threading.Event)
+    paused: "queue.SimpleQueue[dict[str, Any]]" = field(default_factory=queue.SimpleQueue)
+    attached: "queue.SimpleQueue[dict[str, Any]]" = field(default_factory=queue.SimpleQueue)
+    guarded: threading.Event = field(default_factory=threading.Event)
 
 
 BROWSER_SHORTCUT_KEYSYMS: frozenset[int] = frozenset(
@@ -490,14 +590,66 @@ class BrowserTools:
         self.host, self.executor, self.load_timeout = host, executor, load_timeout
         self._lock = threading.RLock()
         self._setup = threading.Lock()
+        self._enabling = threading.Lock()
         self._ch: _Channel | None = None
+        self._rule = W.GuestUrlRule()
+        self._launched: tuple[str, ...] = ()
         host.on_channel(self._new_channel)
+
+    # -- the URL rule ----------------------------------------------------------------------------------
+    def set_rule(self, rule: W.GuestUrlRule) -> None:
+        """``PUT /v1/browser/rule``: judge chromium's requests by ``rule`` from now on (with the origins
+        chromium was launched with); tabs showing a page it refuses load it again (and so get the
+        refusal page)."""
+        with self._lock:
+            self._rule = rule
+            ch = self._ch
+        if ch is not None and ch.guarded.is_set():
+            self._job(ch, lambda: self._sweep(ch))
+
+    def launching(self, args: list[str]) -> None:
+        """The arguments chromium is about to be launched with: the guest-local http(s) origins among
+        them may be loaded (contract 9: a loopback origin the task's launch opens)."""
+        found = []
+        for arg in args:
+            try:
+                parts = urlsplit(arg)
+                origin = f"{parts.scheme.lower()}://{parts.netloc.rsplit('@', 1)[-1]}"
+                if parts.scheme.lower() in ("http", "https") and parts.hostname and W.guest_local(parts.hostname):
+                    W.GuestUrlRule(local_origins=[origin])
+                    found.append(origin)
+            except ValueError:
+                continue
+        with self._lock:
+            self._launched = tuple(dict.fromkeys((*self._launched, *found)))[:W.MAX_RULE_ENTRIES]
+
+    def refusal(self, url: str) -> str | None:
+        """Why the rule refuses ``url`` (a ``wire.browser_tools.REFUSED_*`` reason), or None."""
+        with self._lock:
+            rule, launched = self._rule, self._launched
+        return rule.refusal(url, launched)
 
     # -- the channel -----------------------------------------------------------------------------------
     def _new_channel(self, pipe: Pipe) -> None:
-        """``BrowserHost`` callback for a new channel: set it up on a thread of its own (the launch
-        request that handed the pipe over must not wait for the browser)."""
+        """``BrowserHost`` callback for a new channel: its request guard at once (a thread of its own:
+        every request chromium makes waits for the guard's answer, :meth:`_guard`), then the rest of the
+        set-up on another thread (the launch request that handed the pipe over must not wait for the
+        browser)."""
+        self._state_of(pipe)
         threading.Thread(target=self._quiet_ensure, args=(pipe,), name="browser-tools-setup", daemon=True).start()
+
+    def _state_of(self, pipe: Pipe) -> _Channel:
+        """The state of ``pipe``'s channel, made (with its event listener, its worker and its request
+        guard) the first time; a new channel replaces the old one's state."""
+        with self._lock:
+            ch = self._ch
+            if ch is None or ch.pipe is not pipe:
+                ch = self._ch = _Channel(pipe)
+                pipe.add_listener(lambda m, p, s, ch=ch: self._on_event(ch, m, p, s))
+                threading.Thread(target=self._work, args=(ch,), name="browser-tools-events", daemon=True).start()
+                threading.Thread(target=self._guard, args=(ch,), name="browser-tools-guard", daemon=True).start()
+                threading.Thread(target=self._adopt, args=(ch,), name="browser-tools-attach", daemon=True).start()
+            return ch
 
     def _quiet_ensure(self, pipe: Pipe) -> None:
         try:
@@ -509,14 +661,12 @@ class BrowserTools:
         """The state of ``pipe``'s channel, set up the first time: target discovery, downloads denied,
         every page attached with its Page events on."""
         with self._setup:
-            with self._lock:
-                ch = self._ch
-                if ch is not None and ch.pipe is pipe and ch.ready.is_set():
-                    return ch
-                if ch is None or ch.pipe is not pipe:
-                    ch = self._ch = _Channel(pipe)
-                    pipe.add_listener(lambda m, p, s, ch=ch: self._on_event(ch, m, p, s))
-                    threading.Thread(target=self._work, args=(ch,), name="browser-tools-events", daemon=True).start()
+            ch = self._state_of(pipe)
+            if ch.ready.is_set():
+                return ch
+            if not ch.guarded.wait(GUARD_WAIT_S):
+                raise BrowserError(502, "browser_error", "the browser's requests are not guarded yet "
+                                                         "(its DevTools Fetch interception is not on)")
             pipe.call("Target.setDiscoverTargets", {"discover": True}, timeout=SCRIPT_TIMEOUT_S)
             try:
                 pipe.call("Browser.setDownloadBehavior", {"behavior": "deny", "eventsEnabled": True},
@@ -575,12 +725,125 @@ class BrowserTools:
                 and isinstance(t.get("targetId"), str) and not str(t.get("url", "")).startswith("devtools:")]
 
     def _enable(self, ch: _Channel, target: str) -> None:
-        """Attach to a page and turn its Page events on (dialogs, navigations), once per target."""
-        if target in ch.enabled:
-            return
-        session = self.host._attach(ch.pipe, target)
-        ch.pipe.call("Page.enable", session_id=session, timeout=SCRIPT_TIMEOUT_S)
-        ch.enabled.add(target)
+        """Attach to a page, turn its Page events on (dialogs, navigations) and register the input gate
+        for its new documents (:data:`GATE_JS`), once per target."""
+        with self._enabling:
+            if target in ch.enabled:
+                return
+            session = self.host._attach(ch.pipe, target)
+            ch.pipe.call("Page.enable", session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            ch.pipe.call("Page.addScriptToEvaluateOnNewDocument", {"source": GATE_JS, "worldName": WORLD,
+                                                                   "runImmediately": True},
+                         session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            ch.enabled.add(target)
+
+    # -- the request guard (contract 9) ----------------------------------------------------------------------
+    def _guard(self, ch: _Channel) -> None:
+        """Judge every request chromium makes, browser-wide (every tab, frame and worker, each hop of a
+        redirect; DevTools ``Fetch`` interception on the browser's own session), by :meth:`refusal`: a
+        refused document (a navigation, a frame) gets the refusal page (:meth:`_refuse`), any other
+        refused request fails (``BlockedByClient``) before it leaves chromium; the rest continue. A
+        browser that refuses the interception is closed: it never runs unguarded."""
+        while ch.pipe.closed is None:
+            try:
+                ch.pipe.call("Fetch.enable", {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
+                             timeout=SCRIPT_TIMEOUT_S)
+                break
+            except CommandTimeout:
+                continue  # a browser still starting: its answer comes once it reads the pipe
+            except ChannelClosed:
+                return
+            except ChannelError as exc:
+                _log.error("closing the agent's chromium: its requests cannot be guarded (%s)", str(exc)[:200])
+                ch.pipe.close()
+                return
+        try:
+            # every new tab waits for the agent before its first document: its gate comes first (_adopt)
+            ch.pipe.call("Target.setAutoAttach", {
+                "autoAttach": True, "waitForDebuggerOnStart": True, "flatten": True,
+                "filter": [{"type": "page", "exclude": False}, {"exclude": True}]}, timeout=SCRIPT_TIMEOUT_S)
+        except ChannelError:
+            pass  # tabs are then set up as they are found (their first document may predate the gate)
+        ch.guarded.set()
+        self._job(ch, lambda: self._sweep(ch))
+        while ch.pipe.closed is None:
+            try:
+                params = ch.paused.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self._decide(ch, params)
+            except ChannelClosed:
+                return
+            except (ChannelError, BrowserError):
+                pass  # the request went meanwhile (a closed tab, a stopped load)
+
+    def _adopt(self, ch: _Channel) -> None:
+        """Take each tab chromium attaches the agent to as it opens (``Target.setAutoAttach``, waiting for
+        the agent): its session becomes the agent's session of that tab, its Page events and input gate
+        are set up (:meth:`_enable`), then it runs. Whatever fails, the tab is let go."""
+        while ch.pipe.closed is None:
+            try:
+                params = ch.attached.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            session = str(params.get("sessionId", ""))
+            info = params.get("targetInfo") if isinstance(params.get("targetInfo"), dict) else {}
+            target = str(info.get("targetId", ""))
+            try:
+                if info.get("type") == "page" and target:
+                    with self.host._state:
+                        self.host._sessions.setdefault(target, session)
+                    self._enable(ch, target)
+            except (ChannelError, BrowserError):
+                pass
+            finally:
+                if params.get("waitingForDebugger"):
+                    try:
+                        ch.pipe.call("Runtime.runIfWaitingForDebugger", session_id=session, timeout=SCRIPT_TIMEOUT_S)
+                    except ChannelClosed:
+                        return
+                    except ChannelError:
+                        pass
+
+    def _decide(self, ch: _Channel, params: dict[str, Any]) -> None:
+        """Answer one ``Fetch.requestPaused``."""
+        request = params.get("request") if isinstance(params.get("request"), dict) else {}
+        ident, url = str(params.get("requestId", "")), _text(request.get("url"))
+        document = params.get("resourceType") == "Document"
+        frame = str(params.get("frameId", ""))
+        why = self.refusal(url)
+        if why is None:
+            ch.pipe.call("Fetch.continueRequest", {"requestId": ident}, timeout=SCRIPT_TIMEOUT_S)
+        elif document:
+            self._refuse(ch, ident, url, why)
+            with self._lock:
+                tab = ch.tabs.get(frame)
+                if tab is not None:
+                    self._record(ch, "navigation_refused", tab.id, reason="policy")
+        else:
+            ch.pipe.call("Fetch.failRequest", {"requestId": ident, "errorReason": "BlockedByClient"},
+                         timeout=SCRIPT_TIMEOUT_S)
+
+    def _refuse(self, ch: _Channel, ident: str, url: str, why: str) -> None:
+        """Answer a refused document request with :data:`REFUSAL_PAGE` (403; a sandboxed document with
+        no script and an opaque origin): the tab shows why, escaped, never the refused page."""
+        body = REFUSAL_PAGE.format(reason=html.escape(why), url=html.escape(shown_url(url)))
+        headers = [{"name": "Content-Type", "value": "text/html; charset=utf-8"},
+                   {"name": "Content-Security-Policy", "value": "sandbox; default-src 'none'"},
+                   {"name": "Cache-Control", "value": "no-store"}]
+        ch.pipe.call("Fetch.fulfillRequest", {"requestId": ident, "responseCode": 403, "responseHeaders": headers,
+                                              "body": base64.b64encode(body.encode()).decode()},
+                     timeout=SCRIPT_TIMEOUT_S)
+
+    def _sweep(self, ch: _Channel) -> None:
+        """Load again every tab that shows a URL the rule refuses (a page loaded before the guard was
+        on, or before a narrower rule): it then shows the refusal page."""
+        for info in self._targets(ch.pipe):
+            url = str(info.get("url", ""))
+            if url and self.refusal(url) is not None:
+                session = self.host._attach(ch.pipe, str(info["targetId"]))
+                ch.pipe.call("Page.navigate", {"url": url}, session_id=session, timeout=self.load_timeout)
 
     # -- events (reader thread: no commands here) ------------------------------------------------------------
     def _record(self, ch: _Channel, change: str, tab: str | None, **extra: Any) -> None:
@@ -661,6 +924,10 @@ class BrowserTools:
                     target = self._target_of(session)
                     if target in ch.tabs:
                         self._record(ch, "navigation", ch.tabs[target].id)
+            elif method == "Fetch.requestPaused" and session is None:
+                ch.paused.put(params)
+            elif method == "Target.attachedToTarget" and session is None:
+                ch.attached.put(params)
             elif method == "Browser.downloadWillBegin":
                 frame = str(params.get("frameId", ""))
                 tab = ch.tabs.get(frame)
@@ -891,10 +1158,12 @@ class BrowserTools:
         return self._result(ch, tab)
 
     # -- element actions -------------------------------------------------------------------------------------
-    def _element(self, ch: _Channel, tab: _Tab, ref: str, need: str) -> tuple[dict[str, Any], str]:
+    def _element(self, ch: _Channel, tab: _Tab, ref: str, need: str, *,
+                 arm: bool = False) -> tuple[dict[str, Any], str]:
         """Check ``ref`` is this tab's current document's and its element can take ``need`` (``any``,
         ``hover``, ``click``, ``textbox``, ``select``, ``check``), scrolled into view; returns the
-        prepare answer (``box`` in viewport CSS px) and the document's loader id."""
+        prepare answer (``box`` in viewport CSS px) and the document's loader id. ``arm``: in the same
+        script, arm the tab's input gate for the element (:meth:`_gated`)."""
         match = _REF.match(ref)
         with self._lock:
             doc = ch.docs.get(int(match[1])) if match else None
@@ -902,7 +1171,8 @@ class BrowserTools:
             raise refuse("stale_ref", "unknown ref; use a ref from the latest read_page or find")
         if doc.target != tab.target:
             raise refuse("stale_ref", "the ref belongs to another tab")
-        answer = self._script(ch, tab, "prepare", {"ref": ref, "need": need}, loader=doc.loader)
+        answer = self._script(ch, tab, "arm" if arm else "prepare", {"ref": ref, "need": need, "ms": int(ARM_S * 1000)},
+                              loader=doc.loader)
         status = answer.get("status") if isinstance(answer, dict) else None
         messages = {
             "stale": ("stale_ref", "unknown ref; use a ref from the latest read_page or find"),
@@ -944,16 +1214,64 @@ class BrowserTools:
         self._mouse(ch, tab, "mousePressed", x, y, button="left", buttons=1, clickCount=1)
         self._mouse(ch, tab, "mouseReleased", x, y, button="left", buttons=0, clickCount=1)
 
+    def _gated(self, ch: _Channel, tab: _Tab, ref: str, need: str,
+               send: Callable[[float, float], None]) -> dict[str, Any]:
+        """Send mouse input at the centre of element ``ref`` (``send(x, y)``, viewport CSS px) that only
+        that element (or, for a click, one of its labels) may receive: the element is checked and the
+        tab's input gate armed for it in one script (:data:`GATE_FN_JS`), so an element the page puts
+        under the point in between (a timer, a handler of the input's own events) gets none of it: its
+        events are stopped before any listener of the page, their defaults prevented (no click handler,
+        no link, no submit). Returns the prepare answer. Raises 422 ``not_actionable`` when the gate
+        stopped anything, or a click never reached the element."""
+        answer, loader = self._element(ch, tab, ref, need, arm=True)
+
+        def disarm() -> Any:
+            try:
+                return self._script(ch, tab, "disarm", {}, loader=loader)
+            except BrowserError as exc:
+                if exc.code != "stale_ref":
+                    raise
+                return "left"  # the input took the tab to a new document (a link, a submit)
+        try:
+            send(*self._centre(answer["box"]))
+        except BaseException:
+            try:
+                disarm()
+            except (ChannelError, BrowserError):
+                pass  # the gate's own deadline ends it
+            raise
+        outcome = disarm()
+        if outcome == "left":
+            return answer
+        got = set(outcome.get("got", [])) if isinstance(outcome, dict) else set()
+        diverted = set(outcome.get("diverted", [])) if isinstance(outcome, dict) else set()
+        if need == "hover" and got & HOVER_EVENTS:
+            diverted = set()  # the move reached the element; anything after it is the page's own doing
+        elif need != "hover":
+            diverted -= HOVER_EVENTS  # chromium's own moves of a resting pointer (after a scroll): stopped, harmless
+        if diverted and got & {"pointerdown", "mousedown"}:
+            raise refuse("not_actionable", "the element took the press, then the page put another element under "
+                                           "the point; that element's events were stopped (no click): read the "
+                                           "page again")
+        if diverted:
+            raise refuse("not_actionable", "the page put another element under the point before the input "
+                                           "reached the element; that element's events were stopped (nothing "
+                                           "was activated): read the page again")
+        if need != "hover" and "click" not in got:
+            raise refuse("not_actionable", "the click did not reach the element (the page moved it, or "
+                                           "something outside the page's own document took the input): "
+                                           "read the page again")
+        return answer
+
     def _do_click(self, ch: _Channel, args: W.ClickArgs) -> BrowserCallResult:
         tab = self._tab(ch, args.tab_id)
-        answer, _ = self._element(ch, tab, args.target, "click")
-        self._click(ch, tab, *self._centre(answer["box"]))
+        answer = self._gated(ch, tab, args.target, "click", lambda x, y: self._click(ch, tab, x, y))
         return self._result(ch, tab, target=answer["box"])
 
     def _do_hover(self, ch: _Channel, args: W.HoverArgs) -> BrowserCallResult:
         tab = self._tab(ch, args.tab_id)
-        answer, _ = self._element(ch, tab, args.target, "hover")
-        self._mouse(ch, tab, "mouseMoved", *self._centre(answer["box"]), button="none")
+        answer = self._gated(ch, tab, args.target, "hover",
+                             lambda x, y: self._mouse(ch, tab, "mouseMoved", x, y, button="none"))
         return self._result(ch, tab, target=answer["box"])
 
     def _do_scroll_to(self, ch: _Channel, args: W.ScrollToArgs) -> BrowserCallResult:
@@ -967,7 +1285,7 @@ class BrowserTools:
         if answer.get("checked") is not args.checked:
             if answer.get("role") == "radio" and not args.checked:
                 raise refuse("not_actionable", "a radio button is unchecked by checking another of its group")
-            self._click(ch, tab, *self._centre(answer["box"]))
+            self._gated(ch, tab, args.target, "check", lambda x, y: self._click(ch, tab, x, y))
             now = self._script(ch, tab, "checked", {"ref": args.target}, loader=loader)
             if now is not args.checked:
                 raise refuse("not_actionable", "the page did not change the element's state")
@@ -989,18 +1307,39 @@ class BrowserTools:
         tab = self._tab(ch, args.tab_id)
         session = self._session(ch, tab)
         box = None
-        if args.target is not None:
-            answer, loader = self._element(ch, tab, args.target, "textbox")
-            box = answer["box"]
+        if args.target is None:
+            if args.text:
+                ch.pipe.call("Input.insertText", {"text": args.text}, session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            return self._result(ch, tab)
+        # The input gate armed for typing: text (or the Backspace) that the page would have go to another
+        # element than the one named (it moves the focus between the agent's focus and the text) is stopped.
+        answer, loader = self._element(ch, tab, args.target, "textbox", arm=True)
+        box = answer["box"]
+        try:
             focused = self._script(ch, tab, "focus", {"ref": args.target}, loader=loader)
             if focused != "ok":
                 raise refuse("not_actionable", "the element did not take the focus")
             before = self._script(ch, tab, "digest", {"ref": args.target}, loader=loader)
+            if args.text:
+                ch.pipe.call("Input.insertText", {"text": args.text}, session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            else:
+                self._keys(ch, tab, ["Backspace"])
+        except BaseException:
+            try:
+                self._script(ch, tab, "disarm", {}, loader=loader)
+            except (ChannelError, BrowserError):
+                pass  # the gate's own deadline ends it
+            raise
+        try:
+            outcome = self._script(ch, tab, "disarm", {}, loader=loader)
+        except BrowserError as exc:
+            if exc.code != "stale_ref":
+                raise
+            outcome = None  # the text took the tab to a new document (a submit on input)
+        if isinstance(outcome, dict) and set(outcome.get("diverted", [])) & {"beforeinput", "keydown", "keypress"}:
+            raise refuse("not_actionable", "the page moved the keyboard focus to another element before the text "
+                                           "arrived; nothing was typed there (its input was stopped): read the page again")
         if args.text:
-            ch.pipe.call("Input.insertText", {"text": args.text}, session_id=session, timeout=SCRIPT_TIMEOUT_S)
-        elif args.target is not None:
-            self._keys(ch, tab, ["Backspace"])
-        if args.target is not None and args.text:
             # a field that filters what is typed (a number field given letters) keeps its value: say so
             # rather than answer as if the text were in it (the value itself is never read out: a digest)
             try:

@@ -1,7 +1,10 @@
 """Keyboard input through XTEST: chords (``keypress``) and exact text (``type``).
 
 Keycodes always come from the server's live keymap, read at the start of every keyboard action.
-A keysym found at level 0 of a keycode is pressed alone; at level 1 with ``Shift_L`` around it.
+A keysym found at level 0 of a keycode is pressed alone; at level 1 with ``Shift_L`` around it, but a
+keypad keysym at level 1 (``KP_1``) with Num Lock locked for the action instead: a keypad key gives its
+second keysym with Num Lock (the core protocol's rule, and XKB's ``KEYPAD`` type), while Shift gives it
+nothing in current keymaps.
 A keysym not on the keymap (``é``, ``日``, emoji ...) is bound to a *spare* keycode (one with no
 keysyms at all; two keysyms per keycode, levels 0 and 1) with ``ChangeKeyboardMapping``; the key is pressed only after a
 round trip (``GetKeyboardMapping``) shows the server holds the new mapping, so every client gets its
@@ -29,30 +32,42 @@ binding that are consecutive change in one ``ChangeKeyboardMapping`` (one ``Mapp
 managers such as openbox grab their keys anew on each). This is the only wait in the keyboard path,
 and only when bindings run out.
 
-``type`` does not depend on a lock the keyboard is in: when the server reports the Lock modifier
-(Caps Lock) on, the key that holds it is tapped to unlock before the text and tapped again after it,
-so the text arrives exactly and the lock is as it was. Requests are flushed to the server every
-:data:`FLUSH_EVERY` keys (python-xlib's send buffer grows quadratically when requests pile up), and a
-``deadline`` (monotonic seconds) is checked there: past it, :class:`DeadlinePassed` is raised between
-two keys.
+Keys mean what was named, whatever state the keyboard is in (:meth:`Keyboard.exact_state`, around
+every ``keypress``, ``type`` and key held for a pointer action): before the first key the server's XKB
+state (:mod:`guest.xkb`) is made neutral -- modifiers and groups locked (Caps Lock, Num Lock, Shift
+Lock, a Level 3 or layout lock) or latched (sticky keys, ``ISO_*_Latch``) are cleared, and modifier keys
+another client left down are released -- so a key arrives at the level chosen above in the first layout
+(``KP_End`` is ``KP_End`` with Num Lock on; ``a`` is ``a`` with Caps Lock on). After the last key the
+locks and latches are put back, with the action's own changes applied to them: a lock the action's keys
+toggled (a ``keypress`` of ``CAPSLOCK``) is toggled from what it was, every other lock is as it was,
+latches are as they were plus any the action left. Modifier keys released are not pressed again (a
+request ends with nothing held). Without XKB (logged once) keys go as they are.
+
+Requests are flushed to the server every :data:`FLUSH_EVERY` keys (python-xlib's send buffer grows
+quadratically when requests pile up), and a ``deadline`` (monotonic seconds) is checked there: past it,
+:class:`DeadlinePassed` is raised between two keys.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from Xlib import XK, X, Xatom
 from Xlib.display import Display
+from Xlib.ext import xtest
 
-from . import xclients
+from . import xclients, xkb
 from .held import Held
-from .keys import MODIFIER_KEYSYMS, char_to_keysym, keysym_name
+from .keys import MODIFIER_KEYSYMS, char_to_keysym, is_keypad, keysym_name
 
 log = logging.getLogger(__name__)
 
 SHIFT_L = XK.string_to_keysym("Shift_L")
+NUM_LOCK = XK.string_to_keysym("Num_Lock")
 RETURN = XK.string_to_keysym("Return")
 TAB = XK.string_to_keysym("Tab")
 #: Longest a request waits, in all, for X clients to handle earlier key events before rebinding (seconds).
@@ -156,6 +171,9 @@ class Keyboard:
         self._unknowable_logged = False
         # clients that had not read everything at the end of a wait: {socket inode: unread bytes then}
         self._not_reading: dict[int, int] = {}
+        self._no_xkb_logged = False
+        # modifiers the agent locked itself to reach a key's level (undone by restore)
+        self._own_locks = 0
 
     def begin(self, deadline: float | None) -> None:
         """Start a request whose monotonic ``deadline`` (None: none) bounds every wait for X clients in
@@ -284,31 +302,75 @@ class Keyboard:
             held.key_up(dpy, shift_kc)
 
     def type_keysyms(self, dpy: Display, held: Held, keysyms: list[int], deadline: float | None = None) -> None:
-        """Type each keysym (press + release), binding unmapped ones to spare keycodes first, with any
-        Caps Lock undone for the duration (module doc). Raises DeadlinePassed past ``deadline``."""
-        keymap = Keymap(dpy)
-        lock_keycode = self._active_lock_key(dpy)
-        if lock_keycode is None:
-            self._type(dpy, held, keymap, keysyms, deadline)
-            return
-        self._tap(dpy, held, lock_keycode)
+        """Type each keysym (press + release), binding unmapped ones to spare keycodes first, in the
+        keyboard's neutral state (:meth:`exact_state`). Raises DeadlinePassed past ``deadline``."""
+        with self.exact_state(dpy):
+            self._type(dpy, held, Keymap(dpy), keysyms, deadline)
+
+    @contextlib.contextmanager
+    def exact_state(self, dpy: Display) -> Iterator[None]:
+        """Run the body with the keyboard's state neutral (:meth:`neutralize`), then put its locks and
+        latches back (:meth:`restore`). Nested use is cheap: the inner one finds the state neutral.
+        Raises what the X connection raises; a failure to restore after the body failed is logged, the
+        body's error propagates."""
+        before = self.neutralize(dpy)
+        ok = False
         try:
-            self._type(dpy, held, keymap, keysyms, deadline)
+            yield
+            ok = True
         finally:
-            self._tap(dpy, held, lock_keycode)
+            try:
+                self.restore(dpy, before)
+            except Exception:  # noqa: BLE001 - the body's own error is the one to report
+                if ok:
+                    raise
+                log.warning("could not restore the keyboard's locks after a failed action", exc_info=True)
 
-    @staticmethod
-    def _active_lock_key(dpy: Display) -> int | None:
-        """The keycode that holds the Lock modifier when it is on, else None."""
-        if not dpy.screen().root.query_pointer().mask & X.LockMask:
+    def neutralize(self, dpy: Display) -> xkb.KeyState | None:
+        """Make the keyboard's XKB state neutral (module doc): release modifier keys another client holds,
+        clear locks and latches. Returns the state before, for :meth:`restore` (None: no XKB)."""
+        try:
+            before = xkb.get_state(dpy)
+        except xkb.XkbUnavailable as exc:
+            if not self._no_xkb_logged:
+                self._no_xkb_logged = True
+                log.warning("%s: keys go as they are, whatever lock the keyboard is in", exc)
             return None
-        return next((kc for kc in dpy.get_modifier_mapping()[X.LockMapIndex] if kc), None)
+        if before.base:
+            self._release_modifier_keys(dpy)
+        if not before.neutral:
+            xkb.set_locks_and_latches(dpy, locked=0, latched=0, locked_group=0, latched_group=0)
+        return before
+
+    def restore(self, dpy: Display, before: xkb.KeyState | None) -> None:
+        """Put back the locks and latches of ``before`` (what :meth:`neutralize` returned), with the
+        changes the keys made since applied to them (module doc), then sync. A lock the agent set itself
+        to reach a key's level (:meth:`_lock_for_level`) is not such a change: it goes."""
+        own, self._own_locks = self._own_locks, 0
+        if before is None or (before.neutral and not own):
+            return
+        after = xkb.get_state(dpy)
+        locked = before.locked ^ (after.locked & ~own)
+        latched = before.latched | after.latched
+        locked_group = before.locked_group + after.locked_group
+        latched_group = before.latched_group + after.latched_group
+        if (locked, latched, locked_group, latched_group) != (after.locked, after.latched, after.locked_group,
+                                                                after.latched_group):
+            xkb.set_locks_and_latches(dpy, locked=locked, latched=latched, locked_group=locked_group,
+                                      latched_group=latched_group)
+        dpy.sync()
 
     @staticmethod
-    def _tap(dpy: Display, held: Held, keycode: int) -> None:
-        held.key_down(dpy, keycode)
-        held.key_up(dpy, keycode)
-        dpy.sync()
+    def _release_modifier_keys(dpy: Display) -> None:
+        """Release (XTEST) every key the server reports down that carries a modifier: keys another client
+        left pressed (a request of the agent ends with nothing held)."""
+        modifier_keys = {kc for row in dpy.get_modifier_mapping() for kc in row if kc}
+        keymap = dpy.query_keymap()
+        for byte_index, bits in enumerate(keymap):
+            for bit in range(8):
+                keycode = byte_index * 8 + bit
+                if bits & (1 << bit) and keycode in modifier_keys:
+                    xtest.fake_input(dpy, X.KeyRelease, keycode)
 
     def _type(self, dpy: Display, held: Held, keymap: Keymap, keysyms: list[int], deadline: float | None) -> None:
         start = 0
@@ -382,6 +444,8 @@ class Keyboard:
         out: list[int] = []
         for k in resolved:
             keycode, shifted = keymap.lookup[k]
+            if shifted and is_keypad(k) and self._lock_for_level(dpy, keymap, NUM_LOCK):
+                shifted = False
             if shifted and not has_shift:
                 out.append(keymap.lookup[SHIFT_L][0])
                 has_shift = True
@@ -389,17 +453,37 @@ class Keyboard:
             out.append(keycode)
         return list(dict.fromkeys(out))
 
+    def _lock_for_level(self, dpy: Display, keymap: Keymap, lock_keysym: int) -> bool:
+        """Lock the modifier of the key ``lock_keysym`` (``Num_Lock``) for the rest of this action, as the
+        agent's own lock (:meth:`restore` undoes it): what gives a keypad key's second keysym (module
+        doc). False, having done nothing, when the keymap has no such key or modifier, or the server no
+        XKB."""
+        keycode = keymap.lookup.get(lock_keysym, (None,))[0]
+        rows = dpy.get_modifier_mapping() if keycode is not None else []
+        mask = next((1 << index for index, row in enumerate(rows) if keycode in row), 0)
+        if not mask:
+            return False
+        try:
+            xkb.set_locks_and_latches(dpy, locked=xkb.get_state(dpy).locked | mask)
+        except xkb.XkbUnavailable:
+            return False
+        self._own_locks |= mask
+        return True
+
     def chord(self, dpy: Display, held: Held, keysyms: list[int]) -> None:
-        """``keypress``: press every key in order, then release in reverse order; one chord."""
-        keycodes = self.chord_keycodes(dpy, keysyms)
-        for kc in keycodes:
-            held.key_down(dpy, kc)
-        for kc in reversed(keycodes):
-            held.key_up(dpy, kc)
-        dpy.sync()
+        """``keypress``: press every key in order, then release in reverse order; one chord, in the
+        keyboard's neutral state (:meth:`exact_state`)."""
+        with self.exact_state(dpy):
+            keycodes = self.chord_keycodes(dpy, keysyms)
+            for kc in keycodes:
+                held.key_down(dpy, kc)
+            for kc in reversed(keycodes):
+                held.key_up(dpy, kc)
+            dpy.sync()
 
     def hold(self, dpy: Display, held: Held, keysyms: list[int]) -> list[int]:
-        """Press (and leave down) the keys of ``keysyms``; returns keycodes to release later."""
+        """Press (and leave down) the keys of ``keysyms``; returns keycodes to release later. The caller
+        holds :meth:`exact_state` around the hold and its release."""
         keycodes = self.chord_keycodes(dpy, keysyms)
         for kc in keycodes:
             held.key_down(dpy, kc)

@@ -174,6 +174,16 @@ def is_server_control(keysym: int) -> bool:
     return any(lo <= keysym <= hi for lo, hi in SERVER_CONTROL_RANGES)
 
 
+#: Keypad keysyms (``X11/keysymdef.h``'s ``KP_Space`` .. ``KP_Equal``), inclusive: the second keysym of a
+#: keypad key is reached with Num Lock, not Shift (X11 protocol, "Keyboards"; XKB's ``KEYPAD`` types).
+KEYPAD_RANGE = (0xFF80, 0xFFBD)
+
+
+def is_keypad(keysym: int) -> bool:
+    """True for a keypad keysym (``KP_1``, ``KP_End``, ``KP_Enter`` ...)."""
+    return KEYPAD_RANGE[0] <= keysym <= KEYPAD_RANGE[1]
+
+
 #: Keysyms that are modifiers (their presence in a chord makes a letter mean its key cap).
 MODIFIER_KEYSYMS: frozenset[int] = frozenset(
     XK.string_to_keysym(n)

@@ -15,7 +15,10 @@ each other (not with clocks outside the probe's machine). Lines:
   ``WM_CLASS`` (``to_class``), so a test that sees no key events can say where they went;
 - ``KeyPress`` / ``KeyRelease``: ``keycode``, ``keysym`` (the probe's own lookup at the level the
   Shift state selects), ``keysym_name``, ``state`` (modifier mask), ``synthetic`` (SendEvent flag),
-  ``time`` (server ms);
+  ``time`` (server ms), and what an application makes of the event: ``lookup`` (the name of the keysym
+  libX11's ``XLookupString`` gives for its keycode and state, by the server's XKB keymap: Caps Lock,
+  Shift Lock, Num Lock and levels applied as toolkits apply them) and ``text`` (the Latin-1 text it
+  gives); both None where libX11 cannot be loaded;
 - ``ButtonPress`` / ``ButtonRelease``: ``button``, ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MotionNotify``: ``x``, ``y``, ``state``, ``synthetic``, ``time``;
 - ``MappingNotify``: ``first_keycode``, ``count`` (the probe refreshes its keymap on each);
@@ -37,6 +40,8 @@ can be checked pixel by pixel. ``--animate S`` repaints the window in alternatin
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import select
@@ -69,6 +74,54 @@ PATTERN: list[tuple[int, int, int, int, int]] = [
     (500, 200, 3, 3, 0xABCDEF),
 ]
 ANIMATE_PERIOD_S = 0.04
+
+
+class _XLookup:
+    """libX11's ``XLookupString`` on a connection of its own (the keymap libX11 reads from the server,
+    opened anew after a ``MappingNotify``): the keysym and text an application gets from a key event."""
+
+    class _KeyEvent(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("serial", ctypes.c_ulong), ("send_event", ctypes.c_int),
+                    ("display", ctypes.c_void_p), ("window", ctypes.c_ulong), ("root", ctypes.c_ulong),
+                    ("subwindow", ctypes.c_ulong), ("time", ctypes.c_ulong), ("x", ctypes.c_int),
+                    ("y", ctypes.c_int), ("x_root", ctypes.c_int), ("y_root", ctypes.c_int),
+                    ("state", ctypes.c_uint), ("keycode", ctypes.c_uint), ("same_screen", ctypes.c_int),
+                    ("pad", ctypes.c_long * 24)]
+
+    def __init__(self, display_name: str) -> None:
+        self.name = display_name.encode()
+        self.dpy: int | None = None
+        try:
+            self.lib = ctypes.CDLL(ctypes.util.find_library("X11") or "libX11.so.6")
+        except OSError:
+            self.lib = None
+            return
+        self.lib.XOpenDisplay.restype = ctypes.c_void_p
+        self.lib.XOpenDisplay.argtypes = [ctypes.c_char_p]
+        self.lib.XCloseDisplay.argtypes = [ctypes.c_void_p]
+        self.lib.XLookupString.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+                                           ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p]
+
+    def stale(self) -> None:
+        """The keymap changed: look up with a fresh connection from now on."""
+        if self.dpy:
+            self.lib.XCloseDisplay(self.dpy)
+        self.dpy = None
+
+    def lookup(self, etype: int, keycode: int, state: int) -> tuple[str | None, str | None]:
+        """(keysym name, text) for a key event, or (None, None) without libX11."""
+        if self.lib is None:
+            return None, None
+        if not self.dpy:
+            self.dpy = self.lib.XOpenDisplay(self.name)
+            if not self.dpy:
+                return None, None
+        event = self._KeyEvent(type=etype, display=self.dpy, state=state, keycode=keycode, same_screen=1)
+        buffer = ctypes.create_string_buffer(64)
+        keysym = ctypes.c_ulong(0)
+        count = self.lib.XLookupString(ctypes.byref(event), buffer, len(buffer), ctypes.byref(keysym), None)
+        name = keysym_name(keysym.value) if keysym.value else None
+        return name, buffer.raw[:max(count, 0)].decode("latin-1")
 
 
 def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animate: float = 0.0) -> int:
@@ -122,6 +175,7 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
             cls = None
         return wid, cls[1] if cls else None
 
+    xlookup = _XLookup(display_name)
     ready = False
     animate_until = 0.0
     frame = 0
@@ -160,15 +214,17 @@ def run_probe(display_name: str, log_path: str, *, pattern: bool = False, animat
                 paint()
             elif etype == X.MappingNotify:
                 dpy.refresh_keyboard_mapping(ev)
+                xlookup.stale()
                 emit({"type": "MappingNotify", "first_keycode": ev.first_keycode, "count": ev.count})
             elif etype in (X.KeyPress, X.KeyRelease):
                 shifted = bool(ev.state & X.ShiftMask)
                 keysym = dpy.keycode_to_keysym(ev.detail, 1 if shifted else 0)
                 if shifted and keysym == X.NoSymbol:
                     keysym = dpy.keycode_to_keysym(ev.detail, 0)
+                lookup, text = xlookup.lookup(etype, ev.detail, ev.state)
                 emit({"type": _EVENT_NAMES[etype], "keycode": ev.detail, "keysym": keysym,
                       "keysym_name": keysym_name(keysym) if keysym else None, "state": ev.state,
-                      "synthetic": bool(ev.send_event), "time": ev.time})
+                      "synthetic": bool(ev.send_event), "time": ev.time, "lookup": lookup, "text": text})
             elif etype in (X.FocusIn, X.FocusOut):
                 record = {"type": _EVENT_NAMES[etype], "mode": _FOCUS_MODES.get(ev.mode, ev.mode),
                           "detail": _FOCUS_DETAILS.get(ev.detail, ev.detail)}

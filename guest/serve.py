@@ -105,7 +105,10 @@ def read_apps(path: str | None) -> tuple[dict[str, list[str]], dict[str, list[st
 
 
 def bind_socket(bind: Bind) -> socket.socket:
-    """A listening TCP socket on ``bind`` (so the start line is true once logged). Raises StartupError."""
+    """A listening TCP socket on ``bind`` (so the start line is true once logged; its backlog that of
+    :mod:`wire.connections`, accepting as :func:`wire.connections.governed` says). Raises StartupError."""
+    from wire.connections import LISTEN_BACKLOG, governed
+
     try:
         infos = socket.getaddrinfo(bind.host, bind.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -115,11 +118,11 @@ def bind_socket(bind: Bind) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {bind.host}:{bind.port}: {exc.strerror or exc}") from None
-    return sock
+    return governed(sock)
 
 
 def check_launch_socket() -> str | None:
@@ -202,10 +205,11 @@ class CoalescingTransport:
 
 
 def http_protocol() -> type:
-    """uvicorn's h11 protocol with its transport wrapped in :class:`CoalescingTransport`."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    """The connection rules' h11 protocol (:class:`wire.connections.LimitedH11Protocol`) with its
+    transport wrapped in :class:`CoalescingTransport`."""
+    from wire.connections import LimitedH11Protocol
 
-    class CoalescingH11Protocol(H11Protocol):
+    class CoalescingH11Protocol(LimitedH11Protocol):
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(CoalescingTransport(transport, self.loop))
 
@@ -229,6 +233,8 @@ def serve(ns: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from wire.connections import ConnectionGuard, uvicorn_config
+
     from .accesslog import AccessLog
     from .app import AgentConfig, create_app
     from .capture import retain_frame_buffers
@@ -243,9 +249,11 @@ def serve(ns: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     log.info("%s", start_line(bind.url(port), config.display, app.state.executor, apps, roots))
     asgi = AccessLog(app) if ns.access_log else app
-    # An idle connection stays open 300 s, past a live model's thinking time between steps; the
-    # controller's client gives it up sooner (controller.agent_transport.KEEPALIVE_EXPIRY_S, 240 s).
-    server = uvicorn.Server(uvicorn.Config(asgi, http=http_protocol(), log_config=None, log_level=None,
+    # The connection rules (wire.connections): a request carrying the token authenticates its connection.
+    # An authenticated idle connection stays open 300 s, past a live model's thinking time between steps;
+    # the controller's client gives it up sooner (controller.agent_transport.KEEPALIVE_EXPIRY_S, 240 s).
+    guarded = ConnectionGuard(asgi, token=token, check_host=False)
+    server = uvicorn.Server(uvicorn_config(guarded, protocol=http_protocol(), log_config=None, log_level=None,
                                            access_log=False, timeout_keep_alive=300))
     server.run(sockets=[sock])
     return 0

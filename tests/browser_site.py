@@ -7,13 +7,23 @@ Pages write what happened to them into ``window.events`` (their own world) and i
 element's text, so a test can read it through the agent's own reads or the page's world. The pages the
 conformance suite drives (``/tall``, ``/quads``, ``/pointer``, ``/dialogs``) show everything it checks
 as page text, so any driver's ``get_page_text`` or ``wait_for`` can see it.
+
+Hostile pages: ``/go/KIND?to=URL`` (:data:`GO_KINDS`) takes the browser to ``URL`` in one way each (a
+redirect, a meta refresh, a link, a script, a form, a new tab, a frame, subresources), for the URL rule's
+tests; ``/swap?when=WHEN`` (:data:`SWAP_WHEN`) puts a "Buy" button (a form submit) over the "Cancel"
+button at the moment ``WHEN`` names, for the input gate's; ``/steal-focus`` moves the keyboard focus from
+its "Search" field to its "Message" field whenever the first has it (a timer, and once its text is selected). :func:`serve_secret` is a guest-local service
+no task opens, counting what reaches it.
 """
 
 from __future__ import annotations
 
+import html
 import http.server
+import json
 import threading
 from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
 
 LOG_JS = """<pre id=log></pre><script>
 window.events = [];
@@ -126,6 +136,82 @@ DIALOGS = ("<!doctype html><title>Dialogs</title><h1>Dialogs</h1>"
 """Buttons that open an alert, a confirm and a prompt, and note what the dialog returned
 (``alert returned undefined``, ``confirm returned false``, ``prompt returned null`` when dismissed)."""
 
+SWAP = """<!doctype html><html><head><title>Swap</title><style>
+.slot { position: absolute; left: 20px; top: 80px; width: 160px; height: 40px; margin: 0; border: 0; padding: 0 }
+#cancel { z-index: 2 } #buy { z-index: 1 } #frame { display: none; z-index: 5 }
+.box { position: absolute; left: 20px; top: 160px; width: 20px; height: 20px; margin: 0 } #keep { z-index: 2 }
+</style></head><body><h1>Order</h1>
+<form action="/other" method=get><button class=slot id=buy type=submit>Buy</button></form>
+<button class=slot id=cancel type=button>Cancel</button>
+<iframe class=slot id=frame src="/frame"></iframe>
+<input type=checkbox class=box id=danger aria-label=Danger><input type=checkbox class=box id=keep aria-label=Keep>
+""" + LOG_JS + """<script>
+const when = new URLSearchParams(location.search).get('when');
+const buy = document.getElementById('buy'), cancel = document.getElementById('cancel');
+const danger = document.getElementById('danger'), keep = document.getElementById('keep');
+for (const t of ['pointerover', 'mouseover', 'pointermove', 'mousemove', 'pointerdown', 'mousedown', 'pointerup',
+                 'mouseup', 'click']) {
+  buy.addEventListener(t, () => note('buy ' + t));
+  danger.addEventListener(t, () => note('danger ' + t));
+}
+if (new URLSearchParams(location.search).get('hog'))  // the page's own listeners first, where it can
+  for (const t of ['pointerdown', 'mousedown', 'pointerup', 'mouseup', 'click'])
+    window.addEventListener(t, e => { if (e.target === buy) e.stopImmediatePropagation(); }, true);
+cancel.addEventListener('click', () => note('cancel click'));
+keep.addEventListener('click', () => note('keep click'));
+window.note = note;
+function swap() { buy.style.zIndex = 3; danger.style.zIndex = 3; }
+function flip() {
+  const up = buy.style.zIndex !== '3';
+  buy.style.zIndex = up ? 3 : 1; danger.style.zIndex = up ? 3 : 1;
+}
+if (when === 'timer') setInterval(flip, 1);
+else if (when === 'frame')
+  cancel.addEventListener('pointermove', () => { document.getElementById('frame').style.display = 'block'; });
+else if (when) { cancel.addEventListener(when, swap); keep.addEventListener(when, swap); }
+</script></body></html>"""
+"""``/swap?when=WHEN``: "Cancel" (a plain button) over "Buy" (the submit button of a form to ``/other``),
+the checkbox "Keep" over "Danger"; when ``WHEN`` happens (an event on "Cancel" or "Keep": ``pointerover``,
+``pointermove``, ``mousedown``...) "Buy" and "Danger" come on top; ``timer`` flips them every
+millisecond; ``frame`` shows a same-origin frame (``/frame``, a button in it) over "Cancel" on pointermove.
+With ``hog=1`` the page's own capture listeners on the window stop every press, release and click of
+"Buy" from going further (its default action still comes) -- they are first there unless the agent's
+gate came before the page's scripts.
+Every event "Buy" or "Danger" gets is noted (``buy click``...), as are ``cancel click`` and
+``keep click``."""
+SWAP_WHEN = ("pointerrawupdate", "pointerover", "mouseover", "pointermove", "mousemove", "pointerdown", "mousedown",
+             "pointerup", "mouseup", "frame")
+"""The events of the named element on which ``/swap`` moves another element under the point."""
+
+GO_KINDS = ("redirect301", "redirect302", "redirect307", "meta", "link", "script", "form-get", "form-post",
+            "blank", "open", "frame", "subresources")
+"""How ``/go/KIND?to=URL`` takes the browser to ``URL``: an HTTP redirect (``redirect307`` is a form's
+POST redirected with its body), a meta refresh, a link, ``location =`` from a script, a form submitted
+with GET or POST, a ``target=_blank`` link, ``window.open``, an iframe, or subresources (an image, a
+script, a stylesheet, a no-cors ``fetch``: the page then notes ``subresources done``). Where a click
+starts it, the page's one button or link is labelled "Go"."""
+
+
+def _go(kind: str, to: str) -> str:
+    attr, js = html.escape(to, quote=True), json.dumps(to).replace("<", "\\u003c")
+    body = {
+        "meta": f'<meta http-equiv=refresh content="0; url={attr}"><p>Moving on</p>',
+        "link": f'<a href="{attr}">Go</a>',
+        "script": f"<p>Moving on</p><script>setTimeout(() => {{ location = {js}; }}, 0)</script>",
+        "form-get": f'<form method=get action="{attr}"><input name=q value=x><button>Go</button></form>',
+        "form-post": f'<form method=post action="{attr}"><input name=q value=x><button>Go</button></form>',
+        "redirect307": (f'<form method=post action="/go/redirect307?to={attr}"><input name=q value=x>'
+                        "<button>Go</button></form>"),
+        "blank": f'<a target=_blank href="{attr}">Go</a>',
+        "open": f"<button onclick='window.open({html.escape(js, quote=True)})'>Go</button>",
+        "frame": f'<p>Framed below</p><iframe id=framed src="{attr}" width=400 height=100></iframe>',
+        "subresources": (f'<img src="{attr}img"><link rel=stylesheet href="{attr}css"><script src="{attr}js"></script>'
+                         f"<script>fetch({js} + 'fetch', {{mode: 'no-cors'}}).catch(() => 0).finally(() => "
+                         "{ document.body.insertAdjacentHTML('beforeend', '<p>subresources done</p>'); });</script>"),
+    }[kind]
+    return f"<!doctype html><title>Go {kind}</title><h1>Go {kind}</h1>{body}"
+
+
 PAGES: dict[str, str] = {
     "/form": FORM,
     "/frame": FRAME,
@@ -136,6 +222,10 @@ PAGES: dict[str, str] = {
     "/dialogs": DIALOGS,
     "/other": "<!doctype html><title>Other</title><p>The other page</p>",
     "/popup": "<!doctype html><title>Popup</title><p>A popup page</p>",
+    "/steal-focus": ("<!doctype html><title>Steal focus</title><label>Search <input id=q></label>"
+                     "<label>Message <input id=o></label><script>const q = document.getElementById('q');"
+                     "const steal = () => { if (document.activeElement === q) document.getElementById('o').focus(); };"
+                     "q.addEventListener('select', steal); setInterval(steal, 1);</script>"),
     "/later": "<!doctype html><title>Later</title><p id=p>waiting</p><script>"
               "setTimeout(() => document.getElementById('p').textContent = 'Ready   now', 300)</script>",
     "/scroll": ("<!doctype html><title>Tall</title><div style='height:5000px;width:4000px'>top</div>"
@@ -171,6 +261,7 @@ PAGES: dict[str, str] = {
                 "<label>Amount <input id=amount type=number></label>"
                 "<label>Plain <input id=plain value=same></label>"
                 "<div role=textbox tabindex=0 aria-label=Fake id=fake>role text</div>"),
+    "/swap": SWAP,
     "/delay": "<!doctype html><title>Delay</title><button id=b onclick=\"setTimeout(() => document.body.insertAdjacentHTML('beforeend', '<p>appeared</p>'), 200)\">Go</button>",
 }
 
@@ -178,6 +269,39 @@ PAGES: dict[str, str] = {
 def _huge() -> bytes:
     chunk = "<p>" + "word " * 10_000 + "</p>"  # 50 000 characters
     return ("<!doctype html><title>Huge</title>" + chunk * 1000).encode()
+
+
+def serve_secret() -> tuple[int, list[str], Callable[[], None]]:
+    """A guest-local service no task opens: every GET or POST on 127.0.0.1 (an ephemeral port) answers
+    the page "Secret" (``secret loopback page``) and appends its path to ``hits``. Returns ``(port,
+    hits, stop)``."""
+    hits: list[str] = []
+
+    class Secret(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = b"<!doctype html><title>Secret</title><p>secret loopback page</p>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Secret)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+    return server.server_address[1], hits, stop
 
 
 def serve() -> tuple[str, str, Callable[[], None]]:
@@ -211,8 +335,28 @@ def serve() -> tuple[str, str, Callable[[], None]]:
             self.wfile.flush()
             stop_slow.wait(120)
 
+        def _redirect(self, status: int, to: str) -> None:
+            self.send_response(status)
+            self.send_header("Location", to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(min(length, 1 << 16))
+            parts = urlsplit(self.path)
+            if parts.path == "/go/redirect307":
+                return self._redirect(307, parse_qs(parts.query).get("to", [""])[0])
+            self.send_error(404)
+
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
+            if path.startswith("/go/"):
+                kind, to = path[4:], parse_qs(urlsplit(self.path).query).get("to", [""])[0]
+                if kind in ("redirect301", "redirect302"):
+                    return self._redirect(int(kind[-3:]), to)
+                if kind in GO_KINDS:
+                    return self._send(_go(kind, to).encode())
             if path == "/huge":
                 return self._send(huge)
             if path == "/download":

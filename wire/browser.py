@@ -9,7 +9,9 @@ Limits (after the hosted sessions' credential submission limits, ``004``): at mo
 :data:`MAX_FIELDS` values in one submission, each field at most once, each value at most
 :data:`MAX_VALUE_CHARS` characters, the serialized values and option at most :data:`MAX_SUBMIT_BYTES`.
 A form reports at most :data:`MAX_FIELDS` fields and :data:`MAX_OPTIONS` options, labels cut to
-:data:`MAX_LABEL_CHARS` characters; ids are tokens of :data:`ID_PATTERN`.
+:data:`MAX_LABEL_CHARS` characters; ids are tokens of :data:`ID_PATTERN`. A value holds none of
+:data:`VALUE_FORBIDDEN`. Values go only into a POST form whose destination is the credential origin
+(:func:`form_refusal`).
 
 Values are credentials: :class:`FillField` keeps its ``value`` out of ``repr`` and out of validation
 errors' input echo, and nothing here logs.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator, model_validator
 
 MAX_FIELDS = 6
 """Most fields in one form report and most values in one submission."""
@@ -37,12 +39,45 @@ ID_PATTERN = r"^[A-Za-z0-9_.:~-]{1,80}$"
 
 FieldType = Literal["password", "email", "text"]
 FieldKind = Literal["password", "email", "code"]
-Outcome = Literal["submitted", "origin_changed", "form_changed", "field_unstable", "no_form"]
+Outcome = Literal["submitted", "origin_changed", "form_changed", "field_unstable", "no_form", "unsafe_form",
+                  "cross_origin_form", "invalid"]
 """What a fill came to: ``submitted`` (values typed, form submitted); ``origin_changed`` (the page's
 origin was not ``credential_origin`` when a value was to be typed: nothing more typed, what was typed
 cleared); ``form_changed`` (a field or option of the request is no longer on the page); ``field_unstable``
 (the page replaced or rewrote a field while it was typed into, three times: cleared, not submitted);
-``no_form`` (no sign-in form on the page any more)."""
+``no_form`` (no sign-in form on the page any more); ``unsafe_form`` (the form would send the values
+other than in a POST body -- its method or the submit button's ``formmethod`` is ``get``, ``dialog`` or
+another -- or the fields are in no form: nothing typed, or, found at the submit, what was typed cleared
+and nothing submitted); ``cross_origin_form`` (the form's ``action`` or the submit button's
+``formaction`` resolves to an origin other than ``credential_origin``: the same); ``invalid`` (the
+browser's own validation would stop the submit -- ``required``, ``pattern``, ``type=email`` and the like:
+what was typed cleared, nothing submitted, ``detail`` names the field and the constraint)."""
+
+SUBMIT_METHOD = "post"
+"""The only form method a fill submits: the values travel in the request body, never in a URL."""
+MAX_DETAIL_CHARS = 300
+"""Longest :attr:`FillResult.detail` (characters)."""
+VALUE_FORBIDDEN = ("\x00", "\r", "\n")
+"""Characters a value may not hold: NUL (refused by every text of the API) and the line breaks an
+``<input>`` drops from its value (the field would hold, and send, another value)."""
+
+
+def form_refusal(credential_origin: str, method: str, destination: str) -> tuple[Outcome, str] | None:
+    """Whether a form with values must not be filled: ``(outcome, detail)`` -- ``unsafe_form`` when
+    ``method`` (the form's, or the submit button's ``formmethod``, lower case; empty: no form) is not
+    :data:`SUBMIT_METHOD`, ``cross_origin_form`` when ``destination`` (the origin its ``action`` or the
+    button's ``formaction`` resolves to; ``null`` for an opaque one such as ``javascript:``) is not
+    ``credential_origin`` -- or None. The agent applies the same rule again in the page right before
+    it submits (``guest.browser``, ``SUBMIT_JS``), in the same script run as the click."""
+    if not method:
+        return "unsafe_form", "the fields belong to no form: where their values would go is up to the page's script"
+    if method != SUBMIT_METHOD:
+        return "unsafe_form", (f"the form's method is {method[:20]!r}, not post: the values would be "
+                               + ("in the URL" if method == "get" else "sent other than in a request body"))
+    if destination != credential_origin:
+        return "cross_origin_form", (f"the form sends to {destination[:120]}, not to the page's origin "
+                                     f"{credential_origin[:120]}")[:MAX_DETAIL_CHARS]
+    return None
 
 
 class _Strict(BaseModel):
@@ -71,10 +106,23 @@ class SignInOption(_Strict):
 
 class SignInForm(_Strict):
     """The sign-in form of the page the agent's chromium shows: ``fields`` (a form with credential
-    inputs) or ``options`` (a method choice), never both empty."""
+    inputs) or ``options`` (a method choice), never both empty; ``method`` (lower case: ``post``,
+    ``get``, ``dialog``...; empty when the fields are in no form) and ``destination`` (the origin the
+    values would be sent to: the form's ``action``, or its submit button's ``formaction``, resolved
+    against the document's base URL; ``null`` for an opaque one such as ``javascript:``; empty with no
+    form), as the form stands when it is read (:func:`form_refusal` decides on them; None: not read)."""
 
     fields: list[SignInField] = Field(default_factory=list, max_length=MAX_FIELDS)
     options: list[SignInOption] = Field(default_factory=list, max_length=MAX_OPTIONS)
+    method: StrictStr | None = Field(default=None, max_length=20)
+    destination: StrictStr | None = Field(default=None, max_length=2048)
+
+    def refusal(self, credential_origin: str) -> tuple[Outcome, str] | None:
+        """:func:`form_refusal` for a form with fields (a method choice alone carries no value) whose
+        method and destination were read: None when it may be filled."""
+        if not self.fields or self.method is None or self.destination is None:
+            return None
+        return form_refusal(credential_origin, self.method, self.destination)
 
 
 class SignInPage(_Strict):
@@ -93,6 +141,13 @@ class FillField(_Strict):
 
     field_id: StrictStr = Field(pattern=ID_PATTERN)
     value: StrictStr = Field(min_length=1, max_length=MAX_VALUE_CHARS, repr=False)
+
+    @field_validator("value")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if any(c in value for c in VALUE_FORBIDDEN):
+            raise ValueError("a value must not contain NUL, CR or LF")
+        return value
 
 
 class FillRequest(_Strict):
@@ -119,8 +174,12 @@ class FillRequest(_Strict):
 
 class FillResult(_Strict):
     """What ``POST /v1/browser/signin`` did: ``outcome``; ``navigated``: the page loaded a new document
-    after the submit; ``origin``: the active tab's origin afterwards."""
+    after the submit; ``origin``: the active tab's origin afterwards; ``destination``: the origin the
+    form sends to, when the fill got as far as reading it; ``detail``: why, for ``unsafe_form``,
+    ``cross_origin_form`` and ``invalid`` (page text: escape before showing; never a value)."""
 
     outcome: Outcome
     navigated: StrictBool = False
     origin: StrictStr = ""
+    destination: StrictStr = Field(default="", max_length=2048)
+    detail: StrictStr = Field(default="", max_length=MAX_DETAIL_CHARS)

@@ -16,6 +16,8 @@ the SDK hands its driver.
   **viewport CSS px** (:class:`Box`); ``viewport``: where the tab's viewport lies on the X screen, in
   **screen px** (:class:`ScreenBox`), or None when the browser does not say.
 * :class:`BrowserStateV1`: what ``openai.lib.browser._state`` accepts with an observation.
+* :class:`GuestUrlRule` (``PUT /v1/browser/rule``): what the agent's chromium may load, judged by the
+  agent for every request (:func:`guest_local`: the hosts chromium reaches without the gateway).
 
 Units: ``x``/``y`` of ``click_at``, ``hover_at``, ``drag_path`` and ``zoom``'s ``region`` are viewport
 CSS px (0, 0 the viewport's top left corner), never screen px; ``scroll``'s ``amount`` is CSS px;
@@ -32,8 +34,8 @@ the browser tools vocabulary (members, arguments, results, state, limits).
 from __future__ import annotations
 
 import re
-from ipaddress import IPv4Address, IPv6Address
-from typing import Annotated, Any, Literal, Union
+from ipaddress import IPv4Address, IPv6Address, ip_network
+from typing import Annotated, Any, Iterable, Literal, Union
 from urllib.parse import urlsplit
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError,
@@ -158,6 +160,161 @@ def reportable_url(url: str) -> str:
         except ValueError:
             return "about:blank"
     return url
+
+
+# -- the guest's URL rule -------------------------------------------------------------------------------
+_LOCAL_NAMES = frozenset({"localhost", "localhost6", "localhost.localdomain", "localhost6.localdomain6",
+                          "ip6-localhost", "ip6-loopback"})
+_LINK_LOCAL = (ip_network("169.254.0.0/16"), ip_network("fe80::/10"))
+_THIS_NETWORK = ip_network("0.0.0.0/8")
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+"""Effective port per scheme of the URLs the rule judges (WebSocket schemes count as http(s))."""
+MAX_RULE_ENTRIES = 256
+"""Most origins, or gateway hosts, in one :class:`GuestUrlRule`."""
+REFUSED_GATEWAY = "the gateway's own address is never loaded"
+REFUSED_AGENT = "the agent's own address is never loaded"
+REFUSED_LOCAL = "a guest-local address the task does not open"
+REFUSED_UNREADABLE = "an address the agent cannot read"
+"""The reasons a URL is refused by the guest's rule (:meth:`GuestUrlRule.refusal`), also the controller's
+words for the same cases: short, fixed, safe to show."""
+
+
+def _ipv4_literal(text: str) -> IPv4Address | None:
+    """An IPv4 literal in any form the WHATWG URL parser (and ``inet_aton``) reads: one to four parts,
+    each decimal, hex (``0x``) or octal (leading ``0``), the last filling the remaining bytes
+    (``127.1``, ``2130706433``, ``0x7f.1``); None for anything else, an overflow included."""
+    parts = text.split(".")
+    if len(parts) > 4 or not all(re.fullmatch(r"0[xX][0-9a-fA-F]*|[0-9]+", p) for p in parts):
+        return None
+    values = []
+    for part in parts:
+        if part[:2] in ("0x", "0X"):
+            values.append(int(part[2:] or "0", 16))
+        elif len(part) > 1 and part.startswith("0"):
+            if not set(part) <= set("01234567"):
+                return None
+            values.append(int(part, 8))
+        else:
+            values.append(int(part))
+    head, last = values[:-1], values[-1]
+    if any(v > 255 for v in head) or last >= 256 ** (5 - len(values)):
+        return None
+    number = last
+    for index, value in enumerate(head):
+        number += value << (8 * (3 - index))
+    return IPv4Address(number)
+
+
+def host_key(host: str) -> IPv4Address | IPv6Address | str:
+    """``host`` (a URL's host: brackets, any case, one trailing dot allowed) as compared by the rule: an
+    IP address in any literal form as its address (an IPv4-mapped IPv6 address as its IPv4 one), a name
+    lower-case without its trailing dot."""
+    text = host.strip().lower()
+    text = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    text = text[:-1] if text.endswith(".") and not text.endswith("..") else text
+    if ":" in text:
+        try:
+            address = IPv6Address(text)
+        except ValueError:
+            return text
+        return address.ipv4_mapped or address
+    return _ipv4_literal(text) or text
+
+
+def _local_key(key: IPv4Address | IPv6Address | str) -> str | None:
+    """``loopback`` or ``link`` when :func:`host_key` ``key`` is guest-local, else None."""
+    if isinstance(key, str):
+        return "loopback" if key in _LOCAL_NAMES or key.endswith(".localhost") else None
+    if isinstance(key, IPv6Address) and int(key) >> 32 == 0:
+        key = IPv4Address(int(key))  # ::, ::1 and the IPv4-compatible ::a.b.c.d
+    if key.is_loopback or key.is_unspecified or (isinstance(key, IPv4Address) and key in _THIS_NETWORK):
+        return "loopback"
+    return "link" if any(key in net for net in _LINK_LOCAL if net.version == key.version) else None
+
+
+def guest_local(host: str) -> bool:
+    """Whether ``host`` is the guest itself or its link: the names of loopback (``localhost``,
+    ``*.localhost``, ...), loopback, unspecified (``0.0.0.0/8``, ``::``) and link-local addresses, in any
+    literal form (``127.1``, ``0x7f.1``, ``2130706433``, ``[::ffff:127.0.0.1]``). Chromium sends these
+    straight to the guest, never through the gateway's proxy."""
+    return _local_key(host_key(host)) is not None
+
+
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` is the guest's own loopback: :func:`guest_local` but link-local addresses."""
+    return _local_key(host_key(host)) == "loopback"
+
+
+def _origin(url: str) -> tuple[str, IPv4Address | IPv6Address | str, int] | None:
+    """``(scheme, host key, port)`` of an http(s) or ws(s) URL (ws as http, wss as https); raises
+    ValueError for one that cannot be read; None for another scheme."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        return None
+    port = parts.port
+    host = parts.hostname
+    if not host:
+        raise ValueError("no host")
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    return scheme, host_key(host), port if port is not None else DEFAULT_PORTS[scheme]
+
+
+def _checked_origin(text: str) -> str:
+    parsed = _origin(text) if re.fullmatch(r"https?://[^/?#@\\\s]+/?", text) else None
+    if parsed is None or not guest_local(urlsplit(text).hostname or ""):
+        raise ValueError("each local origin is http(s)://host[:port] on a guest-local host")
+    return text
+
+
+def _checked_host(text: str) -> str:
+    if not text or len(text) > 253 or re.search(r"[\s/?#@]", text):
+        raise ValueError("each gateway host is a host name or address")
+    return text
+
+
+class GuestUrlRule(BaseModel):
+    """``PUT /v1/browser/rule``: what the agent's chromium may load, judged by the agent for every
+    request chromium makes (docs/ARCHITECTURE.md, contract 9). ``local_origins``: origins
+    ``http(s)://host[:port]`` on guest-local hosts (:func:`guest_local`) that may be loaded; every other
+    guest-local origin is refused (the agent adds the origins its chromium was launched with).
+    ``gateway_hosts``: the gateway's names and addresses, never loaded. ``agent_port``: the agent's port,
+    never loaded on loopback. Origins elsewhere are left to the gateway, which decides every connection
+    chromium makes through it. Raises ValidationError (strict: no coercion, unknown fields refused)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+    local_origins: list[Annotated[StrictStr, Field(max_length=MAX_URL_CHARS), AfterValidator(_checked_origin)]] = \
+        Field(default_factory=list, max_length=MAX_RULE_ENTRIES)
+    gateway_hosts: list[Annotated[StrictStr, AfterValidator(_checked_host)]] = \
+        Field(default_factory=lambda: ["gateway"], max_length=MAX_RULE_ENTRIES)
+    agent_port: StrictInt | None = Field(default=None, ge=1, le=65535)
+
+    def refusal(self, url: str, launched: Iterable[str] = ()) -> str | None:
+        """Why chromium may not load ``url`` (one of the ``REFUSED_*`` reasons), or None: a URL of another
+        scheme than http(s) and ws(s) is not judged (it makes no request to a host). ``launched``: more
+        local origins (those chromium was launched with)."""
+        try:
+            origin = _origin(url)
+        except ValueError:
+            return REFUSED_UNREADABLE
+        if origin is None:
+            return None
+        scheme, host, port = origin
+        if host in {host_key(h) for h in self.gateway_hosts}:
+            return REFUSED_GATEWAY
+        local = _local_key(host)
+        if local is None:
+            return None
+        if self.agent_port is not None and port == self.agent_port and local == "loopback":
+            return REFUSED_AGENT
+        for allowed in (*self.local_origins, *launched):
+            try:
+                if _origin(allowed) == origin:
+                    return None
+            except ValueError:
+                continue
+        return REFUSED_LOCAL
 
 
 # -- arguments ---------------------------------------------------------------------------------------

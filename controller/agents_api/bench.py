@@ -146,7 +146,7 @@ def run(steps: int, sessions: int, image: str, runs_dir: Path, say: Any = print)
     report: dict[str, Any] = {"steps": steps, "sessions": []}
     latencies: list[float] = []
     served_steps: list[float] = []
-    with AgentsServer(ServeOptions(hub=HubOptions(runs_dir=runs_dir, image=image))) as server:
+    with AgentsServer(ServeOptions(hub=HubOptions(runs_dir=runs_dir, image=image, tasks_dir=task.parent))) as server:
         client = OpenAI(base_url=server.url, api_key=server.key, max_retries=0)
         for i in range(sessions):
             say(f"session {i + 1} of {sessions} ...")

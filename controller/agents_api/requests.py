@@ -26,7 +26,10 @@ refusal names the field (``events[0].response.fields[1].value``) and never holds
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from controller.agents_api.errors import invalid, unsupported
@@ -310,3 +313,33 @@ def offline_task_path(model: str) -> str | None:
     if model.startswith(OFFLINE_PREFIX):
         return model[len(OFFLINE_PREFIX):]
     return None
+
+
+def confined_task_file(model: str, tasks_dir: Path) -> Path:
+    """The task file an ``offline:TASK_FILE`` model names, confined to ``tasks_dir`` (an absolute
+    path without symlinks): ``TASK_FILE`` is a ``.toml`` path, relative to the working directory or
+    absolute, whose real location (every symlink followed, ``..`` applied) is a regular file inside
+    ``tasks_dir``. :class:`ApiError` 400 naming ``agent.model`` otherwise, saying only what is wrong
+    with the path: whether something exists outside ``tasks_dir`` is never told, and nothing of a
+    file is read before it is known to be inside."""
+    text = offline_task_path(model) or ""
+    shown = f"agent.model {model!r}"
+    where = "agent.model"
+    if not text.endswith(".toml"):  # only task files are read
+        raise invalid(f"{shown}: an offline task is a .toml task file (e.g. offline:tasks/pickup.toml)", where)
+    try:
+        real = Path(os.path.realpath(text))
+    except (OSError, ValueError):
+        raise invalid(f"{shown}: not a path to a task file", where) from None
+    if not real.is_relative_to(tasks_dir) or real == tasks_dir:
+        raise invalid(f"{shown}: an offline task must be a .toml file in the server's tasks directory "
+                      f"({tasks_dir}); this path leads outside it", where)
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise invalid(f"{shown}: no such task file in the server's tasks directory", where) from None
+    except OSError as exc:
+        raise invalid(f"{shown}: cannot read this task file: {exc.strerror or 'error'}", where) from None
+    if not stat.S_ISREG(mode):
+        raise invalid(f"{shown}: not a regular file", where)
+    return real

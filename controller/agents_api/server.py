@@ -5,8 +5,9 @@
     with AgentsServer(ServeOptions(port=0, key_file=None)) as server:
         print(server.line)   # agents-api: http://127.0.0.1:PORT/v1 key-file: PATH
 
-The key: read from ``key_file`` when it exists (one line; refused when group or others may read it),
-else a new random one written there with mode 0600 (default file: ``<runs-dir>/agents-api.key``). The
+The key: read from ``key_file`` when it exists (:func:`load_or_make_key`: one line, a regular file of
+the server's user that only it may use, not a symlink, a key of :data:`MIN_KEY_LENGTH` characters or
+more), else a new random one written there with mode 0600 (default file: ``<runs-dir>/agents-api.key``). The
 state: :class:`controller.agents_api.store.Store` (``<runs-dir>/agents.db`` by default). At start the
 sessions a previous server left behind are marked failed and their sandboxes removed
 (:meth:`controller.agents_api.sessions.SessionHub.recover`); at stop every live session's sandbox is
@@ -22,12 +23,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import uvicorn
-
 from controller.agents_api.app import create_app
+from controller.agents_api.errors import ApiError
 from controller.asgi import ThreadedUvicorn
 from controller.agents_api.sessions import HubOptions, SessionHub
 from controller.agents_api.store import Store
+from wire.connections import ConnectionGuard, listen, uvicorn_config
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 15.0
@@ -35,36 +36,70 @@ STOP_TIMEOUT_S = 10.0
 
 
 class KeyFileError(ValueError):
-    """A key file that cannot be used (unreadable, empty, readable by others)."""
+    """A key file that cannot be used (see :func:`load_or_make_key`); its message says why."""
+
+
+MIN_KEY_LENGTH = 32
+"""Fewest characters of a key read from a key file."""
+MIN_KEY_DISTINCT = 10
+"""Fewest different characters among them (a generated key has about 30)."""
+MAX_KEY_LENGTH = 512
+"""Most characters of a key."""
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a key the server accepts, or None: it must be :data:`MIN_KEY_LENGTH` to
+    :data:`MAX_KEY_LENGTH` printable ASCII characters without spaces, at least :data:`MIN_KEY_DISTINCT`
+    of them different. Never names the key's characters."""
+    if not key or len(key) > MAX_KEY_LENGTH or any(not (33 <= ord(c) < 127) for c in key):
+        return f"must hold one key: {MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable ASCII characters, no spaces"
+    if len(key) < MIN_KEY_LENGTH or len(set(key)) < MIN_KEY_DISTINCT:
+        return (f"holds a key too weak to guard the API: use at least {MIN_KEY_LENGTH} characters, "
+                f"{MIN_KEY_DISTINCT} of them different (delete the file and a random one is made)")
+    return None
 
 
 def load_or_make_key(path: Path) -> str:
     """The key in ``path``; a new one (``sk-local-`` + 256 random bits, urlsafe) written there 0600 when
-    the file does not exist. Raises :class:`KeyFileError`."""
+    the file does not exist. An existing file is opened without following a symlink and must be a
+    regular file of the server's user that neither group nor others may use (mode 0600 or narrower),
+    holding a key :func:`key_problem` accepts. Raises :class:`KeyFileError`."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         try:
-            # opened without blocking (a FIFO would wait for a writer), then checked on what was opened
-            rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-            try:
-                mode = os.fstat(rfd).st_mode
-                if not stat.S_ISREG(mode):
-                    raise KeyFileError(f"{path} is not a regular file")
-                if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                    raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(mode):o}): chmod 600 it")
-                raw = os.read(rfd, 4096)
-            finally:
-                os.close(rfd)
+            # opened without following a symlink and without blocking (a FIFO would wait for a writer),
+            # then checked on what was opened
+            rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if os.path.islink(path):
+                raise KeyFileError(f"the key file {path} is a symbolic link: name the file itself") from None
+            raise KeyFileError(f"cannot read the key file {path}: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(rfd)
+            if not stat.S_ISREG(st.st_mode):
+                raise KeyFileError(f"{path} is not a regular file")
+            if st.st_uid != os.geteuid():
+                raise KeyFileError(f"the key file {path} belongs to uid {st.st_uid}, not to this server's user "
+                                   f"(uid {os.geteuid()}): its key may be known to that user")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(st.st_mode):o}): chmod 600 it")
+            raw = os.read(rfd, MAX_KEY_LENGTH + 2)
+        except OSError as exc:
+            raise KeyFileError(f"cannot read the key file {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(rfd)
+        try:
             text = raw.decode("utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KeyFileError(f"cannot read the key file {path}: {exc}") from None
-        if not text or len(text) > 512 or any(not (33 <= ord(c) < 127) for c in text):
-            raise KeyFileError(f"{path} must hold one key: 1 to 512 printable ASCII characters, no spaces")
+        except UnicodeDecodeError:
+            text = "\x00"  # refused below as not printable
+        problem = key_problem(text)
+        if problem:
+            raise KeyFileError(f"{path} {problem}")
         return text
     except OSError as exc:
-        raise KeyFileError(f"cannot create the key file {path}: {exc}") from None
+        raise KeyFileError(f"cannot create the key file {path}: {exc.strerror or exc}") from None
     key = "sk-local-" + secrets.token_urlsafe(32)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(key + "\n")
@@ -114,19 +149,28 @@ class AgentsServer:
     def start(self, timeout: float = START_TIMEOUT_S) -> "AgentsServer":
         """Open the store (StoreBusy when another server holds it), recover what a previous server left,
         listen. KeyFileError for a bad key file; RuntimeError when uvicorn did not listen in time."""
-        Path(self.options.hub.runs_dir).mkdir(parents=True, exist_ok=True)
+        Path(self.options.hub.runs_dir).mkdir(parents=True, exist_ok=True, mode=0o755)
         self.key = load_or_make_key(self.key_file)
         self.store = Store(self.db_path)
         self.hub = SessionHub(self.store, self.options.hub)
         self.recovered = self.hub.recover()
-        config = uvicorn.Config(create_app(self.hub, self.key, closing=self.closing), host=HOST,
-                                port=self.options.port, lifespan="off", log_level="warning", access_log=False,
+        # the connection rules (wire.connections): Host checked before the key, a head deadline, a cap on
+        # connections that have not carried the key
+        app = ConnectionGuard(create_app(self.hub, self.key, closing=self.closing), token=self.key,
+                              error=lambda status, code, message: ApiError(status, code, message).body())
+        config = uvicorn_config(app, lifespan="off", log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=3, server_header=False)
+        try:
+            sock = listen(HOST, self.options.port)
+        except OSError as exc:
+            self.stop()
+            raise RuntimeError(f"the agents API cannot listen on {HOST}:{self.options.port}: "
+                               f"{exc.strerror or exc}") from None
         self._server = server = ThreadedUvicorn(config)
 
         def serve() -> None:
             try:
-                server.run()
+                server.run(sockets=[sock])
             finally:
                 server.ready.set()
 
@@ -134,6 +178,7 @@ class AgentsServer:
         self._thread.start()
         if not server.ready.wait(timeout) or not server.started:
             self.stop()
+            sock.close()
             raise RuntimeError(f"the agents API did not start listening on {HOST}:{self.options.port} "
                                f"within {timeout:g} s")
         sockets = [s for listener in server.servers for s in (listener.sockets or ())]

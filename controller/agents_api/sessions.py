@@ -25,6 +25,12 @@
   request body straight to :meth:`ApprovalRegistry.answer_signin` (which keeps them for the run's
   sign-in step alone): they are never stored, emitted, written to the record or logged here.
 * **delete** (and the server's shutdown) cancels the turn under way and removes the sandbox.
+* **the count**: a session holds one of ``max_sessions`` places from its create until its thread has
+  ended (its sandbox start finished) and its sandbox is closed -- also while a delete waits for that,
+  so creating and deleting at once never has more sandboxes than places.
+* **recovery** (:meth:`SessionHub.recover`, at start): every part of a session's sandbox is labelled
+  with the session (:data:`LABEL_SESSION`) and this database (:data:`LABEL_STORE`), so a sandbox a
+  killed server was still starting is found by its labels, not by an id the server never stored.
 
 Threads: one per session (sandbox start, then its turns), one pump per turn; routes call in from
 uvicorn's threads. Events are stored, then announced (:class:`Notifier`).
@@ -49,10 +55,11 @@ from rich.console import Console
 
 from controller.agents_api import shapes
 from controller.agents_api.errors import ApiError, invalid
-from controller.agents_api.requests import SessionParams, offline_task_path
+from controller.agents_api.requests import SessionParams, confined_task_file, offline_task_path
 from controller.agents_api.store import Store, now, owner_label
 from controller.run.live import LiveRun
 from controller.run.registry import SIGN_IN, AnswerRefused
+from controller.run.shots import decode_shot, read_shot, shot_name, shot_type
 from controller.text import clean
 
 BY = "agents-api"
@@ -63,6 +70,12 @@ ANSWER_KIND = {"origin_access": "browser_origin_access", "safety_check": "safety
 MAX_SHOT_BYTES = 16 * 1024 * 1024
 """Largest screenshot file read back from a run record for an event (bytes)."""
 DEFAULT_APPS = [{"app": "browser", "args": ["about:blank"]}]
+LABEL_SESSION = "desktop-sandbox.agents-session"
+"""Label on every part of a session's sandbox (containers, networks, a VM's owner record): the session id."""
+LABEL_STORE = "desktop-sandbox.agents-store"
+"""Label on every part of a session's sandbox: the id of the database the session is kept in
+(:attr:`controller.agents_api.store.Store.store_id`), so a server on another database never takes it
+for one of its own."""
 
 
 class Notifier:
@@ -156,8 +169,10 @@ class HubOptions:
     ``approval_timeout_s`` (a safety check unanswered this long is denied), ``on_live`` (also given
     each turn's LiveRun: the web console's ``add_run``), ``attach_networks`` (Docker networks each
     session's gateway joins, only the gateway: origins of the operator's on them can be asked for, as
-    the task's policy allows), ``max_sessions`` (sessions holding a sandbox at once: not failed, not
-    deleted; one more is 429 ``too_many_sessions``)."""
+    the task's policy allows), ``max_sessions`` (sessions holding a sandbox at once, counted until
+    the sandbox is gone, see the module docstring; one more is 429 ``too_many_sessions``),
+    ``tasks_dir`` (the folder ``offline:`` task files must be in, relative to the working directory
+    at start: :func:`controller.agents_api.requests.confined_task_file`)."""
 
     runs_dir: Path = Path("runs")
     backend: str = "docker"
@@ -167,6 +182,7 @@ class HubOptions:
     on_live: Callable[[LiveRun], None] | None = None
     attach_networks: list[str] = field(default_factory=list)
     max_sessions: int = 8
+    tasks_dir: Path = Path("tasks")
 
 
 class SessionHub:
@@ -177,6 +193,9 @@ class SessionHub:
         self.options = options
         self.notifier = Notifier()
         self.live: dict[str, LiveSession] = {}
+        self.holding: set[str] = set()
+        """Sessions holding one of ``max_sessions`` places (see the module docstring)."""
+        self.tasks_dir = Path(os.path.realpath(options.tasks_dir))
         self._lock = threading.Lock()
         self._deleting = threading.Lock()  # one delete at a time: the second of two finds it gone
         self.stopping = False
@@ -194,27 +213,24 @@ class SessionHub:
 
     def screenshot_url(self, path: str) -> str | None:
         """A record's screenshot as ``data:image/jpeg;base64,…`` (PNG re-encoded; a few kept in memory);
-        None when the file is gone or too large."""
+        None when the file is gone, too large or refused by the rule every reader of a record's
+        screenshots follows (:mod:`controller.run.shots`: ``path`` is the run directory and a
+        ``shot-NNNN.png|jpg`` name in it)."""
         with self._shots_lock:
             if path in self._shots:
                 return self._shots[path]
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_SHOT_BYTES + 1)
-        except OSError:
+        if os.path.normpath(path) != path:  # a ``..`` inside: not a name in its run directory
             return None
-        if len(data) > MAX_SHOT_BYTES:
+        data, _why = read_shot(os.path.dirname(path), os.path.basename(path), MAX_SHOT_BYTES)
+        if data is None:
             return None
-        if not data.startswith(b"\xff\xd8\xff"):
-            from PIL import Image
-
-            try:
-                with Image.open(io.BytesIO(data)) as image:
-                    out = io.BytesIO()
-                    image.convert("RGB").save(out, format="JPEG", quality=80)
-                    data = out.getvalue()
-            except (OSError, ValueError, Image.DecompressionBombError):
+        if shot_type(os.path.basename(path)) != "image/jpeg":
+            image, _why = decode_shot(data)
+            if image is None:
                 return None
+            out = io.BytesIO()
+            image.save(out, format="JPEG", quality=80)
+            data = out.getvalue()
         url = "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
         with self._shots_lock:
             self._shots[path] = url
@@ -233,19 +249,33 @@ class SessionHub:
         with self._lock:
             if self.stopping:
                 raise ApiError(503, "server_stopping", "the server is stopping: it starts no session now")
-            holding = sum(1 for s in self.live.values() if s.status != "failed" and not s.deleted)
+            holding = len(self.holding)
             if holding >= self.options.max_sessions:
-                raise ApiError(429, "too_many_sessions", f"{holding} sessions hold a sandbox (at most "
-                               f"{self.options.max_sessions}, serve --max-sessions): delete one first")
+                raise ApiError(429, "too_many_sessions", f"{holding} sessions hold a sandbox or are still "
+                               f"removing it (at most {self.options.max_sessions}, serve --max-sessions): "
+                               "delete one first")
             self.live[session_id] = session
-        self.store.add_session(session_id, session.settings(), owner=self.owner, backend=self.options.backend)
-        self.emit(session_id, {"type": "agent.session.created", "session": session.as_json()})
-        self.emit(session_id, {"type": "agent.session.environment.pending",
-                               "environment": shapes.environment_state(session.env_id, "pending")})
-        if params.input is not None:
-            session.add_turn(params.input)
-        session.start()
+            self.holding.add(session_id)
+        try:
+            self.store.add_session(session_id, session.settings(), owner=self.owner, backend=self.options.backend)
+            self.emit(session_id, {"type": "agent.session.created", "session": session.as_json()})
+            self.emit(session_id, {"type": "agent.session.environment.pending",
+                                   "environment": shapes.environment_state(session.env_id, "pending")})
+            if params.input is not None:
+                session.add_turn(params.input)
+            session.start()
+        except BaseException:
+            with self._lock:
+                if not session.started:
+                    self.live.pop(session_id, None)
+                    self.holding.discard(session_id)
+            raise
         return session.as_json()
+
+    def release(self, session_id: str) -> None:
+        """The session's sandbox is gone and its thread ended: its place is free."""
+        with self._lock:
+            self.holding.discard(session_id)
 
     def _task_for(self, params: SessionParams) -> tuple[Any, str | None]:
         from controller.offline.script import ScriptError, load_task_script
@@ -253,15 +283,18 @@ class SessionHub:
 
         task_file = offline_task_path(params.model)
         if task_file is not None:
-            if not task_file.endswith(".toml"):  # only task files are read (no probing of other files)
-                raise invalid(f"agent.model {params.model!r}: an offline task is a .toml task file "
-                              "(e.g. offline:tasks/pickup.toml)", "agent.model")
+            path = confined_task_file(params.model, self.tasks_dir)
+            # a refusal says which part does not load, never what the file holds
             try:
-                task = load_task(task_file)
+                task = load_task(path)
+            except (TaskError, OSError):
+                raise invalid(f"agent.model {params.model!r}: not a task file this server can run (`desktop-sandbox "
+                              "run-task FILE` on the server says why)", "agent.model") from None
+            try:
                 load_task_script(task)
-            except (TaskError, ScriptError, OSError) as exc:
-                raise invalid(f"agent.model {params.model!r}: cannot use this offline task: {exc}",
-                              "agent.model") from None
+            except (TaskError, ScriptError, OSError):
+                raise invalid(f"agent.model {params.model!r}: the task's offline script does not load "
+                              "(`desktop-sandbox run-task FILE` on the server says why)", "agent.model") from None
             return task, task_file
         if not os.environ.get("OPENAI_API_KEY"):
             raise ApiError(400, "model_unavailable", f"agent.model {params.model!r} needs OPENAI_API_KEY on the "
@@ -309,28 +342,57 @@ class SessionHub:
 
     def recover(self) -> list[str]:
         """At start: sessions a previous server left running (its process is gone) are ``failed`` (their
-        sandbox died with it), with ``agent.session.failed``; their sandboxes are removed. Returns the
-        sandbox ids removed."""
+        sandbox died with it), with ``agent.session.failed``; the sandboxes it left are removed, found by
+        their labels on each backend a stored session names (:meth:`_left_behind`), so also one whose
+        start the server did not live to finish. A backend that cannot be asked now is asked at the
+        next start. Returns the names removed."""
         from controller.sandbox.registry import get_backend
 
+        rows = self.store.sessions(include_deleted=True)
+        theirs = [row for row in rows if row["owner"] != self.owner]
+        known = {row["id"] for row in rows}
+        stored_ids = {row["sandbox_id"] for row in theirs if row["sandbox_id"]}
         removed: list[str] = []
-        for row in self.store.sessions(include_deleted=True):
-            if row["status"] == "failed" and not row["sandbox_id"]:
+        asked: set[str] = set()
+        for name in sorted({row["backend"] for row in rows}):
+            try:
+                backend = get_backend(name)
+                found = backend.list_all()
+            except Exception:  # noqa: BLE001 - the backend cannot be asked now: the next start tries again
                 continue
-            if row["owner"] == self.owner:
-                continue
-            if row["sandbox_id"]:
-                try:
-                    removed += get_backend(row["backend"]).remove(row["sandbox_id"])
-                    self.store.update_session(row["id"], sandbox_id="")
-                except Exception:  # noqa: BLE001 - the backend cannot be asked now: the next start tries again
-                    pass
+            asked.add(name)
+            for sandbox_id, labels in found.items():
+                if self._left_behind(sandbox_id, labels, known, stored_ids):
+                    with contextlib.suppress(Exception):  # what stays is found again at the next start
+                        removed += backend.remove(sandbox_id)
+        for row in theirs:
+            if row["sandbox_id"] and row["backend"] in asked:
+                self.store.update_session(row["id"], sandbox_id="")
             if row["status"] != "failed":
                 data = dict(row["data"], error="the server that ran this session stopped; its sandbox is gone")
                 self.store.update_session(row["id"], status="failed", data=data)
                 row = self.store.session(row["id"]) or row
                 self.store.add_event(row["id"], {"type": "agent.session.failed", "session": stored_json(row)})
         return removed
+
+    def _left_behind(self, sandbox_id: str, labels: dict[str, str], known: set[str], stored_ids: set[str]) -> bool:
+        """Whether the sandbox ``sandbox_id`` (its ``labels`` as the backend lists them) is one a previous
+        server on this database left: labelled with this database's :data:`LABEL_STORE` and a session
+        (or, started before that label, with a session of ``known``, or stored as the sandbox of a
+        previous server's session in ``stored_ids``), not one of this server's live sessions, and not
+        started by a process that is still alive (a server on a copy of this database keeps its own)."""
+        from controller.sandbox import LABEL_OWNER_ID
+        from controller.sandbox.owner import owner_state
+
+        session = labels.get(LABEL_SESSION)
+        store = labels.get(LABEL_STORE)
+        if session:
+            ours = store == self.store.store_id if store is not None else session in known
+        else:
+            ours = store is None and sandbox_id in stored_ids
+        if not ours or (session and session in self.live):
+            return False
+        return owner_state(labels.get(LABEL_OWNER_ID))[0] != "alive"
 
 
 def live_task(params: SessionParams) -> Any:
@@ -390,6 +452,9 @@ class LiveSession:
         self._stopped = threading.Event()
         self._turns_run = 0
         self._record: Any = None  # the run record of the turn under way, while its run goes on
+        self.started = False
+        self._ended = False  # the session's thread has ended: no sandbox start is under way
+        self._released = False  # its place under max_sessions is given back
 
     # -- what the API shows ------------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -522,20 +587,26 @@ class LiveSession:
     # -- the session's thread ----------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        self.started = True
 
     def _main(self) -> None:
         try:
-            self._open_sandbox()
-        except Exception as exc:  # noqa: BLE001 - any start failure fails the session, with its reason
-            self._fail(f"the sandbox did not start: {type(exc).__name__}: {clean(exc, 800)}", environment=True)
-            return
-        while not self._stopped.is_set() and self.status != "failed":
-            turn = self._queue.get()
-            if turn is None:
-                break
-            self._run_turn(turn)
-        if self.status == "failed":  # the sandbox stopped answering: what is left of it goes now
-            self._remove_sandbox()
+            try:
+                self._open_sandbox()
+            except Exception as exc:  # noqa: BLE001 - any start failure fails the session, with its reason
+                self._fail(f"the sandbox did not start: {type(exc).__name__}: {clean(exc, 800)}", environment=True)
+                return
+            while not self._stopped.is_set() and self.status != "failed":
+                turn = self._queue.get()
+                if turn is None:
+                    break
+                self._run_turn(turn)
+            if self.status == "failed":  # the sandbox stopped answering: what is left of it goes now
+                self._remove_sandbox()
+        finally:
+            with self._lock:
+                self._ended = True
+            self._release_if_gone()
 
     def _remove_sandbox(self) -> None:
         """Close the session's sandbox, if it still has one, and forget it in the store."""
@@ -545,6 +616,16 @@ class LiveSession:
             with contextlib.suppress(Exception):
                 sandbox.close()
             self.hub.store.update_session(self.id, sandbox_id="")
+        self._release_if_gone()
+
+    def _release_if_gone(self) -> None:
+        """Give the session's place under ``max_sessions`` back once its thread has ended and it holds no
+        sandbox (once)."""
+        with self._lock:
+            if self._released or not self._ended or self.sandbox is not None:
+                return
+            self._released = True
+        self.hub.release(self.id)
 
     def _open_sandbox(self) -> None:
         from controller.sandbox.registry import get_backend
@@ -553,9 +634,12 @@ class LiveSession:
         options = cls.make_options(image=self.hub.options.image)
         if hasattr(options, "extra_labels"):
             options.extra_labels = {**options.extra_labels, **self.hub.options.extra_labels,
-                                    "desktop-sandbox.agents-session": self.id}
+                                    LABEL_SESSION: self.id, LABEL_STORE: self.hub.store.store_id}
         t = self.task
         spec = t.sandbox_spec(cls.default_ready_timeout)
+        with self._lock:
+            if self.deleted or self._stopped.is_set():  # deleted (or the server stops) before it began
+                return
         sandbox = cls.start(spec, options)
         try:
             for network in self.hub.options.attach_networks:
@@ -564,10 +648,12 @@ class LiveSession:
             sandbox.close()
             raise
         with self._lock:
-            if self.deleted:
-                sandbox.close()
-                return
-            self.sandbox = sandbox
+            gone = self.deleted or self._stopped.is_set()  # deleted, or the server stops, meanwhile
+            if not gone:
+                self.sandbox = sandbox
+        if gone:
+            sandbox.close()
+            return
         self.hub.store.update_session(self.id, sandbox_id=sandbox.id)
         self._emit({"type": "agent.session.environment.ready",
                     "environment": shapes.environment_state(self.env_id, "ready")})
@@ -851,10 +937,11 @@ class _TurnPump:
                 item = shapes.computer_call(shapes.new_id("cu"), turn_id, title="screenshot", status="completed")
             item = dict(item, status="completed")
             session.hub.store.put_item(session.id, item)
-            shot = str(self.view.record_dir / entry["file"]) if self.view and entry.get("file") else None
-            if not session.params.include_screenshots:
-                shot = None
-            event_item = dict(item, _shot=shot) if shot else item
+            shot = None
+            if self.view and entry.get("file") and session.params.include_screenshots:
+                name = shot_name(entry["file"])  # "": a name no reader opens, sent without its image
+                shot = str(self.view.record_dir / name) if name else ""
+            event_item = dict(item, _shot=shot) if shot is not None else item
             session._emit({"type": "agent.session.turn.item.done", "item": event_item, "output_index": self.outputs,
                            "turn_id": turn_id})
             self.outputs += 1

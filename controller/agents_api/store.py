@@ -2,8 +2,15 @@
 
 ``runs/agents.db`` by default, journal in WAL mode, one writer: the serving process holds an exclusive
 ``flock`` on ``<db>.lock`` for its whole life (a second server on the same file is refused,
-:class:`StoreBusy`), and every statement goes through one connection under one lock, so events are
-numbered in the order they happened.
+:class:`StoreBusy`, naming the holder the lock file records), and every statement goes through one
+connection under one lock, so events are numbered in the order they happened.
+
+Files: the database, SQLite's ``-wal`` and ``-shm`` beside it and the lock file are mode 0600 whatever
+the umask (the database is made 0600 before SQLite opens it, and SQLite gives its own files the
+database's mode; files an older server left with wider modes are narrowed). Each is opened without
+following a symlink and must be a regular file of the server's user, in a folder that only that user
+may write (:func:`private_folder_problem`): otherwise :class:`StoreError` says which and why, so nobody
+else can read the sessions, replace the files or hold the lock.
 
 Tables (JSON columns hold the API's own shapes, strings already escaped where they came from the
 model, a page or the guest):
@@ -14,20 +21,27 @@ model, a page or the guest):
 * ``events``: ``seq`` (one counter for every session: the SSE ``id`` is ``evt_<seq>``),
   ``session_id``, ``type``, ``data`` (the event without ``event_id``);
 * ``items``: ``seq``, ``id`` (unique per session), ``session_id``, ``data`` (the item, rewritten
-  when the item changes: an in-progress call completed).
+  when the item changes: an in-progress call completed);
+* ``meta``: ``key``, ``value``: ``store_id``, 16 random hex digits made with the database
+  (:attr:`Store.store_id`: the label that ties a sandbox to this database).
 """
 
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
+import pwd
 import secrets
 import sqlite3
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from controller.text import clean
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -39,7 +53,14 @@ CREATE INDEX IF NOT EXISTS events_by_session ON events (session_id, seq);
 CREATE TABLE IF NOT EXISTS items (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, session_id TEXT NOT NULL, data TEXT NOT NULL,
   UNIQUE (session_id, id));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+FILE_MODE = 0o600
+"""Mode of the database, its ``-wal`` and ``-shm`` files and its lock file."""
+SQLITE_SIDE_FILES = ("-wal", "-shm")
+"""Suffixes of the files SQLite keeps beside the database in WAL mode."""
+LOCK_HOLDER_MAX = 256
+"""Most bytes read from the lock file for the holder's name."""
 
 
 class StoreError(RuntimeError):
@@ -65,19 +86,100 @@ def event_seq(text: str) -> int | None:
     return int(digits)
 
 
+def private_group(gid: int) -> bool:
+    """Whether group ``gid`` is this user's alone: no other user has it as a member or as the primary
+    group (a user private group: a umask of 002 makes folders writable by it)."""
+    uid = os.geteuid()
+    try:
+        me = pwd.getpwuid(uid).pw_name
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    return all(m == me for m in members) and all(e.pw_gid != gid or e.pw_uid == uid for e in pwd.getpwall())
+
+
+def private_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not one only this server's user may write (another user owns it, others may
+    write it, or a group that is not the user's private one may), or None when it is. Raises OSError
+    when it cannot be looked at."""
+    st = os.stat(folder)
+    if st.st_uid != os.geteuid():
+        return f"its folder {folder} belongs to uid {st.st_uid}, not to this server's user (uid {os.geteuid()})"
+    if st.st_mode & stat.S_IWOTH:
+        return f"others may write its folder {folder} (mode {stat.S_IMODE(st.st_mode):o}): chmod o-w it"
+    if st.st_mode & stat.S_IWGRP and not private_group(st.st_gid):
+        return (f"group {st.st_gid} may write its folder {folder} (mode {stat.S_IMODE(st.st_mode):o}): "
+                "chmod g-w it")
+    return None
+
+
+def open_private(path: Path, *, create: bool) -> int | None:
+    """An ``O_RDWR`` descriptor of ``path``: a regular file of this user, not reached through a
+    symlink, made :data:`FILE_MODE` (created so when ``create``, narrowed when an older file is wider).
+    None when it does not exist and ``create`` is false. Raises :class:`StoreError` naming the file
+    and what is wrong with it."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except FileNotFoundError:
+        if create:
+            raise StoreError(f"cannot create {path}: its folder is missing") from None
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise StoreError(f"{path} is a symbolic link: the server opens its files only where they are") from None
+        raise StoreError(f"cannot open {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise StoreError(f"{path} belongs to uid {st.st_uid}, not to this server's user (uid {os.geteuid()}): "
+                             "move it away")
+        if stat.S_IMODE(st.st_mode) != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Store:
-    """The database at ``path`` (created with its folder when missing). Raises :class:`StoreBusy`
-    when another process holds it. Thread-safe: one connection, one lock."""
+    """The database at ``path`` (created with its folder, 0755, when missing; files as in the module
+    docstring). Raises :class:`StoreBusy` when another process holds it, :class:`StoreError` for files
+    or a folder others could read, replace or lock, or a damaged database. Thread-safe: one
+    connection, one lock."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(str(self.path) + ".lock", "a+")  # noqa: SIM115 - held for the store's life
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         try:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            problem = private_folder_problem(self.path.parent)
+        except OSError as exc:
+            raise StoreError(f"cannot look at the folder of {self.path}: {exc.strerror or exc}") from None
+        if problem:
+            raise StoreError(f"{self.path} cannot be served from: {problem}")
+        lock_path = Path(str(self.path) + ".lock")
+        lock_fd = open_private(lock_path, create=True)
+        assert lock_fd is not None
+        self._lock_fd = lock_fd
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock_file.close()
-            raise StoreBusy(f"{self.path} is in use by another server (its lock {self.path}.lock is held)") from None
+            holder = _read_holder(lock_fd)
+            os.close(lock_fd)
+            raise StoreBusy(f"{self.path} is in use by another server{f' ({holder})' if holder else ''}: its "
+                            f"lock {lock_path} is held; stop that server or use another --runs-dir / --db") from None
+        try:
+            os.ftruncate(lock_fd, 0)
+            os.pwrite(lock_fd, f"{owner_label()}\n".encode(), 0)
+            for fd in (open_private(self.path, create=True),
+                       *(open_private(Path(str(self.path) + suffix), create=False) for suffix in SQLITE_SIDE_FILES)):
+                if fd is not None:
+                    os.close(fd)
+        except BaseException:
+            self._release_lock()
+            raise
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=10)
@@ -85,18 +187,25 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
             self._db.execute("SELECT count(*) FROM sessions").fetchone()
+            self._db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?)", (secrets.token_hex(8),))
+            self.store_id: str = str(self._db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
+            """This database's id (16 hex digits, kept in it): every session's sandbox carries it as a label."""
         except sqlite3.DatabaseError as exc:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-            self._lock_file.close()
+            self._release_lock()
             raise StoreError(f"{self.path} is not a usable database ({exc}); move it away to start with an "
                              "empty one") from None
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def close(self) -> None:
         """Close the connection and release the lock."""
         with self._lock:
             self._db.close()
-        fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-        self._lock_file.close()
+        self._release_lock()
 
     # -- sessions ------------------------------------------------------------------------------------
     def add_session(self, session_id: str, data: dict[str, Any], *, owner: str, backend: str) -> None:
@@ -203,6 +312,17 @@ def _session_row(row: tuple) -> dict[str, Any] | None:
     out["deleted"] = bool(out["deleted"])
     out["data"] = _object(out["data"])
     return out if out["data"] is not None else None
+
+
+def _read_holder(fd: int) -> str:
+    """The holder a lock file names (``host:pid``, escaped), or ``""``."""
+    try:
+        text = os.pread(fd, LOCK_HOLDER_MAX, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    host, _, rest = text.partition(":")
+    pid = rest.partition(":")[0]
+    return clean(f"{host}:{pid}", 120) if host and pid.isdigit() else ""
 
 
 _INSTANCE = secrets.token_hex(8)

@@ -72,6 +72,7 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     ``opener(backend, image_tag)``, each step compared by the screen comparison rule with ``tolerance``
     and ``max_changed`` (None: the rule's defaults); prints the per-step table and the checks; exits 0 when every step
     matched and every check passed, 1 otherwise, 2 when the record cannot be replayed, 130 cancelled."""
+    from controller.offline.script import ScriptError, load_task_script
     from controller.run.record import read_record
     from controller.run.replay import ReplayError, build
     from controller.run.runner import RunOptions, run_task
@@ -98,6 +99,10 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
         refuse("--attach-network needs the docker backend")
     with tempfile.TemporaryDirectory(prefix="ds-replay-") as tmp:
         script = replay.write_script(Path(tmp) / "replay.offline.jsonl")
+        try:  # as the run will load it (the task's tools): a record it would refuse is refused here
+            load_task_script(task, script)
+        except ScriptError as exc:
+            refuse(f"cannot replay {record}: {str(exc).replace(str(script), 'the replay script')}")
         if write_task_to is not None:
             say(f"task written: {write_task(replay, script, write_task_to)}")
         say(f"replaying {len(replay.steps)} steps of {clean(str(replay.record_dir), 300)}"

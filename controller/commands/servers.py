@@ -14,24 +14,25 @@ from controller.commands.common import backend_class, refuse, writable_runs_dir
 
 def console(runs_dir: Path) -> None:
     """Serve the web console over the run records in ``runs_dir``; print ``console: <url>`` on stdout and
-    serve until Ctrl-C or SIGTERM. Refuses (exit 2) a ``runs_dir`` that is not a directory."""
-    import threading
-
+    serve until Ctrl-C, SIGTERM or SIGHUP (then the server stops, exit 0). Refuses (exit 2) a
+    ``runs_dir`` that is not a directory."""
     from controller.console.server import ConsoleServer
+    from controller.sandbox.signals import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals
 
     if runs_dir.exists() and not runs_dir.is_dir():
         refuse(f"--runs-dir {runs_dir} is not a directory")
-    server = ConsoleServer(runs_dir).start()
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = None
     try:
-        print(f"console: {server.url}", flush=True)
-        stop.wait()
-    except KeyboardInterrupt:
+        with raise_on_signals(INTERRUPT_SIGNALS):  # the handler raises: the wait below ends at once
+            server = ConsoleServer(runs_dir).start()
+            print(f"console: {server.url}", flush=True)
+            while True:
+                signal.pause()
+    except (KeyboardInterrupt, SandboxInterrupted):
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 def serve(*, port: int, key_file: Optional[Path], backend: str, image_tag: Optional[str], runs_dir: Path,

@@ -7,6 +7,8 @@
 ``GET /runs/{id}``                              a live run's page, or a finished run's report
 ``GET /runs/{id}/state``                        ``describe()`` plus ``last_action`` (JSON)
 ``GET /runs/{id}/events``                       events (SSE, controller.console.streams)
+``WebSocket /runs/{id}/live?after=N``           events and, as asked, live frames on one connection (what a
+                                                run page holds; controller.console.streams.live_socket)
 ``GET /runs/{id}/approvals``                    ``{"version", "pending": [request...]}``
 ``POST /runs/{id}/approvals/{request_id}``      ``{"answer": "approve"|"deny"|"cancel"}`` -> 202 request; registry
                                                 refusals (``cancel``: origin requests only; their answers go
@@ -18,7 +20,8 @@
 ``POST /runs/{id}/takeover|resume|cancel``      -> 202 ``{"state": describe()}``; 409 ``run_finished``
 ``POST /runs/{id}/input``                       one action in screen px -> 202 ``{"action": shown}``
 ``GET /runs/{id}/screen.jpg``                   one JPEG of the live screen
-``GET /runs/{id}/screen.mjpeg?fps=5``           the live screen, multipart JPEG, 1..10 fps
+``GET /runs/{id}/screen.mjpeg?fps=5``           the live screen, multipart JPEG, 1..10 fps (frames of the
+                                                run's one grab loop: controller.console.frames)
 ``GET /runs/{id}/shots/{name}``                 a recorded screenshot (``shot-NNNN.png|jpg``)
 ==============================================  ===============================================================
 
@@ -44,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -54,10 +57,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from controller.agent_client import AgentError
 from controller.asgi import BodyTooLarge, read_json as read_capped_json
 from controller.console import streams
+from controller.console.frames import FrameFeed
 from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
-from controller.report.html import read_shot, render_report
+from controller.report.html import render_report
+from controller.run.shots import read_shot
 from controller.run.record import read_entries, summarize
 from controller.run.registry import SIGN_IN, AnswerRefused
 from controller.text import clean
@@ -86,13 +91,14 @@ def error(status: int, code: str, message: str) -> JSONResponse:
 
 
 FRAME_THREADS = 4
-"""Threads that fetch live frames from the guest (shared by every viewer of every run)."""
+"""Threads that fetch live frames from the guest (one grab at a time per run, whatever its viewers)."""
 
 
 class ConsoleState:
     """What the routes share: ``runs_dir``, ``auth``, the live runs (by id, in the order added),
-    ``closing`` (set when the console stops: streams end), the runs list and ``waits``, the threads
-    the event streams wait in."""
+    ``closing`` (set when the console stops: streams end), the runs list, ``waits``, the threads
+    the event streams wait in, ``feeds``, each live run's one :class:`FrameFeed` (by run id), and
+    ``sockets``, how many run pages' sockets are open now."""
 
     def __init__(self, runs_dir: Path, auth: Auth) -> None:
         self.runs_dir = Path(runs_dir)
@@ -105,6 +111,16 @@ class ConsoleState:
         # its own, so neither starves the other, the event streams, or the run's controls (run inline)
         self.frames = ThreadPoolExecutor(max_workers=FRAME_THREADS, thread_name_prefix="console-frames")
         self.inputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-input")
+        self.feeds: dict[str, FrameFeed] = {}
+        self.sockets = 0
+
+    def feed(self, live: LiveRun) -> FrameFeed:
+        """The live screen of ``live`` for every viewer of it: one :class:`FrameFeed` per run, made on
+        first use (on the console's event loop)."""
+        feed = self.feeds.get(live.run_id)
+        if feed is None or feed.live is not live:
+            feed = self.feeds[live.run_id] = FrameFeed(live, self.frames, self.closing)
+        return feed
 
     def live_run(self, run_id: str) -> LiveRun:
         """The live run ``run_id``: 404 ``unknown_run`` for a bad or unknown id, ``not_live`` for a
@@ -228,6 +244,24 @@ def create_app(state: ConsoleState) -> FastAPI:
                                  media_type="text/event-stream",
                                  headers={"X-Accel-Buffering": "no"})
 
+    @app.websocket("/runs/{run_id}/live")
+    async def live_socket(socket: WebSocket, run_id: str, after: str | None = None) -> None:
+        # refusals are the handshake's answer (the JSON error, as for a GET): no socket opens
+        try:
+            live = state.live_run(run_id)
+            try:
+                seq = streams.start_seq(None, after, live)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_event_id", str(exc)) from None
+        except ApiError as exc:
+            await socket.send_denial_response(error(exc.status, exc.code, exc.message))
+            return
+        state.sockets += 1
+        try:
+            await streams.live_socket(socket, state.feed(live), seq, state.closing, state.waits)
+        finally:
+            state.sockets -= 1
+
     @app.get("/runs/{run_id}/approvals")
     async def approvals(run_id: str) -> dict[str, Any]:
         return state.live_run(run_id).registry.snapshot()
@@ -323,7 +357,7 @@ def create_app(state: ConsoleState) -> FastAPI:
     @app.get("/runs/{run_id}/screen.mjpeg")
     async def screen_mjpeg(run_id: str, fps: float | None = None) -> StreamingResponse:
         live = state.live_run(run_id)
-        return StreamingResponse(streams.mjpeg_stream(live, streams.clamp_fps(fps), state.closing, state.frames),
+        return StreamingResponse(streams.mjpeg_stream(state.feed(live), streams.clamp_fps(fps), state.closing),
                                  media_type=f"multipart/x-mixed-replace; boundary={streams.BOUNDARY}")
 
     @app.get("/runs/{run_id}/shots/{name}")

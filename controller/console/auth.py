@@ -18,8 +18,8 @@ to it (and a DNS-rebinding page can even read answers), so:
 * **every state-changing request** (any method but GET / HEAD) also needs the session's CSRF token in
   ``X-CSRF-Token`` (403 ``bad_csrf``; the page reads it from ``<meta name="csrf-token">``) and an
   ``Origin`` equal to the console's own origin as the request addresses it (403 ``bad_origin``);
-* **every request** must carry ``Host: 127.0.0.1:<port>`` or ``localhost:<port>`` (403 ``bad_host``):
-  a rebound name never matches;
+* **every request** must carry one ``Host: 127.0.0.1:<port>`` or ``localhost:<port>`` (403 ``bad_host``;
+  the rule of every server here, :func:`wire.connections.host_refusal`): a rebound name never matches;
 * **every request from another site is refused** (:meth:`Guard.check_site`), cookie or not: an
   ``Origin`` that is not the console's own (403 ``bad_origin``; ``null`` included), or a
   ``Sec-Fetch-Site`` other than ``same-origin`` or ``none`` (403 ``cross_site``: ``same-site`` is what a
@@ -32,6 +32,9 @@ to it (and a DNS-rebinding page can even read answers), so:
   (the run's state and approvals, ``events``, ``screen.jpg``, ``screen.mjpeg``, ``shots/``,
   ``static/``) are never served to another site, not even to a navigation. A URL opened from the
   terminal or typed is ``Sec-Fetch-Site: none``; the console's own requests are ``same-origin``.
+* **a WebSocket** (a run page's ``/runs/{id}/live``) is checked as a GET, and its handshake must also
+  carry an ``Origin`` equal to the console's own (403 ``bad_origin``, none at all included): a
+  WebSocket is not bound by CORS, and every browser names the page that opens one.
 
 Secrets are compared with :func:`hmac.compare_digest`. Every response, refusals and errors included,
 carries :data:`SECURITY_HEADERS` (``Cross-Origin-Resource-Policy: same-origin`` among them: a browser
@@ -54,6 +57,8 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
 from starlette.datastructures import Headers, MutableHeaders
+
+from wire.connections import HOST_REFUSED, scope_host_refusal
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -101,7 +106,7 @@ class Refused(Exception):
 class Auth:
     """The console's secrets: the one-time login token and the sessions it opened.
 
-    ``port`` (set once the server listens) names the allowed hosts, the origin and the cookie.
+    ``port`` (set once the server listens) names the origin and the cookie.
     """
 
     def __init__(self) -> None:
@@ -117,13 +122,6 @@ class Auth:
     def cookie_name(self) -> str:
         """``ds_console_<port>``: cookies are not kept apart by port, names are."""
         return f"ds_console_{self.port}"
-
-    def allowed_hosts(self) -> tuple[str, ...]:
-        return (f"127.0.0.1:{self.port}", f"localhost:{self.port}")
-
-    def host_ok(self, host: str | None) -> bool:
-        """Whether a ``Host`` header names this console (``127.0.0.1:<port>`` / ``localhost:<port>``)."""
-        return self.port is not None and host is not None and host.lower() in self.allowed_hosts()
 
     def origin_ok(self, origin: str | None, host: str) -> bool:
         """Whether ``Origin`` is this console's own origin as the (already checked) ``host`` names it."""
@@ -205,8 +203,10 @@ class Guard:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
-        if scope["type"] != "http":  # no websockets here
-            await send({"type": "websocket.close", "code": 1008})
+        if scope["type"] == "websocket":
+            await self.websocket(scope, receive, send)
+            return
+        if scope["type"] != "http":
             return
 
         async def send_secured(message: Message) -> None:
@@ -231,6 +231,37 @@ class Guard:
             await send_refusal(send_secured, refused, wants_html(headers))
             return
         await self.app(scope, receive, send_secured)
+
+    async def websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket handshake: checked as a GET (:meth:`check`) with the console's own ``Origin``
+        required; a refusal is the handshake's answer (the JSON error, before the app sees it, logged as
+        for HTTP), the :data:`SECURITY_HEADERS` go with every answer."""
+        async def send_secured(message: Message) -> None:
+            if message["type"] in ("websocket.accept", "websocket.http.response.start"):
+                headers = MutableHeaders(raw=list(message.get("headers", [])))
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+                message = {**message, "headers": headers.raw}
+            await send(message)
+
+        headers = Headers(scope=scope)
+        try:
+            checked = self.check({**scope, "method": "GET"}, headers)
+            if not self.auth.origin_ok(headers.get("origin"), headers.get("host") or ""):
+                raise Refused(403, "bad_origin", "a WebSocket must come from the console's own page (its Origin)")
+        except Refused as refused:
+            log.info("refused WEBSOCKET %s: %d %s", self.shown_path(scope["path"]), refused.status, refused.code)
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            body, ctype = refusal_body(refused.status, refused.code, refused.message, False)
+            await send_secured({"type": "websocket.http.response.start", "status": refused.status,
+                                "headers": [(b"content-type", ctype.encode()),
+                                            (b"content-length", str(len(body)).encode())]})
+            await send({"type": "websocket.http.response.body", "body": body})
+            return
+        del checked["method"]
+        await self.app(checked, receive, send_secured)
 
     def shown_path(self, path: str) -> str:
         """``path`` as a log line shows it: inside the secret base, without the base and percent-encoded
@@ -261,10 +292,10 @@ class Guard:
     def check(self, scope: Scope, headers: Headers) -> Scope:
         """The request's scope for the app (its path without the secret base, which becomes
         ``root_path``); :class:`Refused` unless the request may reach the app (module docstring)."""
+        problem = scope_host_refusal(scope)  # the rule every server of the project keeps
+        if problem is not None:
+            raise Refused(HOST_REFUSED[0], HOST_REFUSED[1], problem)
         host = headers.get("host")
-        if not self.auth.host_ok(host):
-            raise Refused(403, "bad_host", "requests must address the console as 127.0.0.1 or localhost "
-                                           "with its port")
         base, path = self.auth.base, scope["path"]
         if not (hmac.compare_digest(path[:len(base)].encode(), base.encode())
                 and (len(path) == len(base) or path[len(base)] == "/")):

@@ -23,11 +23,10 @@ from typing import Any
 
 from controller.run.entries import RunFinished, RunStarted
 from controller.run.record import read_entries
+from controller.run.shots import shot_type
 from controller.text import clean
 
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
-SHOT_NAME = re.compile(r"shot-[0-9]{4}\.(png|jpg)")
-SHOT_TYPES = {"png": "image/png", "jpg": "image/jpeg"}
 MAX_LISTED = 300
 """Most runs the list shows (the most recently written records)."""
 
@@ -54,8 +53,8 @@ def run_dir(runs_dir: Path, run_id: str) -> Path | None:
 def shot_file(directory: Path, name: str) -> tuple[Path, str] | None:
     """``(path, content type)`` of a recorded screenshot ``name`` in ``directory``, or None when the
     name is not ``shot-NNNN.png|jpg`` or no such regular file is there."""
-    match = SHOT_NAME.fullmatch(name)
-    if match is None:
+    content_type = shot_type(name)
+    if content_type is None:
         return None
     path = directory / name
     try:
@@ -63,7 +62,7 @@ def shot_file(directory: Path, name: str) -> tuple[Path, str] | None:
             return None
     except OSError:
         return None
-    return path, SHOT_TYPES[match.group(1)]
+    return path, content_type
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,23 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import uvicorn
-
 from controller.asgi import ThreadedUvicorn
 from controller.console.app import ConsoleState, create_app
 from controller.console.auth import Auth, Guard
+from controller.console.streams import MAX_CLIENT_MESSAGE, PageSocketProtocol
 from controller.console.runs import valid_run_id
 from controller.run.live import LiveRun
+from wire.connections import ConnectionGuard, listen, uvicorn_config
 
 START_TIMEOUT_S = 15.0
 """Longest wait for uvicorn to listen (seconds)."""
 STOP_TIMEOUT_S = 10.0
 """Longest wait for the server thread to end (seconds)."""
 HOST = "127.0.0.1"
+WEBSOCKETS = {"ws": PageSocketProtocol, "ws_max_size": MAX_CLIENT_MESSAGE, "ws_per_message_deflate": False}
+"""uvicorn's WebSocket settings (a run page's socket, controller.console.streams.live_socket): the
+``websockets`` library with a small send buffer, a client's message capped, no compression (frames are
+JPEG already)."""
 
 
 class ConsoleServer:
@@ -71,14 +75,17 @@ class ConsoleServer:
         RuntimeError when it did not within ``timeout`` seconds."""
         if self._thread is not None:
             raise RuntimeError("the console was already started")
-        config = uvicorn.Config(Guard(create_app(self.state), self.auth), host=HOST, port=0, lifespan="off",
-                                log_level="warning", access_log=False, timeout_graceful_shutdown=3,
-                                server_header=False)
+        # a request the Guard lets through authenticates its connection (wire.connections: the head
+        # deadline and the cap hold for the others)
+        app = Guard(ConnectionGuard(create_app(self.state), token=None, check_host=False), self.auth)
+        config = uvicorn_config(app, lifespan="off", log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=3, server_header=False, **WEBSOCKETS)
+        sock = listen(HOST, 0)
         self._server = server = ThreadedUvicorn(config)
 
         def serve() -> None:
             try:
-                server.run()
+                server.run(sockets=[sock])
             finally:
                 server.ready.set()  # a failed start (SystemExit in startup) wakes start() too
 

@@ -29,7 +29,8 @@ request to an origin of the ``ask`` tier is held (``flow.intercept()``) on the o
 request in :class:`~controller.gateway.holds.OriginRequests` until a person answers through the control
 API (:mod:`controller.gateway.control`) or the deadline passes. Approve resumes every held connection
 to the address checked before holding (pinned like any allow); deny, cancel and timeout answer each
-403. A client that closes a held connection is logged ``client_gone``.
+403. A client that closes a held connection is logged ``client_gone``; a connection still held when the
+gateway stops is refused and logged ``gateway_stopped`` (its line written before the log closes).
 
 Each decision is appended, one JSON object a line, to the decision log (see
 :class:`~controller.gateway.policy.Decision`, the model the controller reads the log back with): one
@@ -49,7 +50,7 @@ from typing import Callable, Optional
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import server_hooks
 
-from controller.gateway.holds import OriginRequests, Via
+from controller.gateway.holds import OriginRequests, Outcome, Via
 from controller.gateway.policy import (
     Decision, NetworkPolicy, Origin, OwnEndpoint, PolicyError, Resolver, Verdict, destination_mismatch,
     system_resolver,
@@ -60,7 +61,7 @@ DENIED_STATUS = 403
 DENIED_PREFIX = "denied by sandbox egress policy: "
 
 HELD_REASONS = {"approved": "approved", "denied": "user_denied", "cancelled": "cancelled", "timeout": "timeout",
-                "client_gone": "client_gone"}
+                "client_gone": "client_gone", "gateway_stopped": "gateway_stopped"}
 """Decision reason of a held connection, by how it ended (:class:`~controller.gateway.holds.Outcome`)."""
 
 
@@ -128,6 +129,8 @@ class EgressPolicy:
         self._tunnels: dict[str, Origin] = {}
         # server connection ids whose tunnel failed the SNI check
         self._refused_tunnels: set[str] = set()
+        # connections held now: id(ticket) -> the decision fields of its line (origin, client, via)
+        self._held: dict[int, dict[str, Optional[str]]] = {}
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -161,6 +164,8 @@ class EgressPolicy:
                                     via=via)
             elif verdict.action == "ask":
                 decision = await self._hold(flow, verdict, hold_via)
+                if decision.reason == HELD_REASONS["gateway_stopped"]:
+                    return decision  # refused by the stop, its line written then (done)
         self.log.write(decision)
         if decision.allowed:
             self._allowed[(client.id, host, port)] = decision
@@ -183,15 +188,23 @@ class EgressPolicy:
         ticket = self.requests.join(verdict.origin, hold_via, flow.client_conn.id)
         if ticket is None:
             return Decision(decision="deny", reason="prompt_limit", **fields)
+        self._held[id(ticket)] = fields
         flow.intercept()
         try:
             outcome = await ticket.wait()
         finally:
+            self._held.pop(id(ticket), None)
             if flow.intercepted:
                 flow.resume()
+        return self._held_decision(outcome, fields, verdict.address)
+
+    @staticmethod
+    def _held_decision(outcome: Outcome, fields: dict[str, Optional[str]], address: Optional[str]) -> Decision:
+        """The decision line of a held connection that ended with ``outcome`` (an approval allows the
+        ``address`` checked before holding)."""
         reason = HELD_REASONS.get(outcome.state, "timeout")
         if reason == "approved":
-            return Decision(decision="allow", reason=reason, address=verdict.address, request_id=outcome.request_id,
+            return Decision(decision="allow", reason=reason, address=address, request_id=outcome.request_id,
                             held_ms=outcome.held_ms, **fields)
         return Decision(decision="deny", reason=reason, request_id=outcome.request_id, held_ms=outcome.held_ms,
                         **fields)
@@ -308,8 +321,12 @@ class EgressPolicy:
         self._refused_tunnels.discard(data.server.id)
 
     def done(self) -> None:
-        """mitmproxy shutdown: refuse what is still held, close the log."""
-        self.requests.close()
+        """mitmproxy shutdown: every connection still held is refused (``gateway_stopped``), each with its
+        decision line written now, while the log is open; then the log is closed."""
+        for ticket in self.requests.close():
+            fields = self._held.pop(id(ticket), None)
+            if fields is not None and ticket.future.done():
+                self.log.write(self._held_decision(ticket.future.result(), fields, None))
         self.log.close()
 
 

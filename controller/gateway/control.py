@@ -5,9 +5,11 @@ over the :class:`~controller.gateway.holds.OriginRequests` the policy addon hold
 
 Access: every request needs ``Authorization: Bearer <token>`` (a per-sandbox token read from a file,
 not the agent's; compared in constant time), else 401 ``unauthorized``; a peer inside a refused network
-(the guest's internal subnet) gets 403 ``forbidden`` before anything else is looked at. The server
+(the guest's internal subnet) gets 403 ``forbidden`` before anything else is looked at, then a ``Host``
+that does not name the server 403 ``bad_host`` (:func:`wire.connections.host_refusal`, ``mapped``: in
+Docker the controller reaches it as ``127.0.0.1:<published port>``). The server
 listens only where it is told (Docker: the gateway's egress-side addresses, published on the host's
-127.0.0.1; VM: the host's 127.0.0.1).
+127.0.0.1; VM: the host's 127.0.0.1), and keeps the connection rules of :mod:`wire.connections`.
 
 Endpoints (JSON; errors ``{"error": {"code", "message"}}``):
 
@@ -39,6 +41,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 from controller.gateway.addresses import IPNetwork, _unmapped
 from controller.gateway.holds import AnswerRefused, OriginRequests
 from controller import json_semantics
+from wire.connections import HOST_REFUSED, governed, mark_authenticated, scope_host_refusal, uvicorn_config
 
 PING_INTERVAL_S = 15.0
 """Seconds between comment pings on a quiet event stream."""
@@ -152,8 +155,10 @@ def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] 
 
 
 class _Guard:
-    """ASGI wrapper: refuses peers in ``refused`` (403) and requests without exactly one
-    ``Authorization`` header equal to ``expected`` (401, compared in constant time) before ``app``."""
+    """ASGI wrapper: refuses peers in ``refused`` (403 ``forbidden``), a ``Host`` that does not name the
+    server (403 ``bad_host``) and requests without exactly one ``Authorization`` header equal to
+    ``expected`` (401, compared in constant time) before ``app``; a request that passes marks its
+    connection authenticated (:func:`wire.connections.mark_authenticated`)."""
 
     def __init__(self, app: Any, expected: bytes, refused: tuple[IPNetwork, ...]) -> None:
         self.app = app
@@ -168,11 +173,16 @@ class _Guard:
         if _peer_refused(client[0] if client else None, self.refused):
             await _error(403, "forbidden", "the control API does not answer this network")(scope, receive, send)
             return
+        problem = scope_host_refusal(scope, mapped=True)
+        if problem is not None:
+            await _error(HOST_REFUSED[0], HOST_REFUSED[1], problem)(scope, receive, send)
+            return
         given = [value for name, value in scope.get("headers", []) if name.lower() == b"authorization"]
         if len(given) != 1 or not hmac.compare_digest(given[0], self.expected):
             response = _error(401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
+        mark_authenticated(scope)
         await self.app(scope, receive, send)
 
 
@@ -244,8 +254,8 @@ def listen_sockets(host: str, port: int, exclude: Sequence[IPNetwork] = ()) -> l
     """Bound TCP sockets to serve on: ``host`` itself, or for ``0.0.0.0`` every IPv4 address of this
     machine except loopback and those inside ``exclude`` (the relay's rule,
     :func:`controller.gateway.relay.listen_addresses`). All on ``port`` (0: one free port, the same
-    for every address when more than one). Raises ControlConfigError when nothing qualifies, OSError
-    when binding fails."""
+    for every address when more than one), accepting as :func:`wire.connections.governed` says. Raises
+    ControlConfigError when nothing qualifies, OSError when binding fails."""
     if host in ("0.0.0.0", ""):
         from controller.gateway.relay import listen_addresses
 
@@ -268,7 +278,7 @@ def listen_sockets(host: str, port: int, exclude: Sequence[IPNetwork] = ()) -> l
         for sock in sockets:
             sock.close()
         raise
-    return sockets
+    return [governed(sock) for sock in sockets]
 
 
 class ControlServer:
@@ -284,7 +294,7 @@ class ControlServer:
             def capture_signals(self) -> Iterator[None]:  # the gateway's loop owns the signals
                 yield
 
-        config = uvicorn.Config(app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False,
+        config = uvicorn_config(app, ws="none", lifespan="off", log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=1, server_header=False, date_header=False)
         self.server = _Server(config)
         self.sockets = sockets

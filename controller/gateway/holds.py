@@ -13,6 +13,8 @@ all on the gateway's one event loop (nothing here is thread-safe; call it from t
   request opened) the request ends ``timeout``: a deny that is not remembered.
 * A connection whose client goes away is taken off its request (``client_gone``); the request stays
   pending until its deadline, so an answer still counts for the next attempt.
+* At the gateway's stop (:meth:`OriginRequests.close`) every pending request ends ``timeout`` and its
+  held connections end ``gateway_stopped`` (refused).
 * Every change is an event with a sequence number (``created``, ``resolved``), kept in a ring buffer so
   a watcher can catch up after a reconnect (:meth:`OriginRequests.events_after`).
 
@@ -70,8 +72,8 @@ class AnswerRefused(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a held connection ended: ``state`` approved | denied | cancelled | timeout | client_gone,
-    ``request_id``, ``held_ms`` (milliseconds from joining to the end)."""
+    """How a held connection ended: ``state`` approved | denied | cancelled | timeout | client_gone |
+    gateway_stopped, ``request_id``, ``held_ms`` (milliseconds from joining to the end)."""
 
     state: str
     request_id: str
@@ -180,10 +182,14 @@ class OriginRequests:
                 count += 1
         return count
 
-    def close(self) -> None:
-        """Gateway shutdown: every pending request ends ``timeout`` (its connections are refused)."""
+    def close(self) -> list[Ticket]:
+        """Gateway shutdown: every pending request ends ``timeout``, its held connections with the outcome
+        ``gateway_stopped`` (refused). Returns those connections, each with its outcome set."""
+        stopped: list[Ticket] = []
         for request in list(self._pending.values()):
-            self._resolve(request, "timeout", None)
+            stopped.extend(request.tickets)
+            self._resolve(request, "timeout", None, outcome="gateway_stopped")
+        return stopped
 
     # -- the control API's side ---------------------------------------------------------------------
 
@@ -254,7 +260,9 @@ class OriginRequests:
         if request.state == "pending":
             self._resolve(request, "timeout", None)
 
-    def _resolve(self, request: OriginRequest, state: str, by: Optional[str]) -> None:
+    def _resolve(self, request: OriginRequest, state: str, by: Optional[str], *, outcome: Optional[str] = None) -> None:
+        """Decide ``request`` (``state``, ``by``); each connection held on it ends with ``outcome`` (default:
+        the state)."""
         request.state = state
         request.by = by
         request.decided_at = _dt.datetime.now(_dt.timezone.utc)
@@ -267,7 +275,7 @@ class OriginRequests:
             self._remembered[request.origin] = (state, request.id)
         tickets, request.tickets = request.tickets, []
         for ticket in tickets:
-            self._finish(ticket, state)
+            self._finish(ticket, outcome or state)
         self._decided.append(request.id)
         while len(self._decided) > DECIDED_KEPT:
             self._by_id.pop(self._decided.popleft(), None)

@@ -112,7 +112,8 @@ class Decision(BaseModel):
     refused, the next one asks again), ``timeout`` (nobody answered by the deadline), ``quiet`` (quiet
     tier), ``policy`` (outside every tier), ``address_refused`` (a special address or the gateway's own
     endpoint; ``detail`` says which), ``prompt_limit`` (``max_pending`` requests were already waiting),
-    ``client_gone`` (the client closed the held connection before the answer). Old modes keep their
+    ``client_gone`` (the client closed the held connection before the answer), ``gateway_stopped`` (the
+    gateway stopped while it held the connection). Old modes keep their
     reasons (``deny-all``, ``not-allowlisted``, ``address-refused: ...``).
 
     Optional (absent on lines of older gateways and where they do not apply): ``request_id``: the origin

@@ -72,7 +72,6 @@ import base64
 import binascii
 import json
 import re
-import socket
 import threading
 import time
 import uuid
@@ -88,16 +87,18 @@ from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.script import (  # noqa: F401 - ScriptError, load_script: re-exported
     ScriptError, load_script, validate_first_turn, validate_turn,
 )
+from wire.connections import ConnectionGuard, listen, uvicorn_config
 
 
 IMAGE_TOKENS = 1105
 
 
+def _error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "param": param, "type": "invalid_request_error"}}
+
+
 def _error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": message, "param": param, "type": "invalid_request_error"}},
-        status_code=status,
-    )
+    return JSONResponse(_error_body(status, code, message, param), status_code=status)
 
 
 def _check_data_url(url: Any) -> str | None:
@@ -631,11 +632,11 @@ class ScriptedServer:
 
     def __init__(self, model: ScriptedModel, port: int = 0) -> None:
         self.model = model
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", port))
+        self._sock = listen("127.0.0.1", port)
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(create_app(model), log_level="warning", access_log=False, lifespan="off")
+        # the connection rules (wire.connections); no key here: a request with the right Host is authenticated
+        app = ConnectionGuard(create_app(model), token=None, error=_error_body)
+        config = uvicorn_config(app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="scripted-responses", daemon=True)

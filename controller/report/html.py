@@ -15,9 +15,8 @@ entry's ``image_size``), never screen px.
 The record may be hostile (a model, a page or the guest wrote its strings; anyone may have edited
 the file). So: every string is escaped (:func:`controller.text.clean`, then HTML autoescaping);
 typed text is never shown (the record holds its length only); and a screenshot file is read only
-when the entry's ``file`` is a plain name :data:`SHOT_NAME` (``shot-0001.png``) in the run
-directory, opened without following a symlink, a regular file of at most :data:`MAX_IMAGE_BYTES`
-whose bytes start as its extension says (PNG or JPEG), and while the page's images stay under
+by the rule of :mod:`controller.run.shots` (a plain ``shot-NNNN.png|jpg`` name in the run directory,
+no link followed, a regular file, size and pixel caps), and while the page's images stay under
 :data:`MAX_EMBEDDED_BYTES`. Any other screenshot is shown as missing, with the reason.
 """
 
@@ -27,30 +26,20 @@ import base64
 import contextlib
 import io
 import os
-import re
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import jinja2
-from PIL import Image
 
 from controller.report.steps import build_view
 from controller.run.record import read_entries
+from controller.run.shots import MAX_SHOT_BYTES, SHOT_TYPES, check_shot, decode_shot, read_shot
 
 CSP = "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'"
 """The page's Content-Security-Policy: images from ``data:`` URLs or the serving origin, inline CSS,
 nothing else (no script, no font, no frame, no connection)."""
-
-SHOT_NAME = re.compile(r"shot-[0-9]{4}\.(png|jpg)")
-"""The only screenshot file names the report opens (what :class:`controller.run.record.RunRecord` writes)."""
-
-MIME = {"png": "image/png", "jpg": "image/jpeg"}
-MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpg": b"\xff\xd8\xff"}
-
-MAX_IMAGE_BYTES = 32 * 1024 * 1024
-"""Largest screenshot file embedded (bytes; a run's are at most a few MiB)."""
 
 MAX_EMBEDDED_BYTES = 512 * 1024 * 1024
 """Most image bytes one page embeds; screenshots past it are shown as missing."""
@@ -69,59 +58,6 @@ def _directory(run_dir: Path) -> Path:
     return run_dir.parent if run_dir.name == "record.jsonl" and not run_dir.is_dir() else run_dir
 
 
-def shot_name(file: Any) -> str | None:
-    """``file`` when it is a screenshot name the report may open (:data:`SHOT_NAME`), else None."""
-    return file if isinstance(file, str) and SHOT_NAME.fullmatch(file) else None
-
-
-def read_shot(directory: Path, file: Any, budget: int = MAX_IMAGE_BYTES) -> tuple[bytes | None, str | None]:
-    """The bytes of screenshot ``file`` in ``directory``, or None and why not (see the module
-    docstring for the rules). ``budget``: most bytes it may have (besides :data:`MAX_IMAGE_BYTES`)."""
-    name = shot_name(file)
-    if name is None:
-        return None, "not a screenshot file name"
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    # the run directory, then the file in it, each opened without following a link: a writer that swaps
-    # either for a link between a check and the read cannot point the read outside the run
-    try:
-        dir_fd = os.open(directory, flags | os.O_DIRECTORY)
-    except OSError as exc:
-        return None, f"cannot open the run directory: {exc.strerror or exc}"
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError as exc:
-        return None, f"cannot open: {exc.strerror or exc}"
-    finally:
-        os.close(dir_fd)
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None, "not a regular file"
-        cap = min(MAX_IMAGE_BYTES, budget)
-        if info.st_size > cap:
-            return None, f"larger than {cap} bytes"
-        data = fh.read(cap + 1)
-    if len(data) > cap:
-        return None, f"larger than {cap} bytes"
-    if not data.startswith(MAGIC[name.rsplit(".", 1)[1]]):
-        return None, "not a PNG or JPEG as its name says"
-    return data, None
-
-
-def _check_shot(directory: Path, file: Any) -> str | None:
-    """Why screenshot ``file`` would not be read (None: it would), without reading it."""
-    name = shot_name(file)
-    if name is None:
-        return "not a screenshot file name"
-    try:
-        info = os.lstat(directory / name)
-    except OSError as exc:
-        return f"cannot open: {exc.strerror or exc}"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file"
-    return f"larger than {MAX_IMAGE_BYTES} bytes" if info.st_size > MAX_IMAGE_BYTES else None
-
-
 def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
                     image_url: Callable[[str], str] | None) -> None:
     """Fill each screenshot's ``src`` (a ``data:`` URL or ``image_url(name)``) or ``missing`` (why
@@ -136,15 +72,15 @@ def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
         raw = ref.pop("raw_file")
         if embed_images:
             data, why = read_shot(directory, raw, budget)
-            if data is None and why and why.startswith("larger") and budget < MAX_IMAGE_BYTES:
+            if data is None and why and why.startswith("larger than") and budget < MAX_SHOT_BYTES:
                 why = "not embedded: the page's images reached their size limit"
             if data is not None:
                 budget -= len(data)
-                mime = MIME[raw.rsplit(".", 1)[1]]
+                mime = SHOT_TYPES[raw.rsplit(".", 1)[1]]
                 ref["src"] = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
             ref["missing"] = why
         else:
-            why = _check_shot(directory, raw)
+            why = check_shot(directory, raw)
             ref["missing"] = why
             if why is None:
                 assert image_url is not None
@@ -165,14 +101,11 @@ def _resolve_crops(view: dict[str, Any], directory: Path) -> None:
                 if data is None:
                     continue
                 x, y, w, h = crops["region"]
-                try:
-                    with Image.open(io.BytesIO(data)) as img:
-                        if x + w > img.width or y + h > img.height:
-                            continue
-                        out = io.BytesIO()
-                        img.convert("RGB").crop((x, y, x + w, y + h)).save(out, format="PNG")
-                except (OSError, ValueError, Image.DecompressionBombError):
+                img, _why = decode_shot(data)
+                if img is None or x + w > img.width or y + h > img.height:
                     continue
+                out = io.BytesIO()
+                img.crop((x, y, x + w, y + h)).save(out, format="PNG")
                 crops["replayed"] = f"data:image/png;base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
 
 

@@ -29,7 +29,10 @@ tier that is not ``quiet`` goes through and the gateway asks the person, as for 
 the gateway's own names and addresses and the agent's own port are refused in every mode, and a
 special IP literal (private, link-local, metadata...) unless an ``allow_addresses`` rule names it. A
 loopback origin (the guest's own services, which chromium reaches without the gateway) is admitted only
-when the task's ``[[launch]]`` of chromium opens a page on it or the ``allow`` tier names it.
+when the task's ``[[launch]]`` of chromium opens a page on it or the ``allow`` tier names it. The
+guest-local and gateway part of these rules (:meth:`UrlRules.guest_rule`) is what the agent applies to
+every request its chromium makes (redirects, links, scripts, frames: the run hands it over before the
+launch), so a page is held to the same rule as the model's own URLs.
 
 **Before the model's next observation** (:class:`StepObservation`): the run's ``before_capture`` chain
 (the wait for pending origin requests, then the sign-in flow: the same one the computer driver runs
@@ -65,7 +68,8 @@ from controller.gateway.origin import Origin, PolicyError
 from controller.run.approvals import ActionGate, Decision
 from controller.run.recording import BROWSER_ENDS
 from controller.text import clean
-from wire.browser_tools import GUEST_MEMBERS, MAX_CHANGES, MAX_IMAGE_BYTES, REFUSAL_CODES
+from wire.browser_tools import (GUEST_MEMBERS, MAX_CHANGES, MAX_IMAGE_BYTES, MAX_RULE_ENTRIES, REFUSAL_CODES,
+                                REFUSED_AGENT, REFUSED_GATEWAY, REFUSED_LOCAL, GuestUrlRule, guest_local, loopback_host)
 
 RICH_READS = frozenset({"read_page", "get_page_text", "find"})
 """Members whose result is a read report (the SDK's ``BrowserReadV1``)."""
@@ -170,19 +174,9 @@ class StepObservation:
 
 
 # -- URLs --------------------------------------------------------------------------------------------
-def _loopback(host: str) -> bool:
-    """Whether ``host`` (canonical, brackets off) is the guest itself: ``localhost`` names, loopback
-    addresses, also written as an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, which chromium
-    reaches as 127.0.0.1 and Python does not call loopback), or the unspecified address."""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    address = mapped or address
-    return address.is_loopback or address.is_unspecified
+_loopback = loopback_host
+"""Whether a host is the guest itself (``wire.browser_tools.loopback_host``: ``localhost`` names, loopback
+and unspecified addresses in any literal form, an IPv4-mapped one included)."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +230,16 @@ class UrlRules:
         return cls(network=task.network, local=frozenset(local), gateway_hosts=frozenset(hosts),
                    agent_port=port if isinstance(port, int) else None)
 
+    def guest_rule(self) -> GuestUrlRule:
+        """What the agent applies to every request its chromium makes, whatever started it (a redirect, a
+        link, a script, a form, a frame; ``PUT /v1/browser/rule``, contract 9): the guest-local origins
+        the task's launch opens or its ``allow`` tier names (at most ``MAX_RULE_ENTRIES``), the gateway's
+        hosts and the agent's port. Other origins are the gateway's to decide, connection by connection."""
+        allowed = {o for o in self.network.origins if self.network.admits_origin(o) and guest_local(o.host)}
+        local = sorted({str(o) for o in (*self.local, *allowed)})[:MAX_RULE_ENTRIES]
+        return GuestUrlRule(local_origins=local, gateway_hosts=sorted(self.gateway_hosts)[:MAX_RULE_ENTRIES],
+                            agent_port=self.agent_port)
+
     def refusal(self, url: str) -> str | None:
         """Why ``url`` may not be loaded (a short reason, safe to show), or None when it may."""
         if url == "about:blank":
@@ -245,13 +249,13 @@ class UrlRules:
         except PolicyError:
             return "only http(s) URLs and about:blank may be loaded"
         if origin.host in self.gateway_hosts:
-            return "the gateway's own address is never loaded"
+            return REFUSED_GATEWAY
         if _loopback(origin.host):
             if self.agent_port is not None and origin.port == self.agent_port:
-                return "the agent's own address is never loaded"
+                return REFUSED_AGENT
             if origin in self.local or self.network.admits_origin(origin):
                 return None
-            return "a guest-local address the task does not open"
+            return REFUSED_LOCAL
         if origin.is_ip_literal:
             category = self.network.address_refusal(ipaddress.ip_address(origin.host))
             if category is not None:

@@ -468,14 +468,18 @@ class SandboxDriver(_ComputerDriverBase):
         self.agent.release()
 
 
-def wait_for_stable_screen(agent: AgentLike, *, timeout_s: float = 20.0, min_interval_s: float = 0.2) -> bool:
+def wait_for_stable_screen(agent: AgentLike, *, timeout_s: float = 20.0, min_interval_s: float = 0.2,
+                           cancelled: Callable[[], bool] | None = None) -> bool:
     """Poll small screenshots until two consecutive ones are identical; True when stable.
 
-    Used before a run starts so the first screenshot shows a settled desktop. Bounded by timeout_s.
+    Used before a run starts so the first screenshot shows a settled desktop. Bounded by timeout_s,
+    and by ``cancelled()`` (looked at before each screenshot: False once it is true).
     """
     deadline = time.monotonic() + timeout_s
     previous: bytes | None = None
     while time.monotonic() < deadline:
+        if cancelled is not None and cancelled():
+            return False
         started = time.monotonic()
         shot = agent.screenshot(format="png", quality=None, max_width=320, max_height=200, crop=None)
         if previous is not None and shot.data == previous:

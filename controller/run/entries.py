@@ -26,7 +26,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from controller.text import clean
 
-FORMAT = 6
+FORMAT = 7
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
@@ -34,8 +34,8 @@ origin access: ``approval`` lines for origin requests (``what`` origin_access, `
 ``cancelled`` and ``timeout``), ``request_id`` and ``held_ms`` on ``network`` and ``waited_for_origin_ms`` on
 ``screenshot``. Format 4 added ``agents_event`` (a run that is a turn of a local Agents API session).
 Format 5 added ``sign_in`` (a sign-in request and what came of it, contract 8) and ``page`` checks.
-Format 6 added ``browser_call`` (a call of the SDK's browser tools, contract 9). Records of formats 1 to
-5 read unchanged."""
+Format 6 added ``browser_call`` (a call of the SDK's browser tools, contract 9). Format 7 added
+``destination`` to ``sign_in``. Records of formats 1 to 6 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -241,7 +241,8 @@ class Network(_Entry):
     ``request_id`` (the origin request it waited on: the ``approval`` line with that id says who
     decided) and ``held_ms`` (how long the gateway held it, milliseconds); its ``reason`` is then
     approved, approved_earlier, user_denied, denied_earlier, cancelled, timeout, client_gone (the
-    client left while held), or without a request quiet, policy, address_refused, prompt_limit."""
+    client left while held), gateway_stopped (the gateway stopped while it held it), or without a
+    request quiet, policy, address_refused, prompt_limit."""
 
     type: Literal["network"] = "network"
     seq: Optional[int] = None
@@ -332,10 +333,14 @@ class AgentsEvent(_Entry):
 class SignIn(_Entry):
     """One sign-in request of the agent's chromium (contract 8) and what came of it, never a value:
     ``request_id``, ``step`` (1 for the first request of a sign-in, then 2, 3 for the method, the e-mail,
-    the code...), ``origin`` (the browser's ``credential_origin``), ``fields`` (the request's field ids),
+    the code...), ``origin`` (the browser's ``credential_origin``), ``destination`` (the origin the form
+    sends to, when read), ``fields`` (the request's field ids),
     ``options`` (its option ids), ``method`` (the option chosen), ``submitted`` (the field ids a value
-    was given for), ``outcome`` (``submitted``, ``origin_changed``, ``form_changed``, ``field_unstable``,
-    ``no_form``; ``cancelled``, ``timeout``, ``withdrawn``, ``no_approver`` when nothing was typed;
+    was given for), ``outcome`` (the fill's, ``wire.browser.Outcome``: ``submitted``, ``origin_changed``,
+    ``form_changed``, ``field_unstable``, ``no_form``, ``unsafe_form``, ``cross_origin_form``, ``invalid``
+    -- the two form refusals also without a request when the form as read has a method other than post
+    or another destination, nobody asked; ``cancelled``, ``timeout``, ``withdrawn``, ``no_approver``
+    when nothing was typed;
     ``refused_origin`` when the page's origin is not one the policy lets through, so nothing was asked;
     ``same_form`` when the site showed the same form again after a submit answered from a ``--sign-in``
     file, which would only give the same values again; ``error``), ``navigated`` (a new document loaded after the submit), ``by`` (who answered) and
@@ -345,6 +350,7 @@ class SignIn(_Entry):
     request_id: Optional[str] = None
     step: int = 1
     origin: str
+    destination: Optional[str] = None
     fields: list[str] = Field(default_factory=list)
     options: list[str] = Field(default_factory=list)
     method: Optional[str] = None

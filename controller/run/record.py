@@ -168,10 +168,28 @@ class RunRecord:
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 """Largest record file :func:`read_entries` reads (a run writes a few hundred KiB)."""
+MAX_RECORD_ENTRIES = 200_000
+"""Most entries :func:`read_entries` reads from one record (a run writes a few hundred; its network lines
+are at most :data:`controller.run.recording.MAX_DECISIONS`): a record of many tiny lines is refused
+before it costs a reader more than a few hundred MiB."""
+
+
+def _split_lines(text: str) -> Iterable[tuple[int, str]]:
+    """``(number, line)`` of each line of ``text`` (1-based), split at ``"\\n"`` only (str.splitlines
+    would also split at a U+2028 or U+0085 inside a string), one at a time."""
+    start, number = 0, 1
+    while start <= len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield number, text[start:end]
+        start, number = end + 1, number + 1
 
 
 def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
-    """The record file and its non-blank lines parsed as JSON, with their line numbers (1-based)."""
+    """The record file and its non-blank lines parsed as JSON, with their line numbers (1-based). A line
+    that is no JSON object, or one past :data:`MAX_RECORD_ENTRIES`, is refused as it is met (ValueError
+    naming the line), so a hostile record costs a reader little more than its bytes."""
     path = Path(path)
     if path.is_dir():
         path = path / "record.jsonl"
@@ -182,14 +200,19 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     parsed = []
-    # "\n" only: str.splitlines would also split at a U+2028 or U+0085 inside a string
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, line in _split_lines(text):
         if not line.strip():
             continue
+        if len(parsed) >= MAX_RECORD_ENTRIES:
+            raise ValueError(f"{path}:{number}: more than {MAX_RECORD_ENTRIES} entries: not a record this "
+                             "desktop-sandbox writes")
         try:
-            parsed.append((number, json_semantics.loads(line)))
+            data = json_semantics.loads(line)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, and the hooks' refusals
             raise ValueError(f"{path}:{number}: not JSON: {' '.join(str(exc).split())[:200]}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}:{number}: an entry must be a JSON object, not {type(data).__name__}")
+        parsed.append((number, data))
     return path, parsed
 
 

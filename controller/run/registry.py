@@ -482,12 +482,13 @@ class ApprovalRegistry:
 
     def wait(self, request: Request, cancelled: Callable[[], bool] | None = None) -> Request:
         """Block until ``request`` is decided: by an answer, its deadline (denied, ``by="timeout"``) or
-        ``cancelled()`` turning true (withdrawn). Polls ``cancelled`` every :data:`POLL_S` seconds.
-        An origin request is never decided here at its deadline (the gateway's timeout decides it):
-        waiting for one, bound the wait with ``cancelled``."""
+        ``cancelled()`` turning true (withdrawn, the reason ``cancelled.reason`` when it has one, e.g.
+        ``cancelled by SIGTERM``, else ``run cancelled``), or the registry's :meth:`close`. Polls
+        ``cancelled`` every :data:`POLL_S` seconds. An origin request is never decided here at its
+        deadline (the gateway's timeout decides it): waiting for one, bound the wait with ``cancelled``."""
         while request.pending:
             if cancelled is not None and cancelled():
-                self.withdraw(request, "run cancelled")
+                self.withdraw(request, getattr(cancelled, "reason", None) or "run cancelled")
                 break
             left = request.seconds_left()
             if request.kind == ORIGIN:

@@ -22,7 +22,8 @@ every step expects the screen the model had when it chose that step (docs/ARCHIT
   performed again at the same step boundary, as a person's (:attr:`Replay.human`): after the actions of
   the step they followed, before that step's screenshot (the one the model chose its next step on).
 
-Raises :class:`ReplayError` (one line) for a record that cannot be replayed.
+Screenshots are read by the rule of every reader of a record's files (:mod:`controller.run.shots`). Raises
+:class:`ReplayError` (one line) for a record that cannot be replayed, before anything starts.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ from typing import Any
 
 from PIL import Image
 
-from controller.offline.script import ScriptError, load_script
+from controller.offline.script import ScriptError, load_script, validate_first_turn, validate_turn
+from controller.run.live import HUMAN_ACTIONS
 from controller.run.record import read_record
-from wire.actions import ActionInvalid, parse_action
+from controller.run.shots import load_shot
+from controller.text import clean
+from wire.actions import ActionInvalid, first_outside, parse_action
 from wire.screen_match import MatchRule, encode_crop, regions_for
 
 SCRIPTED_WAIT = re.compile(r"^call_\d{4}_(wait|read)_\d+$")
@@ -159,7 +163,9 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
     """The :class:`Replay` of the run recorded in ``record_dir`` (module docstring). ``rule``: the
     comparison rule (default :class:`wire.screen_match.MatchRule`'s). Raises :class:`ReplayError`: no
     record, no computer call, browser calls (their element refs belong to the recorded documents),
-    typed text that cannot be known, a screenshot file missing."""
+    typed text that cannot be known, a screenshot that cannot be read by the rule of every reader of a
+    record's screenshots (:mod:`controller.run.shots`), a recorded action the offline script or a
+    person's replay would refuse."""
     rule = rule or MatchRule()
     record_dir = Path(record_dir)
     try:
@@ -167,6 +173,7 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
     except (OSError, ValueError) as exc:
         raise ReplayError(f"cannot read the record: {exc}") from None
     record_dir = record_dir if record_dir.is_dir() else record_dir.parent
+    shots_dir = record_dir.resolve()  # the directory the user named; its screenshots by the rule of run.shots
     started = entries[0]
     task = started.get("task") or {}
     if not task.get("source"):
@@ -210,11 +217,11 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
             if shown is not None:
                 image = sizes.get(shown)
                 if image is None:
-                    try:
-                        with Image.open(record_dir / shown) as img:
-                            image = sizes[shown] = img.convert("RGB")
-                    except (OSError, Image.DecompressionBombError) as exc:
-                        raise ReplayError(f"{shown}: {exc}") from None
+                    image, why = load_shot(shots_dir, shown)
+                    if image is None:
+                        raise ReplayError(f"the screenshot {clean(shown, 80)} of {clean(call_id, 80)} cannot be "
+                                          f"read: {why}")
+                    sizes[shown] = image
                 regions = regions_for(_points(actions), image.size, rule, fallback=last_point)
                 expect = [{"kind": "matches", "x": r.x, "y": r.y, "w": r.w, "h": r.h, "png": encode_crop(image, r),
                            "tolerance": rule.tolerance, "fraction": round(1 - rule.max_changed, 6)} for r in regions]
@@ -240,7 +247,37 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
     if pending_human:
         replay.human[len(replay.turns) - 1] = pending_human
     replay.turns.append({"message": replay.final_message or "replayed every recorded step"})
+    _check(replay)
     return replay
+
+
+def _check(replay: Replay) -> None:
+    """Raise :class:`ReplayError` unless every turn of ``replay`` is one the offline script takes
+    (contract 3, :func:`controller.offline.script.validate_turn`) and every recorded action of a person
+    one a person may send (:data:`controller.run.live.HUMAN_ACTIONS`, no negative point): a record that
+    cannot be replayed is refused before anything starts, never found out by a run that fails."""
+    for index, turn in enumerate(replay.turns):
+        where = (f"recorded call {clean(replay.steps[index].call_id, 80)}" if index < len(replay.steps)
+                 else "the final message")
+        try:
+            validate_turn(turn, where)
+            if index == 0:
+                validate_first_turn(turn, where)
+        except ScriptError as exc:
+            raise ReplayError(str(exc)) from None
+    for step, actions in replay.human.items():
+        where = "before the first step" if step < 0 else f"after step {step + 1}"
+        for action in actions:
+            try:  # as recorded: a typed text's length beside the text itself, which the agent passes over
+                parsed = parse_action({k: v for k, v in action.items() if k != "text_length"})
+            except ActionInvalid as exc:
+                raise ReplayError(f"a person's action {where}: {clean(str(exc), 200)}") from None
+            if parsed.type not in HUMAN_ACTIONS:
+                raise ReplayError(f"a person's action {where}: a person may send {', '.join(HUMAN_ACTIONS)}, "
+                                  f"not {parsed.type}")
+            outside = first_outside(parsed)
+            if outside is not None:
+                raise ReplayError(f"a person's action {where}: point {outside} is negative (screen px)")
 
 
 class HumanReplayer:

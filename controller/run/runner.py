@@ -54,7 +54,7 @@ from rich.markup import escape
 from controller.run.approvals import ActionGate, Asker, SafetyCheckApprover, terminal_asker
 from controller.run.browser_driver import GuestBrowserDriver, UrlRules
 from controller.run.live import LiveRun
-from controller.run.origins import OriginAccess, wait_for_origins
+from controller.run.origins import ControlUnreachable, OriginAccess, wait_for_origins
 from controller.run.registry import ApprovalRegistry
 from controller.run.signin import SignInFile, SignInFlow, SignInPrompter
 from controller.run.binding import BoundApprovals
@@ -77,6 +77,13 @@ DEFAULT_MODEL = "gpt-6-astra"
 GUEST_HOME = "/home/sandbox"
 EXIT_CODES = {"passed": 0, "failed": 1, "error": 1, "cancelled": 130}
 """Exit status of ``run-task`` per run status (130: cancelled, as a shell reports an interrupted command)."""
+WITHDRAW_POLL_S = 0.1
+"""How often the run's cancellation thread looks at the signal handler's flag (seconds): the longest a
+pending question stays pending after a signal (:meth:`_Cancel.withdraw_on_cancel`)."""
+STOP_CALL_GRACE_S = 0.5
+"""Once the run is stopping, the most an agent call may take (seconds): the call under way is cut then,
+and each call of the teardown gets no more (:meth:`controller.agent_client.AgentClient.stop_calls`), so
+an agent stalled by the desktop (a program holding the X server grabbed) cannot hold a signal's exit."""
 
 _UNSET: Any = object()
 
@@ -162,18 +169,87 @@ class _Cancel:
     Ctrl-C raises KeyboardInterrupt, but only while ``installed(interruptible=True)`` (the run's body):
     before it and during teardown and the record every signal only sets the flag, so nothing is cut
     short. Signal handlers are installed only in the main thread. The handler only notes; what it
-    has to say is printed at the next poll (``announce``)."""
+    has to say is printed at the next poll (``announce``), and the pending questions are withdrawn by
+    :meth:`withdraw_on_cancel`'s thread (the handler must take no lock). :meth:`fail` stops the run the
+    same way when a service it needs stays unreachable; it then ends ``error``."""
 
     def __init__(self) -> None:
         self.is_set = False  # a plain flag, not a threading.Event: its lock could deadlock the handler
         self.signal: str | None = None
+        self.failure: str | None = None
         self.interruptible = False
         self._notes: list[str] = []
         self._console: Console | None = None
+        self._on_stop: list[Callable[[], None]] = []  # run by the cancellation thread once the flag is set
+        self._stop_ran = False
+        self._hooks = threading.Lock()  # between the main thread and the cancellation thread, never the handler
+        self._watch: threading.Thread | None = None
 
     def __call__(self) -> bool:
         self.announce()
         return self.is_set
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run is stopping (``cancelled by SIGTERM``, ``cancelled by console``, or the
+        :meth:`fail` reason); None while it goes on. A request withdrawn on the way out carries it
+        (:meth:`controller.run.registry.ApprovalRegistry.wait` reads it from its ``cancelled``)."""
+        if self.signal is not None:
+            return f"cancelled by {self.signal}"
+        return self.failure
+
+    def fail(self, reason: str) -> None:
+        """Stop the run as a cancellation does, but to end it ``error`` with ``reason`` (one line naming
+        the service that stayed unreachable). From any thread; nothing once the run is stopping."""
+        if self.is_set:
+            return
+        self.failure = clean(reason, 400)
+        self.is_set = True
+        self._notes.append(f"stopping the run: {self.failure}")
+
+    def withdraw_on_cancel(self, registry: ApprovalRegistry) -> threading.Thread:
+        """Start the thread that closes ``registry`` with :attr:`reason` once the flag is set (a signal,
+        :meth:`fail`): every pending question is withdrawn within :data:`WITHDRAW_POLL_S`, whoever waits
+        for it -- the loop in the main thread (whether or not its callback polls the flag), a terminal
+        prompt, the console -- and one asked later is withdrawn as it opens. The thread ends once the
+        registry is closed, by it or by the run's end; returns it."""
+
+        def watch() -> None:
+            while registry.closed is None:
+                if self.is_set:
+                    self._stopping()
+                    registry.close(self.reason or "run cancelled")
+                    return
+                time.sleep(WITHDRAW_POLL_S)  # poll interval: the signal handler sets a plain flag only
+
+        thread = threading.Thread(target=watch, name="run-cancel", daemon=True)
+        thread.start()
+        self._watch = thread
+        return thread
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` once the run is stopping: from :meth:`withdraw_on_cancel`'s thread within
+        :data:`WITHDRAW_POLL_S` of the flag, or now when that thread already saw it."""
+        with self._hooks:
+            if not self._stop_ran:
+                self._on_stop.append(hook)
+                return
+        with contextlib.suppress(Exception):
+            hook()
+
+    def _stopping(self) -> None:
+        with self._hooks:
+            self._stop_ran = True
+            hooks, self._on_stop = self._on_stop, []
+        for hook in hooks:
+            with contextlib.suppress(Exception):  # a hook that fails stops nothing else
+                hook()
+
+    def join_watch(self, timeout: float = 1.0) -> None:
+        """Wait for :meth:`withdraw_on_cancel`'s thread to end (it does within :data:`WITHDRAW_POLL_S`
+        of the registry's close): no hook runs after this."""
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout)
 
     def announce(self) -> None:
         """Print the lines the handler noted. Never from the handler itself: printing there can re-enter
@@ -188,7 +264,7 @@ class _Cancel:
     def set_by_view(self, by: str, registry: ApprovalRegistry) -> None:
         """Cancel from a view (the web console's **Cancel run**): as a first Ctrl-C, and every pending
         approval is withdrawn at once."""
-        registry.close("run cancelled", then=lambda: self.set(by))
+        registry.close(f"cancelled by {by}", then=lambda: self.set(by))
         self._notes.append(f"{by}: cancelling: the action under way is stopped, inputs released, the sandbox removed")
 
     @contextlib.contextmanager
@@ -218,9 +294,11 @@ class _Cancel:
                 signal.signal(s, h)
 
 
-def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale: float = 1.0) -> dict[str, Any]:
+def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale: float = 1.0,
+                cancelled: Callable[[], bool] = lambda: False) -> dict[str, Any]:
     """Wait for each ``[[ready]]`` file (its ``timeout_s``, at most ``timeout_s``, both times the
-    sandbox's ``time_scale``), then for a stable screen. Returns what was observed."""
+    sandbox's ``time_scale``), then for a stable screen. Returns what was observed. ``cancelled()`` is
+    polled between reads (every 0.1 s): raises ``_Cancelled`` once it is true."""
     observed: dict[str, Any] = {}
     for ready in task.ready:
         path = guest_path(ready.file, home)
@@ -228,6 +306,8 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale:
         deadline = time.monotonic() + limit
         started = time.monotonic()
         while True:
+            if cancelled():
+                raise _Cancelled()
             try:
                 agent.read_file(path)
                 observed[path] = round(time.monotonic() - started, 3)
@@ -239,10 +319,12 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale:
                     raise
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ready file {path} did not appear within {limit:g}s")
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval: the file is looked for, and the flag, every 0.1 s
     started = time.monotonic()
-    observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0 * time_scale)
+    observed["screen_stable"] = wait_for_stable_screen(agent, timeout_s=10.0 * time_scale, cancelled=cancelled)
     observed["screen_stable_s"] = round(time.monotonic() - started, 3)
+    if cancelled():
+        raise _Cancelled()
     return observed
 
 
@@ -376,7 +458,9 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
     Ctrl-C still ends the run as ``cancelled`` after teardown. SIGINT, SIGTERM and SIGHUP are handled
     from the first line to the last: one that comes at any moment before ``run_finished`` is written
     (also during verification or teardown, or in ``options.signals_before``) ends the run ``cancelled``,
-    and none cuts the teardown or the record short.
+    and none cuts the teardown or the record short. Whatever the run waits for then -- a person's answer
+    (terminal, console), an origin request, a sign-in request, a ready condition -- ends within about
+    0.1 s: pending requests are withdrawn with the signal as reason (``cancelled by SIGTERM``).
     """
     options = options or RunOptions()
     console = console or make_console(stderr=True)
@@ -385,6 +469,22 @@ def run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOption
         if options.signals_before:
             cancel.set(signal.Signals(options.signals_before[0]).name)
         return _run_task(task, open_sandbox, options, console, cancel)
+
+
+def _stop_agent_calls(agent: Any, cancel: _Cancel) -> Callable[[], None]:
+    """Once the run is stopping, ``agent``'s calls get :data:`STOP_CALL_GRACE_S` at most (the one under
+    way is cut then); returns what gives them their own deadlines again (the sandbox may outlive the
+    run: an Agents API session's next turn), to call once the run has ended."""
+    stop_calls = getattr(agent, "stop_calls", None)
+    if not callable(stop_calls):
+        return lambda: None
+    cancel.on_stop(lambda: stop_calls(STOP_CALL_GRACE_S))
+
+    def restore() -> None:
+        cancel.join_watch()
+        stop_calls(None)
+
+    return restore
 
 
 def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptions, console: Console,
@@ -423,6 +523,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     driver: SandboxDriver | None = None
     scripted: ScriptedModel | None = None
     origins: OriginAccess | None = None
+    restore_agent: Callable[[], None] = lambda: None  # the agent's calls their own deadlines again
     mode = "live" if live else "offline"
     console.print(f"[bold]run-task[/] {escape(clean(f'{task.name} ({mode}) -> {record.dir}', 500))}", emoji=False)
 
@@ -444,6 +545,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         if options.on_record is not None:  # after run_started: the record's first line stays the first
             options.on_record(record)
 
+    cancel.withdraw_on_cancel(registry)
     try:
         with cancel.installed(console):
             if cancel():  # a signal before the run began: nothing is started
@@ -464,13 +566,21 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 raise _Cancelled()
             write_started(sandbox)
             network = DecisionTail(record, decision_reader(sandbox)).start()
-            origins = OriginAccess.start(sandbox, registry, record, asker, console, approve=options.approve_origins,
-                                         has_view=view is not None, asks=task.network.mode == "ask",
-                                         max_pending=task.network.max_pending)
+            try:  # returns once the gateway's control API answered: the run's questions can be seen
+                origins = OriginAccess.start(sandbox, registry, record, asker, console,
+                                             approve=options.approve_origins, has_view=view is not None,
+                                             asks=task.network.mode == "ask", max_pending=task.network.max_pending,
+                                             cancelled=cancel, on_lost=cancel.fail)
+            except ControlUnreachable as exc:
+                cancel.fail(str(exc))
+                raise _Cancelled() from None
+            if cancel():
+                raise _Cancelled()
             time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
             if scripted is not None:
                 scripted.time_scale = time_scale
             agent = sandbox.agent
+            restore_agent = _stop_agent_calls(agent, cancel)
             if view is not None:
                 view.attach(agent, (task.screen.width, task.screen.height), task_name=task.name,
                             cancel=lambda by: (origins is not None and origins.cancelled_by(by),
@@ -479,11 +589,14 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                             record_control=lambda control: record.write(Takeover(control=control)))
             home = options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
             t = time.monotonic()
+            if task.browser_channel:  # every request of the agent's chromium is judged by the task's rule
+                rules = UrlRules.for_task(task, _topology(sandbox), getattr(agent, "base_url", None))
+                agent.browser_rule(rules.guest_rule())
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
                 console.print(f"launched {clean(launch.app, 80)} (pid {pid})", markup=False, emoji=False,
                               highlight=False)
-            ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale)
+            ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale, cancel)
             phase("launch_ready", t)
             console.print(clean(_ready_line(ready, timings["launch_ready"]), 2000), markup=False, emoji=False,
                           highlight=False)
@@ -518,7 +631,9 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 if options.sign_in_file is not None:
                     answerers.append(SignInFile(options.sign_in_file, registry, console))
             meter = BodyMeter(hooks.on_request)
-            client = offline_client(server.base_url, meter) if server else live_client(meter)
+            # the model requests stop with the run: a signal or a cancel ends one in flight within 0.1 s
+            client = (offline_client(server.base_url, meter, stopping=cancel) if server
+                      else live_client(meter, stopping=cancel))
             denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
 
             def on_decision(decision: Any) -> None:
@@ -616,9 +731,12 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
             elif status == "passed":
                 reason = f"{len(checks)} of {len(checks)} checks"
     except (_Cancelled, KeyboardInterrupt) as exc:
-        status, reason = "cancelled", f"cancelled by {cancel.signal or 'SIGINT'}"
         if isinstance(exc, KeyboardInterrupt):
             cancel.set("SIGINT")
+        if cancel.signal is None and cancel.failure is not None:  # a service the run needs stayed unreachable
+            status, reason = "error", cancel.failure
+        else:
+            status, reason = "cancelled", f"cancelled by {cancel.signal or 'SIGINT'}"
         if driver is not None:
             with contextlib.suppress(Exception):
                 driver.release()
@@ -634,6 +752,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                             run_t0, cancel, network, origins, before_finish=options.before_finish, checks=checks)
                 finally:
                     registry.close("run ended")
+                    restore_agent()
                     _stop_all(answerers)
                     if view is not None:
                         view.finish(status)
@@ -645,6 +764,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                                          before_finish=options.before_finish, checks=checks)
     finally:
         registry.close("run ended")
+        restore_agent()
         _stop_all(answerers)
         if view is not None:
             view.finish(status)
@@ -760,8 +880,8 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
     checks)`` (:attr:`RunOptions.before_finish`), ``run_finished``, summary. Returns the final status and reason:
     ``cancelled`` when a signal came (``cancel``) before ``run_finished``, whatever the run had reached."""
     if origins is not None:
-        cancelled = status == "cancelled" or (cancel is not None and cancel.is_set)
-        origins.stop("run cancelled" if cancelled else "run ended")
+        why = cancel.reason if cancel is not None else None
+        origins.stop(why or ("run cancelled" if status == "cancelled" else "run ended"))
     if sandbox is not None:
         # The decisions not yet recorded, then one ``network_log`` entry saying whether the whole log
         # is in the record: one whose decisions could not be collected says so instead of looking like
@@ -785,7 +905,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
                 # the error may quote the guest's or a container's output
                 console.print(f"[yellow]teardown: {escape(clean(exc, 1000))}[/]", emoji=False)
     timings["teardown"] = round(time.monotonic() - t, 3)
-    if cancel is not None and cancel() and status != "cancelled":
+    if cancel is not None and cancel() and cancel.signal is not None and status != "cancelled":
         status, reason = "cancelled", f"cancelled by {cancel.signal} after the run had {status}: {reason}"
     if before_finish is not None:  # the caller's last entries, before run_finished
         try:

@@ -173,7 +173,13 @@ class SignInFile:
         try:
             self.registry.answer_signin(request.id, response, by="sign-in file")
         except AnswerRefused as refused:
-            self._say(f"--sign-in: not taken: {clean(refused.message, 300)} ({refused.code})")
+            self._say(f"--sign-in: not taken: {clean(refused.message, 300)} ({refused.code})"
+                      + ("; cancelling the sign-in" if refused.status == 400 else ""))
+            if refused.status == 400:  # the file's values break a rule: it would give the same ones again
+                try:
+                    self.registry.answer_signin(request.id, {"action": "cancel"}, by="sign-in file")
+                except AnswerRefused:
+                    pass
         finally:
             response.clear()
 
@@ -326,6 +332,10 @@ class SignInFlow:
         for step in range(1, MAX_STEPS + 1):
             key = self._key(page)
             self._done.add(key)
+            refusal = page.form.refusal(page.origin)
+            if refusal is not None:  # the values would leave by GET or for another origin: nobody is asked
+                self._record(None, step, page, refusal[0], detail=refusal[1])
+                return step > 1
             by = self._ask_and_fill(page, step)
             if by is None:
                 return True
@@ -379,15 +389,18 @@ class SignInFlow:
             return None
         finally:
             del fill
-        self._record(request, step, page, result.outcome, navigated=result.navigated)
+        self._record(request, step, page, result.outcome, navigated=result.navigated, detail=result.detail or None,
+                     destination=result.destination or None)
         return request.by if result.outcome == "submitted" else None
 
     def _record(self, request: Request | None, step: int, page: Any, outcome: str, *,
-                navigated: bool | None = None, detail: str | None = None) -> None:
+                navigated: bool | None = None, detail: str | None = None, destination: str | None = None) -> None:
         from controller.run.entries import SignIn
 
+        destination = destination or page.form.destination  # as the agent read the form, when the fill did not
         self.write(SignIn(
             request_id=request.id if request else None, step=step, origin=clean(page.origin, 300),
+            destination=clean(destination, 300) if destination else None,
             fields=[clean(f.id, 80) for f in page.form.fields], options=[clean(o.id, 80) for o in page.form.options],
             method=request.selected_option if request else None,
             submitted=list(request.submitted_fields) if request else [], outcome=outcome, navigated=navigated,

@@ -241,8 +241,9 @@ class Sandbox(abc.ABC):
 
     @property
     def gateway_control_url(self) -> str | None:
-        """Base URL of the gateway's control API as the controller reaches it (``http://127.0.0.1:PORT``,
-        ARCHITECTURE.md, "Gateway control API"); None when the gateway has none."""
+        """Base URL of the gateway's control API as the controller reaches it (``http://127.0.0.1:PORT``, or
+        Docker's gateway egress address where the host routes there; ARCHITECTURE.md, "Gateway control
+        API"); None when the gateway has none."""
         return self._control_url or None
 
     @property

@@ -8,7 +8,11 @@ Per sandbox (id ``ds-<8 hex>``), all labelled ``desktop-sandbox.sandbox=<id>``:
 * container ``<id>-gateway`` (role ``gateway``, user ``gateway``): the egress policy proxy on port
   ``GATEWAY_PROXY_PORT`` (the guest's HTTP(S)_PROXY), the agent relay and the gateway's control API
   (``GATEWAY_CONTROL_PORT``, ``controller.gateway.control``): both listen only on the egress side
-  (``controller.gateway.relay``) and are published on the host's 127.0.0.1 only. The control API's
+  (``controller.gateway.relay``) and are published on the host's 127.0.0.1 only, at host ports the
+  kernel reports free (:func:`free_loopback_ports`): Docker's own allocator walks the ephemeral range in
+  order without asking whether another process's socket holds a port (an open client connection, one in
+  TIME_WAIT), and docker-proxy then fails to bind it; a port taken between the choice and the bind is
+  chosen anew (:data:`START_ATTEMPTS`). The control API's
   token (``secrets.token_urlsafe``, per sandbox, not the agent's) is written into a 0400 file of the
   gateway user before the policy file, which starts the proxy.
 * container ``<id>-desktop`` (role ``desktop``): supervisord as uid 0 with only SETUID, SETGID and KILL
@@ -33,6 +37,7 @@ from __future__ import annotations
 import base64
 import secrets
 import shlex
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -64,8 +69,9 @@ from controller.sandbox.docker_hardening import (
     desktop_tmpfs,
 )
 from controller.agent_client import direct_client
+from controller.sandbox.readiness import direct_control_url
 from controller.gateway.relay import interface_addresses
-from controller.text import clean_lines
+from controller.text import clean, clean_lines
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
 AGENT_PORT = 8000
@@ -92,6 +98,42 @@ DECISION_LOG_MAX_BYTES = 256 * 1024 * 1024
 """JSONL decision log of the gateway's policy addon, inside the gateway container."""
 DESKTOP_UID = 1000
 GATEWAY_UID = 1001
+
+START_ATTEMPTS = 5
+"""Most tries of a start step that failed for a transient reason: a host port or a name taken."""
+PORT_TAKEN = ("address already in use", "port is already allocated")
+"""What the engine says when a host port it is to publish on is held: by another process's socket
+(docker-proxy's bind fails), or by another container."""
+NAME_TAKEN = ("already exists", "is already in use")
+"""What the engine says (409) when a network's or a container's name is taken."""
+
+
+def _says(exc: docker.errors.APIError, phrases: Sequence[str]) -> bool:
+    """Whether the engine's error ``exc`` says one of ``phrases`` (case-insensitive)."""
+    text = str(exc.explanation or exc).lower()
+    return any(phrase in text for phrase in phrases)
+
+
+def new_sandbox_id() -> str:
+    """A fresh sandbox id, ``ds-<8 hex>``."""
+    return f"ds-{secrets.token_hex(4)}"
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports of 127.0.0.1 that no socket on this host holds now: the kernel's
+    choice for sockets bound to port 0 (from ``ip_local_port_range``, skipping every port a socket holds,
+    open client connections and TIME_WAIT included), the sockets closed again before this returns."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
 
 @dataclass
 class DockerOptions:
@@ -175,7 +217,7 @@ class DockerSandbox(Sandbox):
         spec = spec or SandboxSpec()
         options = options or DockerOptions()
         client = client or docker.from_env()
-        sandbox = cls(client, f"ds-{secrets.token_hex(4)}")
+        sandbox = cls(client, new_sandbox_id())
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
         return sandbox
 
@@ -270,7 +312,13 @@ class DockerSandbox(Sandbox):
 
     def attach_gateway(self, network: str) -> tuple[str, str | None]:
         """Connect the gateway container (only it) to the Docker network named ``network`` (e.g. the
-        audit's targets); returns its (IPv4, IPv6 or None) address there. Raises SandboxError."""
+        audit's targets); returns its (IPv4, IPv6 or None) address there. Raises SandboxError.
+
+        Docker publishes a container's ports on its default-route network; when the new network takes
+        that place (one that is not internal, whose name sorts before the egress network's), the
+        published ports lead to the gateway's address there, where nothing listens. The controller's own
+        agent client already uses the egress address where the host routes there (the end of the
+        start); the control API's URL (``gateway_control_url``) then becomes the egress address too."""
         if self.gateway is None:
             raise SandboxError(f"sandbox {self.id} has no gateway container")
         try:
@@ -278,7 +326,12 @@ class DockerSandbox(Sandbox):
             self.gateway.reload()
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot attach the gateway of {self.id} to {network}: {exc}") from None
-        endpoint = self.gateway.attrs["NetworkSettings"]["Networks"][network]
+        networks = self.gateway.attrs["NetworkSettings"]["Networks"]
+        egress_ip = networks.get(f"{self.id}-egress", {}).get("IPAddress")
+        if self._control_url and egress_ip and direct_control_url(self._control_url, self._control_token) is None:
+            direct = direct_control_url(f"http://{egress_ip}:{GATEWAY_CONTROL_PORT}", self._control_token)
+            self._control_url = direct or self._control_url
+        endpoint = networks[network]
         return endpoint["IPAddress"], endpoint.get("GlobalIPv6Address") or None
 
     def exec_in_guest(self, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
@@ -363,60 +416,8 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"desktop memory budget: {exc}") from None
         policy_json = spec.policy_json()
 
-        # internal: no route out (Docker drops forwarding) and, with inhibit_ipv4, no address of the
-        # host on it either; otherwise the guest could reach host services bound to 0.0.0.0 through
-        # the bridge's gateway address.
-        internal = self.client.networks.create(
-            f"{self.id}-internal", driver="bridge", internal=True, enable_ipv6=False,
-            labels=self._labels("internal", options),
-            options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-        )
-        self._checkpoint()
-        egress = self.client.networks.create(
-            f"{self.id}-egress", driver="bridge", internal=False, enable_ipv6=False,
-            labels=self._labels("egress", options),
-            options={"com.docker.network.bridge.enable_icc": "false"},
-        )
-        self._checkpoint()
-        internal.reload()
-        subnets = [c["Subnet"] for c in internal.attrs["IPAM"]["Config"] if "." in c.get("Subnet", "")]
-        if not subnets:
-            raise SandboxError(f"network {internal.name} has no IPv4 subnet")
-
-        # Gateway: egress network at create (so the published port maps to its egress address), the
-        # internal network connected before start, under the name the relay's peer never resolves.
-        gw_tmpfs = {
-            "/tmp": _tmpfs("64m", GATEWAY_UID, "1777"),
-            "/run/desktop-sandbox": _tmpfs("16m", GATEWAY_UID),
-            "/var/log/desktop-sandbox": _tmpfs("64m", GATEWAY_UID, "0755"),
-            "/home/gateway": _tmpfs("64m", GATEWAY_UID),
-        }
-        self.gateway = self.client.containers.create(
-            options.image,
-            command=["gateway"],
-            name=f"{self.id}-gateway",
-            hostname=GATEWAY_HOSTNAME,
-            labels=self._labels("gateway", options),
-            network=egress.name,
-            ports={f"{AGENT_PORT}/tcp": ("127.0.0.1", None), f"{GATEWAY_CONTROL_PORT}/tcp": ("127.0.0.1", None)},
-            environment={
-                "HOME": "/home/gateway",
-                "RELAY_PORT": str(AGENT_PORT),
-                "RELAY_TARGET": f"{DESKTOP_ALIAS}:{AGENT_PORT}",
-                "INTERNAL_SUBNET": ",".join(subnets),
-                "GATEWAY_POLICY_FILE": GATEWAY_POLICY_FILE,
-                "GATEWAY_PROXY_PORT": str(GATEWAY_PROXY_PORT),
-                "GATEWAY_DECISION_LOG": DECISION_LOG,
-                "GATEWAY_CONTROL_PORT": str(GATEWAY_CONTROL_PORT),
-                "GATEWAY_CONTROL_TOKEN_FILE": GATEWAY_CONTROL_TOKEN_FILE,
-            },
-            **_hardening(f"{GATEWAY_UID}:{GATEWAY_UID}", gw_tmpfs, options.gateway_mem_limit,
-                         options.gateway_pids_limit),
-        )
-        self._checkpoint()
-        internal.connect(self.gateway, aliases=[GATEWAY_HOSTNAME])
-        self._checkpoint()
-        self.gateway.start()
+        internal, egress, subnets = self._create_networks(options)
+        self._start_gateway(options, internal, egress, subnets)
         self._checkpoint()
         self.gateway.reload()
         gw_ip = self.gateway.attrs["NetworkSettings"]["Networks"][internal.name]["IPAddress"]
@@ -479,6 +480,103 @@ class DockerSandbox(Sandbox):
         egress_ip = self.gateway.attrs["NetworkSettings"]["Networks"].get(egress.name, {}).get("IPAddress")
         if egress_ip:
             self._agent_client = direct_client(f"http://{egress_ip}:{AGENT_PORT}", self._token)
+
+    def _create_networks(self, options: DockerOptions) -> tuple[Any, Any, list[str]]:
+        """The sandbox's internal and egress networks (module doc) and the internal one's IPv4 subnets.
+
+        The id is first made one no sandbox on the engine has (its label), and the networks are created
+        with ``check_duplicate``: a name another network holds (a part left by another start that is not
+        this host's to reap, or a start racing this one) is a 409 instead of a second network of that name;
+        then the networks made are removed and the sandbox takes a new id, at most :data:`START_ATTEMPTS`
+        times. Raises SandboxError, or the engine's error."""
+        existing = list_sandboxes(self.client)
+        while self.id in existing:
+            self.id = new_sandbox_id()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            made: list[Any] = []
+            try:
+                # internal: no route out (Docker drops forwarding) and, with inhibit_ipv4, no address of
+                # the host on it either; otherwise the guest could reach host services bound to 0.0.0.0
+                # through the bridge's gateway address.
+                made.append(self.client.networks.create(
+                    f"{self.id}-internal", driver="bridge", internal=True, enable_ipv6=False, check_duplicate=True,
+                    labels=self._labels("internal", options),
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                ))
+                self._checkpoint()
+                made.append(self.client.networks.create(
+                    f"{self.id}-egress", driver="bridge", internal=False, enable_ipv6=False, check_duplicate=True,
+                    labels=self._labels("egress", options),
+                    options={"com.docker.network.bridge.enable_icc": "false"},
+                ))
+                break
+            except docker.errors.APIError as exc:
+                if attempt == START_ATTEMPTS or exc.status_code != 409 or not _says(exc, NAME_TAKEN):
+                    raise
+                for network in made:
+                    network.remove()
+                self.id = new_sandbox_id()
+        self._checkpoint()
+        internal, egress = made
+        internal.reload()
+        subnets = [c["Subnet"] for c in internal.attrs["IPAM"]["Config"] if "." in c.get("Subnet", "")]
+        if not subnets:
+            raise SandboxError(f"network {internal.name} has no IPv4 subnet")
+        return internal, egress, subnets
+
+    def _start_gateway(self, options: DockerOptions, internal: Any, egress: Any, subnets: list[str]) -> None:
+        """Create, connect and start the gateway container: the egress network at create (so the
+        published ports map to its egress address), the internal network connected before start, under
+        the name the relay's peer never resolves. Its agent and control ports are published on 127.0.0.1
+        at host ports the kernel reports free (:func:`free_loopback_ports`, module doc); when one is taken
+        before the engine binds it, the container is made anew on new ports, at most
+        :data:`START_ATTEMPTS` times. Raises SandboxError, or the engine's error for any other failure."""
+        gw_tmpfs = {
+            "/tmp": _tmpfs("64m", GATEWAY_UID, "1777"),
+            "/run/desktop-sandbox": _tmpfs("16m", GATEWAY_UID),
+            "/var/log/desktop-sandbox": _tmpfs("64m", GATEWAY_UID, "0755"),
+            "/home/gateway": _tmpfs("64m", GATEWAY_UID),
+        }
+        for attempt in range(1, START_ATTEMPTS + 1):
+            agent_port, control_port = free_loopback_ports(2)
+            self.gateway = self.client.containers.create(
+                options.image,
+                command=["gateway"],
+                name=f"{self.id}-gateway",
+                hostname=GATEWAY_HOSTNAME,
+                labels=self._labels("gateway", options),
+                network=egress.name,
+                ports={f"{AGENT_PORT}/tcp": ("127.0.0.1", agent_port),
+                       f"{GATEWAY_CONTROL_PORT}/tcp": ("127.0.0.1", control_port)},
+                environment={
+                    "HOME": "/home/gateway",
+                    "RELAY_PORT": str(AGENT_PORT),
+                    "RELAY_TARGET": f"{DESKTOP_ALIAS}:{AGENT_PORT}",
+                    "INTERNAL_SUBNET": ",".join(subnets),
+                    "GATEWAY_POLICY_FILE": GATEWAY_POLICY_FILE,
+                    "GATEWAY_PROXY_PORT": str(GATEWAY_PROXY_PORT),
+                    "GATEWAY_DECISION_LOG": DECISION_LOG,
+                    "GATEWAY_CONTROL_PORT": str(GATEWAY_CONTROL_PORT),
+                    "GATEWAY_CONTROL_TOKEN_FILE": GATEWAY_CONTROL_TOKEN_FILE,
+                },
+                **_hardening(f"{GATEWAY_UID}:{GATEWAY_UID}", gw_tmpfs, options.gateway_mem_limit,
+                             options.gateway_pids_limit),
+            )
+            self._checkpoint()
+            internal.connect(self.gateway, aliases=[GATEWAY_HOSTNAME])
+            self._checkpoint()
+            try:
+                self.gateway.start()
+                return
+            except docker.errors.APIError as exc:
+                if not _says(exc, PORT_TAKEN):
+                    raise
+                if attempt == START_ATTEMPTS:
+                    raise SandboxError(f"the gateway of {self.id} found its host ports taken {attempt} times: "
+                                       f"{clean(str(exc.explanation or exc), 500)}") from None
+                self.gateway.remove(force=True, v=True)
+                self.gateway = None
+                self._checkpoint()
 
     def _wait_ready(self, timeout: float, t0: float) -> None:
         """Poll ``/livez`` then ``/v1/display`` through the relay until both answer 200, then the gateway's

@@ -101,6 +101,24 @@ def wait_control_ready(
             delay = min(delay * 1.5, 0.5)
 
 
+DIRECT_PROBE_S = 2.0
+"""Longest :func:`direct_control_url` waits for the control API's answer on a direct address (seconds)."""
+
+
+def direct_control_url(url: str, token: str, probe_timeout: float = DIRECT_PROBE_S) -> str | None:
+    """``url`` (the gateway control API at an address that may not be routable from the controller, such
+    as a Docker bridge address) when an authenticated ``GET /v1/origin-requests?state=pending`` there
+    answers 200 within ``probe_timeout`` seconds, else None (the caller keeps its published URL)."""
+    import httpx
+
+    try:
+        with httpx.Client(base_url=url, timeout=probe_timeout, trust_env=False) as http:
+            resp = http.get("/v1/origin-requests?state=pending", headers={"Authorization": f"Bearer {token}"})
+    except httpx.HTTPError:
+        return None
+    return url if resp.status_code == 200 else None
+
+
 def parse_decision_log(text: str) -> list[dict[str, Any]]:
     """The gateway's JSONL decision log as one dict per line (oldest first); a line being written right
     now (not yet valid JSON) and blank lines are skipped. Lines end at ``\n`` only: a raw U+2028 or

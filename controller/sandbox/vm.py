@@ -148,7 +148,8 @@ class VMOptions:
     ``agent_args``: extra arguments of ``python -m guest serve`` (letters, digits, ``._=-`` only).
     ``keep_dir``: keep the private directory (console log, gateway log) after close, for diagnosis.
     ``detached``: the sandbox outlives its starter (``up --detach``); it is then never reaped
-    automatically, only by ``desktop-sandbox down``.
+    automatically, only by ``desktop-sandbox down``. ``extra_labels``: more labels in its ``owner.json``
+    (listed by ``list_all``, matched by ``down --all --label``), as Docker's containers carry them.
     """
 
     image: Path | None = None
@@ -160,6 +161,7 @@ class VMOptions:
     agent_args: list[str] = field(default_factory=list)
     keep_dir: bool = False
     detached: bool = False
+    extra_labels: dict[str, str] = field(default_factory=dict)
 
 
 class VMSandbox(Sandbox):

@@ -13,7 +13,9 @@ with exit status 0.
 Account: ``person@example.test`` with password ``sandbox-demo-pass`` or e-mail code ``424242``.
 Flow: ``GET /`` (choose a method) -> ``POST /method`` -> ``/email`` -> ``/code`` or ``/password`` ->
 ``/account``. ``GET /session`` is the site's own session state as JSON, ``GET /stats`` counts posts and
-sign-ins, ``GET /signout`` ends the session. ``/hostile/*`` are pages built to trip a form scanner.
+sign-ins (and the requests to the ``/hostile/form/*`` pages' destinations, ``sinks``, and the POSTs
+``/hostile/hold`` keeps waiting, ``held``), ``GET /signout`` ends the session. ``/hostile/*`` are pages
+built to trip a form scanner or a form fill (:data:`FORMS`).
 
 Nothing a client submits is ever logged or echoed: the log has one line per request with the method,
 the path without its query, and the status.
@@ -47,6 +49,10 @@ MAX_FIELDS = 1000             # form fields per body
 MAX_STATES = 10_000           # pre-sign-in states and sessions each; the oldest are dropped beyond this
 REQUEST_TIMEOUT_S = 30        # per socket operation; an idle or slow client is dropped after this
 FLOW_POSTS = ("/method", "/email", "/code", "/password")
+SINKS = ("/hostile/welcome", "/hostile/done", "/hostile/steal", "/hostile/hold")
+"""Where the ``/hostile/form/*`` pages send their values: every request to one (any method) is counted."""
+HOLD_TIMEOUT_S = 20
+"""Longest a ``POST /hostile/hold`` waits for ``GET /hostile/release``."""
 RETRY = "That did not work. Try again."
 
 
@@ -60,7 +66,11 @@ class State:
         self.pre: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.sessions: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.posts = {path: 0 for path in FLOW_POSTS}
+        self.sinks = {path: 0 for path in SINKS}
         self.sign_ins = 0
+        self.hold = threading.Condition(self.lock)
+        self.held = 0
+        self.releases = 0
 
     @staticmethod
     def _put(table: collections.OrderedDict, value: dict) -> str:
@@ -110,9 +120,29 @@ class State:
             if path in self.posts:
                 self.posts[path] += 1
 
+    def count_sink(self, path: str) -> None:
+        with self.lock:
+            if path in self.sinks:
+                self.sinks[path] += 1
+
+    def hold_request(self) -> None:
+        """Keep a request waiting until :meth:`release` (at most :data:`HOLD_TIMEOUT_S`)."""
+        with self.lock:
+            generation = self.releases
+            self.held += 1
+            try:
+                self.hold.wait_for(lambda: self.releases != generation, HOLD_TIMEOUT_S)
+            finally:
+                self.held -= 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.releases += 1
+            self.hold.notify_all()
+
     def stats(self) -> dict:
         with self.lock:
-            return {"posts": dict(self.posts), "sign_ins": self.sign_ins}
+            return {"posts": dict(self.posts), "sign_ins": self.sign_ins, "sinks": dict(self.sinks), "held": self.held}
 
 
 STATE = State()
@@ -341,6 +371,103 @@ def hostile_fake_origin() -> str:
     return text.replace("</title>", "</title>" + head_extra, 1)
 
 
+# Forms that send their values somewhere they should not go, or that the browser's validation stops.
+# ``{other}`` is the origin of the page's host on the port of ``?to=`` (8081 by default).
+CREDENTIALS = ('<label for="email">E-mail address</label>'
+               '<input type="email" id="email" name="email" autocomplete="username">'
+               '<label for="password">Password</label>'
+               '<input type="password" id="password" name="password" autocomplete="current-password">')
+HOLD_FORM = ('<form method="post" action="/hostile/hold">'
+             '<label for="email">E-mail address</label><input type="email" id="email" name="email" '
+             'autocomplete="username" style="background:#ff00ff;color:#000">'
+             '<label for="code">Verification code</label><input type="text" id="code" name="code" '
+             'autocomplete="one-time-code" style="background:#00ffff;color:#000">'
+             '<label for="password">Password</label>'
+             '<input type="password" id="password" name="password" autocomplete="current-password">'
+             '<button>Sign in</button></form>')
+# The same fields slotted into a shadow root whose style (an inner context: its important declarations win over
+# the page's own, inline ones included) draws them unmasked; markup only, no script.
+UNMASK_FORM = ('<form method="post" action="/hostile/hold"><div><template shadowrootmode="open"><style>'
+               '::slotted(input) {{ -webkit-text-security: none !important; }}</style><slot></slot></template>'
+               + HOLD_FORM[len('<form method="post" action="/hostile/hold">'):-len('</form>')] + '</div></form>')
+# Every 20 ms: each field's style attribute written anew (as a framework re-rendering its props would).
+RESTYLE_SCRIPT = ("<script>setInterval(function () {{ document.querySelectorAll('#email, #code').forEach(function (el) "
+                  "{{ el.setAttribute('style', el.id === 'email' ? 'background:#ff00ff;color:#000' : "
+                  "'background:#00ffff;color:#000'); }}); }}, 20);</script>")
+# Every 20 ms: each field replaced by a fresh element with the same attributes and the value.
+REBUILD_SCRIPT = ("<script>setInterval(function () {{ document.querySelectorAll('#email, #code').forEach(function (old) "
+                  "{{ var el = document.createElement('input'); el.type = old.type; el.id = old.id; el.name = old.name; "
+                  "el.autocomplete = old.autocomplete; el.setAttribute('style', old.id === 'email' ? "
+                  "'background:#ff00ff;color:#000' : 'background:#00ffff;color:#000'); el.value = old.value; "
+                  "old.replaceWith(el); }}); }}, 20);</script>")
+FORMS = {
+    "post": '<form method="post" action="/hostile/done">' + CREDENTIALS + '<button>Sign in</button></form>',
+    "get": '<form method="get" action="/hostile/welcome">' + CREDENTIALS + '<button>Sign in</button></form>',
+    "dialog": '<form method="dialog">' + CREDENTIALS + '<button>Sign in</button></form>',
+    "formmethod-get": ('<form method="post" action="/hostile/done">' + CREDENTIALS +
+                       '<button formmethod="get" formaction="/hostile/welcome">Sign in</button></form>'),
+    "formless": CREDENTIALS + '<button type="button">Sign in</button>',
+    "cross-action": '<form method="post" action="{other}/hostile/steal">' + CREDENTIALS + '<button>Sign in</button></form>',
+    "cross-formaction": ('<form method="post" action="/hostile/done">' + CREDENTIALS +
+                         '<button formaction="{other}/hostile/steal">Sign in</button></form>'),
+    "base-href": ('<base href="{other}/hostile/"><form method="post" action="steal">' + CREDENTIALS +
+                  '<button>Sign in</button></form>'),
+    "javascript-action": ('<form method="post" action="javascript:void(0)">' + CREDENTIALS +
+                          '<button>Sign in</button></form>'),
+    "late-action": ('<form id="late" method="post" action="/hostile/done">' + CREDENTIALS +
+                    '<button>Sign in</button></form><script>document.getElementById("late").addEventListener('
+                    '"input", function () {{ this.action = "{other}/hostile/steal"; }});</script>'),
+    "invalid-email": ('<form method="post" action="/hostile/done">'
+                      '<label for="email">E-mail address</label>'
+                      '<input type="email" id="email" name="email" autocomplete="username" required>'
+                      '<label for="password">Password</label>'
+                      '<input type="password" id="password" name="password" autocomplete="current-password" required>'
+                      '<button>Sign in</button></form>'),
+    "pattern": ('<form method="post" action="/hostile/done"><label for="code">Verification code</label>'
+                '<input type="text" id="code" name="code" autocomplete="one-time-code" pattern="[0-9]{{6}}" required>'
+                '<button>Sign in</button></form>'),
+    "terms": ('<form method="post" action="/hostile/done">' + CREDENTIALS +
+              '<input type="checkbox" id="terms" name="terms" required><label for="terms">I accept the terms</label>'
+              '<button>Sign in</button></form>'),
+    "minlength": ('<form method="post" action="/hostile/done"><label for="password">Password</label>'
+                  '<input type="password" id="password" name="password" autocomplete="current-password" minlength="40">'
+                  '<button>Sign in</button></form>'),
+    "novalidate": ('<form method="post" action="/hostile/done" novalidate>'
+                   '<label for="email">E-mail address</label>'
+                   '<input type="email" id="email" name="email" autocomplete="username" required>'
+                   '<button>Sign in</button></form>'),
+    "other-owner": ('<form method="post" action="/hostile/done">' + CREDENTIALS +
+                    '<button form="elsewhere">Sign in</button></form>'
+                    '<form id="elsewhere" method="get" action="{other}/hostile/steal"></form>'),
+    "hold": HOLD_FORM,
+    "hold-restyle": HOLD_FORM + RESTYLE_SCRIPT,
+    "hold-rerender": HOLD_FORM + REBUILD_SCRIPT,
+    "hold-unmask": UNMASK_FORM,
+}
+"""``GET /hostile/form/NAME``: a sign-in form whose values would go by GET or elsewhere than the page's
+origin (``get``, ``dialog``, ``formmethod-get``, ``formless``, ``cross-action``, ``cross-formaction``,
+``base-href``, ``javascript-action``, ``late-action``: the action moves to the other origin at the first
+input), one the browser's validation stops or not (``invalid-email``, ``pattern``, ``terms``,
+``minlength``, ``novalidate``), a plain one (``post``), one whose only button belongs to another form
+(``other-owner``: a ``form=`` attribute; the form itself is submitted), and ``hold``: its POST waits for
+``GET /hostile/release`` (``held`` in ``/stats`` counts the waiting ones), so the page stays with the
+values in its fields (the e-mail field magenta, the code field cyan) as long as a test needs;
+``hold-restyle`` writes the fields' style attributes anew every 20 ms, ``hold-rerender`` replaces the
+fields with fresh ones holding their values every 20 ms, ``hold-unmask`` slots them into a shadow root whose
+style draws their text unmasked (``::slotted(input)``, important)."""
+
+
+def hostile_form(name: str, other: str) -> str:
+    return page("Sign in – Demo", "<h1>Sign in</h1>" + FORMS[name].format(other=other))
+
+
+def host_name(header: str | None) -> str | None:
+    """The host name of a ``Host`` header (no port), when it is a plain DNS name or IPv4 address."""
+    name = (header or "").rsplit(":", 1)[0] if (header or "").count(":") <= 1 else ""
+    ok = 0 < len(name) <= 253 and name.isascii() and all(c.isalnum() or c in ".-" for c in name)
+    return name if ok else None
+
+
 # Static pages, built once.
 STATIC = {
     "/hostile/many-fields": hostile_many_fields().encode("utf-8"),
@@ -540,6 +667,19 @@ class Handler(BaseHTTPRequestHandler):
             if port is None or after_ms is None:
                 return self.send_html(page("Bad request – Demo", "<h1>Bad request</h1>"), 400)
             return self.send_html(hostile_navigate(port, after_ms))
+        if path.startswith("/hostile/form/") and path[len("/hostile/form/"):] in FORMS:
+            params = parse_qs(query, max_num_fields=20) if len(query) < 200 else {}
+            port = bounded_int((params.get("to") or ["8081"])[0], 1, 65535)
+            host = host_name(self.headers.get("Host"))
+            if port is None or host is None:
+                return self.send_html(page("Bad request – Demo", "<h1>Bad request</h1>"), 400)
+            return self.send_html(hostile_form(path[len("/hostile/form/"):], f"http://{host}:{port}"))
+        if path == "/hostile/release":
+            STATE.release()
+            return self.send_json({"released": True})
+        if path in SINKS:
+            STATE.count_sink(path)
+            return self.send_html(page("Done – Demo", "<h1>Done</h1>"))
         if path in STATIC:
             return self.send(200, STATIC[path], "text/html; charset=utf-8")
         return self.not_found()
@@ -593,6 +733,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.redirect("/account", [self.cookie("sid", sid), self.expired("pre")])
         if path == "/hostile/rerender":
             return self.send_json({"got_password": any(v for v in form.get("password", []))})
+        if path in SINKS:
+            STATE.count_sink(path)
+            if path == "/hostile/hold":
+                STATE.hold_request()
+            return self.send_html(page("Done – Demo", "<h1>Done</h1>"))
         if path.startswith("/hostile/"):
             return self.send_json({"received": True, "fields": sum(1 for vs in form.values() for v in vs if v)})
         return self.not_found()

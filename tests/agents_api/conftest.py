@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from controller.agents_api.server import AgentsServer, ServeOptions
-from controller.agents_api.sessions import HubOptions
+from controller.agents_api.sessions import LABEL_SESSION, HubOptions
 from tests.docker.conftest import _remove_test_leftovers, desktop_image, docker_client, test_labels  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,4 +47,5 @@ def docker_api(tmp_path_factory: pytest.TempPathFactory, desktop_image: str,  # 
 
 def session_containers(docker_client, session_id: str) -> list:  # noqa: ANN001, F811
     """The containers of the session's sandbox (by the label every session's sandbox carries)."""
-    return docker_client.containers.list(all=True, ignore_removed=True, filters={"label": f"desktop-sandbox.agents-session={session_id}"})
+    return docker_client.containers.list(all=True, ignore_removed=True,
+                                         filters={"label": f"{LABEL_SESSION}={session_id}"})

@@ -388,3 +388,170 @@ def test_the_streams_comments_never_reach_the_sdk_as_events():
     events = list(SSEDecoder().iter_bytes(iter([wire[i:i + 7] for i in range(0, len(wire), 7)])))
     assert [e.json()["type"] for e in events] == ["agent.session.created", "agent.session.idle"]
     assert [e.id for e in events] == ["evt_1", "evt_2"]
+
+
+def confined_server(tmp_path: Path) -> tuple[AgentsServer, Path]:
+    """A server whose tasks directory is ``tmp_path/tasks``: the pickup task and its script, a symlink
+    to it inside, a symlink to a task outside, a symlinked folder out, a FIFO, a folder and a .toml
+    with secrets."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("pickup.toml", "pickup.offline.jsonl"):
+        (tasks / name).write_bytes((ROOT / "tasks" / name).read_bytes())
+    (tmp_path / "outside.toml").write_bytes((ROOT / "tasks" / "pickup.toml").read_bytes())
+    (tmp_path / "pickup.offline.jsonl").write_bytes((ROOT / "tasks" / "pickup.offline.jsonl").read_bytes())
+    (tasks / "alias.toml").symlink_to("pickup.toml")
+    (tasks / "out.toml").symlink_to(tmp_path / "outside.toml")
+    (tasks / "etc").symlink_to("/etc")
+    os.mkfifo(tasks / "fifo.toml", 0o600)
+    (tasks / "folder.toml").mkdir()
+    (tasks / "secret.toml").write_text('password = "hunter2-in-a-file"\n[database]\nuser = "admin-in-a-file"\n')
+    server = AgentsServer(ServeOptions(hub=HubOptions(runs_dir=tmp_path / "runs", image=ABSENT_IMAGE,
+                                                      tasks_dir=tasks))).start()
+    return server, tasks
+
+
+def test_offline_task_paths_are_confined_to_the_tasks_directory_and_refusals_hold_nothing_of_a_file(tmp_path):
+    """Absolute paths, ``..``, symlinks (of a file or of a folder) and NUL cannot lead an offline task
+    outside the server's tasks directory, whether or not something is there; a file inside that is
+    no task is refused without a word of what it holds; a FIFO is refused at once."""
+    server, tasks = confined_server(tmp_path)
+    try:
+        c = client(server)
+        outside = [f"offline:{tmp_path / 'outside.toml'}", f"offline:{tasks}/../outside.toml", "offline:../x.toml",
+                   "offline:/etc/x.toml", f"offline:{tasks}/out.toml", f"offline:{tasks}/etc/x.toml",
+                   "offline:tasks/pickup.toml", f"offline:{tasks}/../tasks.toml"]
+        for model in [*outside, f"offline:{tasks}/a\x00.toml", f"offline:{tasks}/missing.toml",
+                      f"offline:{tasks}/secret.toml", f"offline:{tasks}/fifo.toml", f"offline:{tasks}/folder.toml"]:
+            with pytest.raises(openai.BadRequestError) as caught:
+                c.beta.agents.sessions.create(**{**CREATE, "agent": {"model": model}})
+            error = error_of(caught.value)
+            assert error["param"] == "agent.model" and error["code"] == "invalid_request", (model, error)
+            for word in ("hunter2", "password", "admin", "database", "root:"):
+                assert word not in error["message"], (model, error)
+            if model in outside:
+                assert "outside" in error["message"] or "tasks directory" in error["message"], (model, error)
+        for model in (f"offline:{tasks}/pickup.toml", f"offline:{tasks}/alias.toml",
+                      f"offline:{tasks}/../tasks/pickup.toml"):
+            session = c.beta.agents.sessions.create(**{**CREATE, "agent": {"model": model}})
+            c.beta.agents.sessions.delete(session.id)
+    finally:
+        server.stop()
+
+
+def test_a_key_file_through_a_symlink_of_another_user_or_with_a_weak_key_is_refused(tmp_path):
+    real = tmp_path / "real.key"
+    key = load_or_make_key(real)
+    for link, target in ((tmp_path / "link.key", real), (tmp_path / "dangling.key", tmp_path / "none.key")):
+        link.symlink_to(target)
+        with pytest.raises(KeyFileError, match="symbolic link"):
+            load_or_make_key(link)
+    assert not (tmp_path / "none.key").exists()  # nothing was written through the dangling link
+    for weak in ("x", "short-but-varied-key-1", "a" * 64, "abababababababababababababababababab"):
+        real.write_text(weak + "\n")
+        with pytest.raises(KeyFileError, match="too weak|one key") as caught:
+            load_or_make_key(real)
+        assert weak not in str(caught.value)
+    strong = "correct-horse-battery-staple-42!"
+    real.write_text(strong + "\n")
+    assert load_or_make_key(real) == strong
+    assert len(key) >= 32 and load_or_make_key(tmp_path / "again.key") != key  # a generated key meets the rule
+    if os.geteuid() != 0:
+        pytest.skip("a file of another user can only be made by root")
+    for other in (65534, 1):
+        os.chown(real, other, -1)
+        with pytest.raises(KeyFileError, match=f"belongs to uid {other}"):
+            load_or_make_key(real)
+
+
+def test_the_database_and_its_files_are_private_whatever_the_umask(tmp_path):
+    from controller.agents_api.store import Store
+
+    for umask in (0o022, 0o000, 0o002):
+        folder = tmp_path / f"umask-{umask:o}"
+        previous = os.umask(umask)
+        try:
+            store = Store(folder / "agents.db")
+            store.add_session("sess_a", {"id": "sess_a", "created_at": 1}, owner="h:1:x", backend="docker")
+            names = sorted(p.name for p in folder.iterdir())
+            assert names == ["agents.db", "agents.db-shm", "agents.db-wal", "agents.db.lock"], names
+            modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+            store.close()
+        finally:
+            os.umask(previous)
+        assert set(modes.values()) == {0o600}, (umask, modes)
+        assert not stat.S_IMODE(folder.stat().st_mode) & 0o022
+    for suffix in ("-wal", "-shm"):  # as a killed server leaves them
+        (folder / f"agents.db{suffix}").touch()
+    for path in folder.iterdir():  # files an older server left wider are narrowed
+        path.chmod(0o644)
+    store = Store(folder / "agents.db")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+    store.close()
+    assert len(modes) == 4 and set(modes.values()) == {0o600}, modes
+
+
+def test_a_database_others_could_lock_or_replace_is_refused_and_a_busy_one_names_its_holder(tmp_path):
+    from controller.agents_api.store import Store, StoreError
+
+    first = Store(tmp_path / "agents.db")
+    try:
+        with pytest.raises(StoreBusy, match=f":{os.getpid()}\\)"):
+            Store(tmp_path / "agents.db")
+    finally:
+        first.close()
+    for mode, words in ((0o777, "others may write"), (0o703, "others may write")):
+        folder = tmp_path / f"open-{mode:o}"
+        folder.mkdir()
+        folder.chmod(mode)
+        with pytest.raises(StoreError, match=words):
+            Store(folder / "agents.db")
+        assert list(folder.iterdir()) == []  # refused before anything was made there
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "elsewhere.lock").write_text("")
+    (linked / "agents.db.lock").symlink_to(tmp_path / "elsewhere.lock")
+    with pytest.raises(StoreError, match="symbolic link"):
+        Store(linked / "agents.db")
+    if os.geteuid() != 0:
+        pytest.skip("files and folders of another user can only be made by root")
+    shared = tmp_path / "shared-group"
+    shared.mkdir()
+    os.chown(shared, -1, 1)  # the group of another user (daemon's primary group)
+    shared.chmod(0o770)
+    with pytest.raises(StoreError, match="group 1 may write"):
+        Store(shared / "agents.db")
+    private = tmp_path / "private-group"  # a umask of 002 with the user's own group: fine
+    private.mkdir()
+    os.chown(private, -1, os.getegid())
+    private.chmod(0o775)
+    Store(private / "agents.db").close()
+    for other in (65534, 1):
+        os.chown(private / "agents.db.lock", other, -1)
+        with pytest.raises(StoreError, match=f"belongs to uid {other}"):
+            Store(private / "agents.db")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    os.chown(foreign, 65534, -1)
+    with pytest.raises(StoreError, match="belongs to uid 65534"):
+        Store(foreign / "agents.db")
+
+
+@pytest.mark.parametrize("case", ["weak key", "key through a symlink", "runs folder others may write"])
+def test_serve_refuses_a_bad_key_file_or_runs_folder_with_exit_2(tmp_path, case):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if case == "weak key":
+        (runs / "agents-api.key").write_text("k\n")
+        (runs / "agents-api.key").chmod(0o600)
+    elif case == "key through a symlink":
+        load_or_make_key(tmp_path / "real.key")
+        (runs / "agents-api.key").symlink_to(tmp_path / "real.key")
+    else:
+        runs.chmod(0o777)
+    done = subprocess.run([sys.executable, "-m", "controller.cli", "serve", "--runs-dir", str(runs),
+                           "--image", "x:none"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert {"weak key": "too weak", "key through a symlink": "symbolic link",
+            "runs folder others may write": "others may write"}[case] in done.stderr, done.stderr

@@ -277,7 +277,7 @@ def test_a_submit_reaches_the_registry_and_its_values_are_nowhere_else(served):
     request_id = action.request_id
     email, password = secret("user") + "@example.test", secret("pw")
     refused_values = {name: secret(f"refused-{name}") for name in
-                      ("unknown", "missing", "seven", "long", "big", "empty", "option", "twice")}
+                      ("unknown", "missing", "seven", "long", "big", "empty", "option", "twice", "nul", "lf")}
     sent = [email, password, *refused_values.values()]
     served.sent.extend(sent)
     v = refused_values
@@ -296,6 +296,8 @@ def test_a_submit_reaches_the_registry_and_its_values_are_nowhere_else(served):
          "no options"),
         ("a field given twice", submit([("email", v["twice"]), ("email", v["twice"]), ("password", v["twice"])]),
          "once"),
+        ("a value with NUL", submit([("email", v["nul"]), ("password", v["nul"] + "\x00")]), "NUL, CR or LF"),
+        ("a value with a line break", submit([("email", v["lf"] + "\r\n"), ("password", v["lf"])]), "NUL, CR or LF"),
     ]
     with raw(served) as http:
         for what, response, words in cases:

@@ -311,6 +311,26 @@ focus is PointerRoot or the root window: no window manager set one); an empty li
 on no window. Runs where the display is reachable."""
 
 
+KEY_STATE = (
+    "import json, sys\n"
+    "from dataclasses import asdict\n"
+    "from Xlib import X, display\n"
+    "from Xlib.ext import xtest\n"
+    "from guest import xkb\n"
+    "d = display.Display(sys.argv[1])\n"
+    "change = json.loads(sys.argv[2])\n"
+    "for keysym in change.pop('press', []):\n"
+    "    xtest.fake_input(d, X.KeyPress, d.keysym_to_keycode(keysym))\n"
+    "if change:\n"
+    "    xkb.set_locks_and_latches(d, **change)\n"
+    "d.sync()\n"
+    "print(json.dumps(asdict(xkb.get_state(d))))\n"
+)
+"""Changes the keyboard's state as another X client would (``argv[2]``, JSON: the arguments of
+:func:`guest.xkb.set_locks_and_latches`, and ``press``: keysyms to press through XTEST and leave down),
+then prints the XKB state (:class:`guest.xkb.KeyState` as JSON). Runs where the display is reachable."""
+
+
 class AgentDesktop:
     """Observation side of the suite for an agent: launch probe/xterm, read files, read key state.
 
@@ -399,6 +419,20 @@ class AgentDesktop:
         finally:
             other.close()
         return shift
+
+    def key_state(self, **change: Any) -> dict[str, int] | None:
+        """The keyboard's XKB state after ``change`` (:data:`KEY_STATE`: locks and latches set, keys
+        pressed, by an X client of the desktop's own, not the target), as a dict of
+        :class:`guest.xkb.KeyState`'s fields; None when the display is not reachable from here."""
+        if not self.display:
+            return None
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-c", KEY_STATE, self.display, json.dumps(change)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
 
     def managed_windows(self, wm_class: str) -> int:
         """How many windows of ``wm_class`` the window manager still manages (:data:`MANAGED_WINDOWS`);

@@ -86,13 +86,15 @@ def test_concurrent_requests_never_interleave(target, sink):
 
 
 def test_text_arrives_exactly_with_caps_lock_on(target, sink):
-    # A model may press CAPSLOCK; `type` must still deliver the exact text, and leave the lock as it was.
+    # A model may press CAPSLOCK; `type` and `keypress` must still deliver the exact text and keys named,
+    # and leave the lock as it was (the next CAPSLOCK turns it off).
     target.run([{"type": "keypress", "keys": ["CAPSLOCK"]}])
     try:
         text = "aB1 é日 Zz"
         assert sink.type_and_read(target, text, text) == text + "\n"
         before = len(sink.content())
-        target.run([{"type": "keypress", "keys": ["a"]}, {"type": "keypress", "keys": ["Return"]}])
-        assert poll(lambda: sink.content()[before:] or None, 10, what="the key press") == "A\n"
+        target.run([{"type": "keypress", "keys": ["a"]}, {"type": "keypress", "keys": ["A"]},
+                    {"type": "keypress", "keys": ["Return"]}])
+        assert poll(lambda: sink.content()[before:] or None, 10, what="the key press") == "aA\n"
     finally:
         target.run([{"type": "keypress", "keys": ["CAPSLOCK"]}])

@@ -134,6 +134,17 @@ def until(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any
     return poll(predicate, timeout=timeout, what=what)
 
 
+def image_bytes(fmt: str = "PNG", size: tuple[int, int] = (8, 6)) -> bytes:
+    """A small real image (``PNG`` or ``JPEG``), as a run's screenshot file holds."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, (40, 90, 160)).save(out, fmt)
+    return out.getvalue()
+
+
 def write_record(runs_dir: Path, run_id: str, started: str, task: str, status: str | None) -> Path:
     """A record on disk: ``run_started`` at ``started`` (UTC ISO) and, unless ``status`` is None,
     ``run_finished`` with it."""

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from controller.console.app import create_app
-from tests.console.conftest import LIVE_ID, Session
+from tests.console.conftest import LIVE_ID, Session, image_bytes
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
@@ -175,7 +175,7 @@ def _get(session: Session, path: str, headers: dict[str, str]) -> tuple[int, str
 @pytest.fixture
 def recorded_shot(live) -> None:
     """The live run's record holds ``shot-0001.png``."""
-    (live.record_dir / "shot-0001.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    (live.record_dir / "shot-0001.png").write_bytes(image_bytes("PNG"))
 
 
 @pytest.mark.parametrize("site", ["same-site", "cross-site", "Cross-Site", "sideways"])

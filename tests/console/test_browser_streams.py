@@ -2,7 +2,8 @@
 through Playwright) that holds the console's session cookie: a page served by another program on
 another 127.0.0.1 port (the same site, so the browser sends the SameSite=Strict cookie along) embeds
 the live screen (JPEG and MJPEG), a recorded screenshot, the console's script and style sheet, a run
-page in a frame, opens the event stream and fetches the run's state and approvals. The console
+page in a frame, opens the event stream and the run page's WebSocket and fetches the run's state and
+approvals. The console
 refuses each of them (403 ``cross_site``, nothing streamed, each refusal logged), while the person's own
 page, and the person following a link from that page to the console, still work."""
 
@@ -17,7 +18,8 @@ from PIL import Image
 
 from tests.console.conftest import LIVE_ID, until
 
-PROBES = ("screen_jpg", "screen_mjpeg", "shot", "script", "style", "events", "state", "approvals", "opaque")
+PROBES = ("screen_jpg", "screen_mjpeg", "shot", "script", "style", "events", "socket", "state", "approvals",
+          "opaque")
 """What the other page tries (each reports into ``window.results``)."""
 
 
@@ -33,7 +35,8 @@ def _attack_page(base: str) -> str:
     urls = {"screen_jpg": f"{run}/screen.jpg", "screen_mjpeg": f"{run}/screen.mjpeg?fps=5",
             "shot": f"{run}/shots/shot-0001.png", "script": f"{base}/static/console.js",
             "style": f"{base}/static/console.css", "events": f"{run}/events", "state": f"{run}/state",
-            "approvals": f"{run}/approvals", "opaque": f"{run}/state", "frame": run}
+            "approvals": f"{run}/approvals", "opaque": f"{run}/state", "frame": run,
+            "socket": "ws" + f"{run}/live".removeprefix("http")}
     return f"""<!doctype html><title>elsewhere</title>
 <body>
 <iframe src="{urls['frame']}"></iframe>
@@ -63,6 +66,10 @@ const events = new EventSource(urls.events, {{withCredentials: true}});
 events.onopen = () => report("events", "open");
 events.onmessage = () => report("events", "message");
 events.onerror = () => {{ report("events", "error"); events.close(); }};
+const socket = new WebSocket(urls.socket);
+socket.onopen = () => report("socket", "open");
+socket.onmessage = () => report("socket", "message");
+socket.onerror = () => report("socket", "error");
 for (const name of ["state", "approvals"]) {{
   fetch(urls[name], {{credentials: "include"}})
     .then(r => r.text().then(t => report(name, "read " + r.status + " " + t)), () => report(name, "blocked"));
@@ -101,7 +108,7 @@ def test_another_local_page_gets_no_stream_image_or_data_of_the_console(
     attacker.wait_for_function(f"() => {json.dumps(list(PROBES))}.every(name => name in window.results)")
     results = attacker.evaluate("window.results")
     # nothing loaded, opened or read
-    for name in ("screen_jpg", "screen_mjpeg", "shot", "script", "style", "events"):
+    for name in ("screen_jpg", "screen_mjpeg", "shot", "script", "style", "events", "socket"):
         assert results[name] == "error", (name, results)
     for name in ("state", "approvals"):
         assert results[name] == "blocked", (name, results)
@@ -113,13 +120,14 @@ def test_another_local_page_gets_no_stream_image_or_data_of_the_console(
     expected = {(f"{run}/screen.jpg", "cross_site"), (f"{run}/screen.mjpeg", "cross_site"),
                 (f"{run}/shots/shot-0001.png", "cross_site"), ("/static/console.js", "cross_site"),
                 ("/static/console.css", "cross_site"), (run, "cross_site"), (f"{run}/state", "cross_site"),
-                (f"{run}/events", "bad_origin"), (f"{run}/state", "bad_origin"), (f"{run}/approvals", "bad_origin")}
+                (f"{run}/events", "bad_origin"), (f"{run}/state", "bad_origin"), (f"{run}/approvals", "bad_origin"),
+                (f"{run}/live", "bad_origin")}
 
     def refused() -> set[tuple[str, str]]:
         found = set()
         for record in caplog.records:
-            parts = record.getMessage().split(" ")  # refused GET <path>: 403 <code>
-            if record.name == "controller.console" and parts[:2] == ["refused", "GET"] and parts[3] == "403":
+            parts = record.getMessage().split(" ")  # refused GET|WEBSOCKET <path>: 403 <code>
+            if record.name == "controller.console" and parts[0] == "refused" and parts[3] == "403":
                 found.add((parts[2].rstrip(":"), parts[4]))
         return found
 

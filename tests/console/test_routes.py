@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 
-from tests.console.conftest import LIVE_ID, Runner, make_live, wait_state, write_record
+from tests.console.conftest import LIVE_ID, Runner, image_bytes, make_live, wait_state, write_record
 
 
 def _code(resp) -> str:
@@ -114,8 +114,8 @@ def test_runs_list_newest_first_live_on_top_unreadable_shown(session, runs_dir, 
 
 def test_shots_are_served_and_traversal_is_refused(session, runs_dir, tmp_path):
     run = write_record(runs_dir, "run-s", "2030-01-01T00:00:00.000+00:00", "s", "passed")
-    (run / "shot-0001.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
-    (run / "shot-0002.jpg").write_bytes(b"\xff\xd8\xff fake")
+    (run / "shot-0001.png").write_bytes(image_bytes("PNG"))
+    (run / "shot-0002.jpg").write_bytes(image_bytes("JPEG"))
     (run / "shot-\u0661\u0662\u0663\u0664.png").write_bytes(b"secret: not ASCII digits")
     (tmp_path / "secret.png").write_bytes(b"secret")
     os.symlink(tmp_path / "secret.png", run / "shot-0003.png")
@@ -177,7 +177,7 @@ def test_the_real_report_of_a_recorded_run_links_its_shots_here(session, runs_di
 
     with RunRecord(runs_dir, "run-r") as record:
         record.write(RunStarted(task=TaskRef(name="real-report"), mode="offline"))
-        record.save_screenshot(b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "image/png", image_size=(64, 40), frame=(0, 0, 64, 40))
+        record.save_screenshot(image_bytes("PNG", (64, 40)), "image/png", image_size=(64, 40), frame=(0, 0, 64, 40))
         record.finish("passed")
     page = session.get("/runs/run-r")
     assert page.status_code == 200 and "real-report" in page.text

@@ -1,12 +1,15 @@
 """The real gateway (mitmproxy and the policy addon, ``python -m controller.gateway serve``) with its
 control API, on loopback, for the origin access tests: a policy in mode ``ask`` over origin servers
 this test starts on 127.0.0.x (the gateway resolves their names from a hosts map, so no DNS query
-leaves the machine), and a client that sends requests through the proxy."""
+leaves the machine), a client that sends requests through the proxy, and a relay to the control API
+that refuses connections until told to accept them (:class:`ControlRelay`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import socket
 import subprocess
 import threading
 import urllib.error
@@ -145,3 +148,70 @@ def start_ask_gateway(tmp: Path, names: tuple[str, ...] = ("ask",), *, hold_time
 def until(predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
     """:func:`tests.conformance.harness.poll` with this module's default deadline (seconds)."""
     return poll(predicate, timeout=timeout, what=what)
+
+
+class ControlRelay:
+    """A TCP relay on 127.0.0.1 to the gateway's control API (``control_url``): its port is bound from the
+    start but refuses connections (nothing listens) until :meth:`accept`, and again after :meth:`refuse`,
+    which also cuts every connection it relays. ``url``: what a sandbox gives as its control URL. The
+    ``Host`` a client sends (naming the relay) is rewritten to name the API, which checks it."""
+
+    def __init__(self, control_url: str) -> None:
+        host, port = control_url.removeprefix("http://").rstrip("/").rsplit(":", 1)
+        self.target = (host, int(port))
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._hosts = (f"Host: {self.url.removeprefix('http://')}\r\n".encode(),
+                       f"Host: {host}:{port}\r\n".encode())
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._refusing = False
+
+    def accept(self) -> None:
+        """Listen and relay each connection (a thread each way)."""
+        self._listener.listen(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        listener = self._listener
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # refuse() closed it
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._refusing:
+                    client.close()
+                    upstream.close()
+                    return
+                self._open += [client, upstream]
+            for a, b, hosts in ((client, upstream, self._hosts), (upstream, client, None)):
+                threading.Thread(target=self._pump, args=(a, b, hosts), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, hosts: tuple[bytes, bytes] | None) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data.replace(*hosts) if hosts else data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def refuse(self) -> None:
+        """Stop listening (connections are refused from now on) and cut every relayed connection."""
+        with self._lock:
+            self._refusing = True
+            open_, self._open = self._open, []
+        self._listener.close()
+        for sock in open_:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

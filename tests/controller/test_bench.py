@@ -66,7 +66,9 @@ CONSOLE = {"screen": "1280x800x24",
                        "input_post": {"p50": 9.0, "p95": 12.0, "n": 5}, "x_floor": 8.0},
            "cpu": {"fps": 5.0, "window_s": 4.0, "rounds": 3, "idle_cpu_pct": 0.3, "viewer_cpu_pct": 1.8,
                    "live_view_cpu_pct": 1.5, "cpu_ms_per_frame": 2.1, "browser_fps": 4.9, "served_fps": 5.0,
-                   "idle_served": 0, "agent_cpu_pct": 3.0, "frame_kib": 16.2}}
+                   "idle_served": 0, "agent_cpu_pct": 3.0, "frame_kib": 16.2,
+                   "tabs": {"count": 5, "viewer_cpu_pct": 2.4, "live_view_cpu_pct": 2.1, "cpu_ms_per_frame": 2.9,
+                            "browser_fps": 4.8, "served_fps": 5.2, "agent_cpu_pct": 3.2}}}
 
 
 def test_console_checks_judge_the_p50_and_the_frame_rate():
@@ -78,6 +80,9 @@ def test_console_checks_judge_the_p50_and_the_frame_rate():
     slow["latency"]["console"]["p50"] = 150.0
     slow["cpu"]["browser_fps"] = 4.4
     assert names(slow) == {"console action-to-pixels p50 < 150 ms": False, "console live view at 5 fps": False}
+    many = json.loads(json.dumps(CONSOLE))
+    many["cpu"]["tabs"]["served_fps"] = 5.0 * 5  # a grab loop per tab
+    assert names(many)["console live view at 5 fps"] is False
     assert any("controller CPU 1.5% of one core" in name for name in bench_console.checks(CONSOLE))
     assert bench_console.checks({"skipped": "why"}) == {}
 
@@ -117,6 +122,9 @@ def test_a_short_console_run_measures_latency_and_cpu():
     assert cpu["served_fps"] > 0 and cpu["browser_fps"] > 0, cpu
     assert cpu["viewer_cpu_pct"] > 0 and cpu["idle_cpu_pct"] >= 0 and cpu["agent_cpu_pct"] >= 0, cpu
     assert cpu["cpu_ms_per_frame"] is not None and cpu["frame_kib"] > 0, cpu
+    tabs = cpu["tabs"]  # five tabs shown: one grab loop serves them all
+    assert tabs["count"] == bench_console.TABS and tabs["browser_fps"] > 0, tabs
+    assert tabs["served_fps"] <= bench_console.MAX_SHARED_RATIO * cpu["served_fps"] + 1, cpu
     lines = bench_console.render_lines(section)
     assert lines[0].startswith("web console:") and any(line.startswith("live view at 5 fps") for line in lines)
     assert len(bench_console.checks(section)) == 2

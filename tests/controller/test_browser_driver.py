@@ -143,6 +143,22 @@ def test_the_rules_for_a_task_take_its_local_pages_and_the_sandboxs_addresses():
     assert UrlRules.for_task(task, None, "http://127.0.0.1:4321").agent_port == 4321
 
 
+def test_the_guest_rule_is_the_same_rule_for_every_guest_local_url():
+    """What the agent applies to every request of its chromium (a redirect, a link, a frame...) refuses
+    exactly the guest-local and gateway URLs the driver refuses for the model's own, in any spelling."""
+    rules = _rules(mode="allowlist", allow=["http://localhost:9000", "https://example.org"])
+    rule = rules.guest_rule()
+    assert rule.local_origins == ["http://127.0.0.1:8080", "http://localhost:9000"]
+    assert rule.agent_port == 8000 and set(rule.gateway_hosts) == {"gateway", "172.30.0.2"}
+    for url in ["http://127.0.0.1:8080/x", "http://0x7f.1:8080/", "http://2130706433:8080/", "http://127.1:9999/",
+                "http://[::1]:8080/", "http://[::ffff:127.0.0.1]:8000/", "http://localhost.:9000/",
+                "http://0.0.0.0:8080/", "http://localhost:8000/", "http://gateway:3128/", "http://172.30.0.2:8001/",
+                "http://api.localhost:9000/"]:
+        assert (rule.refusal(url) is None) == (rules.refusal(url) is None), url
+    assert rule.refusal("https://example.org/") is None
+    assert rule.refusal("https://elsewhere.test/") is None  # not guest-local: the gateway decides it
+
+
 # -- the SDK's toolset over the driver and the agent client ---------------------------------------------
 class FakeAgent:
     """A fake agent on 127.0.0.1 (module docstring): ``state`` is served on ``GET /v1/browser/state``;

@@ -19,7 +19,7 @@ def test_every_type_has_a_model_and_the_record_types_are_the_contract():
                                    "screenshot", "network", "network_log", "check", "expectation", "run_finished",
                                    "human_action", "takeover", "agents_event", "sign_in", "browser_call"}
     started = en.as_entry({"type": "run_started", "task": {"name": "t"}})
-    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 6
+    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 7
     assert list(started.as_json())[:3] == ["ts", "type", "format"]
 
 

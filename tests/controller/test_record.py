@@ -236,3 +236,28 @@ def test_typed_text_is_kept_only_when_the_run_records_it():
     person = {"action": "type <7 chars>", "input": typed, "by": "console"}
     assert _human_recorded(person, False)["input"] == {"type": "type", "text_length": 7}
     assert "hunter2" in str(_human_recorded(person, True))
+
+
+def test_a_record_of_many_tiny_lines_costs_a_reader_little_more_than_its_bytes(tmp_path):
+    """A record of a million lines that are no entries (``0``) is refused at its first line, holding
+    little more than its text; one of more entries than a run writes is refused at the first too many."""
+    import tracemalloc
+
+    from controller.run import record as record_module
+
+    run = tmp_path / "flood"
+    run.mkdir()
+    (run / "record.jsonl").write_text("0\n" * 1_000_000 + "{not json\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"record.jsonl:1: an entry must be a JSON object, not int"):
+            read_record(run)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2_000_000, f"{peak} bytes held to read a 2 MB record"
+    line = '{"type": "action", "ts": "2030-01-01T00:00:00+00:00"}\n'
+    (run / "record.jsonl").write_text(line * (record_module.MAX_RECORD_ENTRIES + 1))
+    with pytest.raises(ValueError, match=rf"record.jsonl:{record_module.MAX_RECORD_ENTRIES + 1}: more than "
+                                         rf"{record_module.MAX_RECORD_ENTRIES} entries"):
+        read_record(run)

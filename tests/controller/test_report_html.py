@@ -17,9 +17,9 @@ from typing import Any, Literal, Optional
 import pytest
 from PIL import Image
 
-from controller.report import html as report_html
 from controller.report import render_report, write_report
 from controller.run import entries as entries_mod
+from controller.run import shots
 from controller.run.record import RunRecord
 from tests.controller.hostile_text import EVIL, RAW
 from tests.controller.test_cli import _offline_cli as _cli
@@ -276,10 +276,10 @@ def test_read_shot_refuses(tmp_path, monkeypatch, name, why):
     (tmp_path / "shot-0001.jpg").write_bytes(SHOTS[1])  # a PNG named .jpg
     (tmp_path / "shot-0002.png").write_bytes(SHOTS[1])
     if why == "larger than":
-        monkeypatch.setattr(report_html, "MAX_IMAGE_BYTES", len(SHOTS[1]) - 1)
-    data, reason = report_html.read_shot(tmp_path, name)
+        monkeypatch.setattr(shots, "MAX_SHOT_BYTES", len(SHOTS[1]) - 1)
+    data, reason = shots.read_shot(tmp_path, name)
     assert data is None and reason.startswith(why)
-    assert report_html.read_shot(tmp_path / "nope", "shot-0001.png")[0] is None
+    assert shots.read_shot(tmp_path / "nope", "shot-0001.png")[0] is None
 
 
 def test_unknown_and_future_entries_are_shown_as_text(tmp_path, monkeypatch):

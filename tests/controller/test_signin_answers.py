@@ -16,6 +16,7 @@ from controller.run.entries import SignIn
 from controller.run.registry import ApprovalRegistry
 from controller.run.signin import (MAX_SIGNIN_FILE_BYTES, SignInFile, SignInFileError, SignInFlow,
                                    answer_from_table, check_signin_file, read_signin_file)
+from controller.text import clean
 from wire.browser import FillRequest, FillResult, SignInField, SignInForm, SignInOption, SignInPage
 
 SECRET = "S3cr3t-VALUE-xyz"
@@ -242,8 +243,9 @@ class FakeAgent:
     form is gone once submitted); ``signin_fill()`` records the :class:`FillRequest` it got and answers
     ``outcome``; ``fail`` makes ``signin_fill`` raise an AgentError instead."""
 
-    def __init__(self, page: SignInPage | None = PAGE, outcome: str = "submitted", fail: bool = False) -> None:
-        self.page, self.outcome, self.fail = page, outcome, fail
+    def __init__(self, page: SignInPage | None = PAGE, outcome: str = "submitted", fail: bool = False,
+                 **result: str) -> None:
+        self.page, self.outcome, self.fail, self.result = page, outcome, fail, result
         self.page_calls = 0
         self.fills: list[FillRequest] = []
 
@@ -255,7 +257,7 @@ class FakeAgent:
         self.fills.append(fill)
         if self.fail:
             raise AgentError(502, "cdp_error", "the browser went away")
-        return FillResult(outcome=self.outcome, navigated=True, origin=ORIGIN)
+        return FillResult(outcome=self.outcome, navigated=True, origin=ORIGIN, **self.result)
 
 
 def _answer_with(reg: ApprovalRegistry, response: dict) -> None:
@@ -309,6 +311,91 @@ def test_flow_records_what_the_fill_came_to(outcome):
     assert _flow(agent, reg, entries)() is True
     assert [e.outcome for e in entries] == [outcome] and agent.page_calls == 1  # no next step after a failed fill
     assert SECRET not in json.dumps(entries[0].as_json())
+
+
+@pytest.mark.parametrize("outcome, destination, detail", [
+    ("unsafe_form", ORIGIN, "the form's method is 'get', not post: the values would be in the URL"),
+    ("cross_origin_form", "https://collector.example", "the form sends to https://collector.example, not to ..."),
+    ("invalid", ORIGIN, "the browser's validation stops the submit: field user: is not of the field's type\x1b[31m"),
+])
+def test_flow_records_a_refused_form_with_its_destination_and_why(outcome, destination, detail):
+    reg, entries, agent = ApprovalRegistry(timeout_s=10), [], FakeAgent(outcome=outcome, destination=destination,
+                                                                        detail=detail)
+    _answer_with(reg, SUBMIT)
+    assert _flow(agent, reg, entries)() is True
+    [entry] = entries
+    assert (entry.outcome, entry.destination, entry.submitted) == (outcome, destination, ["user", "pass"])
+    assert entry.detail == clean(detail, 300) and "\x1b" not in entry.detail  # page text, escaped
+    assert agent.page_calls == 1  # a refused fill ends the sign-in
+
+
+@pytest.mark.parametrize("method, destination, outcome", [
+    ("get", ORIGIN, "unsafe_form"),
+    ("dialog", ORIGIN, "unsafe_form"),
+    ("", "", "unsafe_form"),                               # the fields are in no form
+    ("post", "https://collector.example", "cross_origin_form"),
+    ("post", "null", "cross_origin_form"),                 # javascript: or another opaque destination
+    ("post", "https://login.example:8443", "cross_origin_form"),
+])
+def test_flow_asks_nobody_about_a_form_that_would_send_elsewhere(method, destination, outcome):
+    page = PAGE.model_copy(update={"form": PAGE.form.model_copy(update={"method": method, "destination": destination})})
+    reg, entries, agent = ApprovalRegistry(timeout_s=10), [], FakeAgent(page=page)
+    _answer_with(reg, SUBMIT)
+    flow = _flow(agent, reg, entries)
+    assert flow() is False
+    assert reg.all() == [] and agent.fills == []
+    [entry] = entries
+    assert (entry.outcome, entry.request_id, entry.destination, entry.by) == (outcome, None, destination or None, None)
+    agent.page_calls = 0
+    assert flow() is False and len(entries) == 1  # noted once
+
+
+def test_flow_asks_about_a_post_form_to_its_own_origin_and_records_the_destination():
+    page = PAGE.model_copy(update={"form": PAGE.form.model_copy(update={"method": "post", "destination": ORIGIN})})
+    reg, entries, agent = ApprovalRegistry(timeout_s=10), [], FakeAgent(page=page)
+    _answer_with(reg, SUBMIT)
+    assert _flow(agent, reg, entries)() is True
+    [entry] = entries
+    assert (entry.outcome, entry.destination) == ("submitted", ORIGIN) and len(agent.fills) == 1
+
+
+BAD_VALUES = [f"{SECRET}\x00", f"\x00{SECRET}", f"me@example.com\n{SECRET}", f"{SECRET}\r", f"a\r\nb{SECRET}"]
+
+
+@pytest.mark.parametrize("value", BAD_VALUES)
+def test_a_value_with_nul_or_a_line_break_is_refused_naming_the_rule_not_the_value(value):
+    from controller.run.registry import AnswerRefused
+    from wire.browser import FillField
+
+    reg = ApprovalRegistry()
+    req = _request(reg, options=[])
+    answer = {"action": "submit", "fields": [{"field_id": "user", "value": "me@example.com"},
+                                             {"field_id": "pass", "value": value}, {"field_id": "otp", "value": CODE}]}
+    with pytest.raises(AnswerRefused) as refused:
+        reg.answer_signin(req.id, answer, by="console")
+    assert (refused.value.status, refused.value.code) == (400, "invalid_answer")
+    assert "NUL, CR or LF" in refused.value.message and "fields.1.value" in refused.value.message
+    assert SECRET not in refused.value.message and req.pending and reg.take_values(req) == []
+    with pytest.raises(ValueError) as caught:  # the agent's own endpoint validates the same model
+        FillField(field_id="pass", value=value)
+    assert SECRET not in str(caught.value)
+
+
+def test_a_sign_in_file_whose_value_breaks_the_rule_cancels_at_once(tmp_path):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    reg = ApprovalRegistry(timeout_s=10)
+    text = f'["{ORIGIN}"]\nmethod = "pw"\nemail = "me@example.com"\npassword = "{SECRET}\\u0000"\n'
+    answerer = SignInFile(_file(tmp_path, text), reg, console)
+    try:
+        req = _request(reg)
+        reg.wait(req)
+        assert (req.state, req.by, req.submitted_fields) == ("cancelled", "sign-in file", [])
+    finally:
+        answerer.stop()
+    shown = console.export_text()
+    assert "NUL, CR or LF" in shown and "cancelling the sign-in" in shown and SECRET not in shown
 
 
 def test_flow_records_an_agent_error_without_the_value():

@@ -85,6 +85,13 @@ class ContainerDesktop(AgentDesktop):
         assert result.exit_code == 0, result.stderr.decode()
         return int(result.stdout)
 
+    def key_state(self, **change) -> dict[str, int] | None:
+        from tests.conformance.harness import KEY_STATE
+
+        result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", KEY_STATE, ":99", json.dumps(change)], timeout=20)
+        assert result.exit_code == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
     def pressed(self) -> tuple[list[int], int] | None:
         result = self.sandbox.exec_in_guest([GUEST_PYTHON, "-c", _PRESSED], timeout=20)
         assert result.exit_code == 0, result.stderr.decode()

@@ -5,7 +5,12 @@ and ``--approve-origin``. The origin is our own: a container of ours (the audit'
 from that origin through its proxy; the gateway holds the connection and asks; the controller mirrors
 the request and answers it at once, ``by: command line``; the guest gets the page and writes it to the
 file the task checks. The record holds the opt-in, the ``approval`` line and the ``network`` line of
-the same request id, and reconciles."""
+the same request id, and reconciles.
+
+Before that the gateway also joins a second network of ours, one that is not internal and whose name
+sorts before the sandbox's egress network: Docker then publishes the gateway's ports to its address on
+that network, where nothing listens, as an ``--attach-network`` of such a network does. The run must
+still reach the control API."""
 
 from __future__ import annotations
 
@@ -37,29 +42,38 @@ FETCH = (
 
 @pytest.fixture
 def origin_network(docker_client, desktop_image, test_labels):
-    """Our network (internal: no way out) with our origin container on it; yields (network name,
-    subnet, container). Removed afterwards."""
+    """Our network (internal: no way out) with our origin container on it, and an empty network that is not
+    internal, named to sort before any sandbox's egress network (``ds-0-...``); yields (network name,
+    subnet, container, the second network's name). Removed afterwards."""
     ident = f"ds-test-origin-{secrets.token_hex(4)}"
     network = docker_client.networks.create(ident, driver="bridge", internal=True, labels=test_labels)
+    first = docker_client.networks.create(f"ds-0-{ident}", driver="bridge", labels=test_labels)
     container = None
     try:
         network.reload()
         subnet = network.attrs["IPAM"]["Config"][0]["Subnet"]
         container = run_origin_target(docker_client, desktop_image, network.name, f"{ident}-target", NAME, PORT,
                                       test_labels)
-        yield network.name, subnet, container
+        yield network.name, subnet, container, first.name
     finally:
         if container is not None:
             container.remove(force=True)
         network.remove()
+        first.remove()
 
 
 def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, desktop_image, test_labels,
                                                                 origin_network, tmp_path):
     from controller.sandbox import SandboxSpec
-    from controller.sandbox.docker import DockerOptions, DockerSandbox
+    from controller.sandbox.docker import GATEWAY_CONTROL_PORT, DockerOptions, DockerSandbox
+    from controller.sandbox.readiness import direct_control_url
 
-    network_name, subnet, target = origin_network
+    def published_control(sb: DockerSandbox) -> str:
+        """The control API's published URL as Docker has it now."""
+        ports = docker_client.api.inspect_container(sb.gateway.id)["NetworkSettings"]["Ports"]
+        return f"http://127.0.0.1:{ports[f'{GATEWAY_CONTROL_PORT}/tcp'][0]['HostPort']}"
+
+    network_name, subnet, target, first = origin_network
     policy = NetworkPolicy.model_validate({"mode": "ask", "ask": [ORIGIN], "quiet": [], "allow_addresses": [subnet],
                                            "hold_timeout_s": 25})
     task = Task(name="origin-ask", instructions="x", network=policy,
@@ -70,6 +84,7 @@ def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, 
     script.write_text(json.dumps({"actions": [{"type": "wait"}]}) + "\n" + json.dumps({"message": "done"}) + "\n")
     started: list[DockerSandbox] = []
     fetched: list[object] = []
+    moved: list[bool] = []  # whether the published control port stopped answering after the first attach
 
     def open_(t: Task) -> DockerSandbox:
         spec = SandboxSpec(screen_width=t.screen.width, screen_height=t.screen.height,
@@ -78,6 +93,8 @@ def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, 
                                  client=docker_client)
         started.append(sb)
         assert sb.gateway_control_url, "this image's gateway has no control API"
+        sb.attach_gateway(first)
+        moved.append(direct_control_url(published_control(sb), sb.gateway_control_token) is None)
         sb.attach_gateway(network_name)
         # the guest asks for the page now; the gateway holds it until the controller's watch answers
         threading.Thread(target=lambda: fetched.append(sb.exec_in_guest(
@@ -91,6 +108,7 @@ def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, 
     finally:
         for sb in started:
             sb.close()
+    assert moved == [True], "the published control port still answers after the attach: this test shows nothing"
     assert fetched and fetched[0].exit_code == 0, fetched
     assert fetched[0].stdout.decode().startswith("200 audit-allowed /page"), fetched[0].stdout
     assert outcome.status == "passed", outcome.reason

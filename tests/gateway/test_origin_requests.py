@@ -492,3 +492,24 @@ def test_event_stream_snapshot_then_events_and_replay_after_reconnect(ask_gatewa
             assert stream.status_code == 200, stale
             [fresh] = read_events(stream.iter_lines(), 1)
         assert fresh["event"] == "snapshot" and fresh["data"] == {"seq": 2, "pending": []} and fresh["id"] == "2"
+
+
+def test_a_gateway_stopped_with_held_connections_writes_a_line_for_each(ask_gateway, origin_server):
+    """The gateway stopped (SIGTERM) while connections wait for an answer -- two plain-HTTP requests on one
+    origin's request, a CONNECT on another's: each is refused and has its decision line, a deny naming
+    the stop with its request id and how long it was held, so the record sees every connection end."""
+    port = origin_server.port
+    plain, tunnel = f"http://ask.test:{port}", f"https://tunnel.test:{port}"
+    gw = ask_gateway({"ask": [plain, tunnel], "hold_timeout_s": 60},
+                     {"ask.test": [ALLOWED_ADDRESS], "tunnel.test": [ALLOWED_ADDRESS]})
+    held = [in_background(proxy_get, gw, f"{plain}/{n}") for n in range(2)]
+    held.append(in_background(lambda: connect(gw, f"tunnel.test:{port}")[:2]))
+    ids = {plain: gw.pending_for(plain, held=2)["id"], tunnel: gw.pending_for(tunnel)["id"]}
+    gw.gateway.process.terminate()
+    gw.gateway.process.wait(timeout=20)
+    assert [future.result(timeout=20)[0] for future in held] == [403, 403, 403]
+    assert origin_server.hits == []
+    lines = [d for d in gw.gateway.decisions() if d["origin"] in ids]
+    assert sorted((d["origin"], d["decision"], d["reason"], d["request_id"]) for d in lines) == sorted(
+        [(plain, "deny", "gateway_stopped", ids[plain])] * 2 + [(tunnel, "deny", "gateway_stopped", ids[tunnel])])
+    assert all(d["held_ms"] >= 0 and d["client"] for d in lines)

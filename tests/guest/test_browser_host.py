@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import pytest
@@ -42,24 +43,41 @@ def site() -> Iterator[dict[str, Any]]:
     proc.wait(10)
 
 
-@pytest.fixture()
-def host(site: dict[str, Any]) -> Iterator[BrowserHost]:
+@contextmanager
+def chromium(*args: str) -> Iterator[BrowserHost]:
+    """The agent's side of a fresh headless chromium started with ``args`` besides the usual ones."""
     # A profile directory nobody can reach (pytest's tmp_path sits under a 0700 directory of root's).
     top = Path(tempfile.mkdtemp(prefix="ds-browser-"))
     prefix = profile_tree(top)
     profile = top / "profile"
     pid, fds = spawn_with_pipes([CHROMIUM, "--headless=new", "--remote-debugging-pipe", f"--user-data-dir={profile}",
-                                 "--no-first-run", "--password-store=basic", "about:blank"],
+                                 "--no-first-run", "--password-store=basic", *args, "about:blank"],
                                 {"HOME": str(profile), "PATH": "/usr/bin:/bin"}, prefix)
     browser = BrowserHost()
     browser.take_channel("chromium", pid, *fds)
-    yield browser
-    browser.close()
     try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-    shutil.rmtree(top, ignore_errors=True)
+        yield browser
+    finally:
+        browser.close()
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture()
+def host(site: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[BrowserHost]:
+    """A fresh chromium for one test (more chromium arguments: the test's indirect param)."""
+    with chromium(*getattr(request, "param", ())) as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def shared(site: dict[str, Any]) -> Iterator[BrowserHost]:
+    """One chromium for the tests that each open a page of their own and leave nothing behind."""
+    with chromium() as browser:
+        yield browser
 
 
 def goto(host: BrowserHost, url: str) -> Any:
@@ -164,7 +182,7 @@ ATTACKS = {
               "x.addEventListener('input', () => new Image().src = '/leak?v=' + encodeURIComponent(x.value));"
               "setInterval(() => { if (document.activeElement !== x || !document.hasFocus()) x.focus(); }, 0);</script>",
     # a failed sign-in that only changes the URL: the document, and the value in it, stay
-    "/push-login": '<h1>Sign in</h1><form id=f action="/done"><label>Password <input type=password id=password '
+    "/push-login": '<h1>Sign in</h1><form id=f method=post action="/done"><label>Password <input type=password id=password '
                    'name=password></label><button type=submit>Sign in</button></form><script>'
                    "f.addEventListener('submit', e => { e.preventDefault(); history.pushState({}, '', '/push-login?failed=1'); });"
                    "</script>",
@@ -240,3 +258,169 @@ def test_a_page_cannot_cut_the_agent_off_or_pose_as_the_tab_in_front(host: Brows
     pipe.call("Target.createTarget", {"url": attacker["other"] + "/liar", "background": True})
     assert wait_until(lambda: len([t for t in pipe.call("Target.getTargets")["targetInfos"] if t["type"] == "page"]) == 2, 10, 0.1)
     assert host.signin_page().origin == base
+
+
+# -- where the values go, and whether the browser would let them go ------------------------------------------
+def form_page(host: BrowserHost, site: dict[str, Any], name: str) -> Any:
+    """Open the demo site's ``/hostile/form/NAME`` (its other origin: the site's second port) and count, in
+    the page's own world, the ``input`` events its fields get from now on (``window.inputs``)."""
+    page = goto(host, f"http://127.0.0.1:{site['port']}/hostile/form/{name}?to={site['other']}")
+    page_world(host, "window.inputs = 0; document.addEventListener('input', () => window.inputs++, true); 0")
+    return page
+
+
+def page_world(host: BrowserHost, expression: str) -> Any:
+    """``expression``'s value in the page's own world (the test reads the page as the page sees itself)."""
+    pipe = host._channel()
+    answer = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                       session_id=host._active_page(pipe))
+    return answer["result"].get("value")
+
+
+def site_stats(site: dict[str, Any]) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{site['port']}/stats", timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+CREDENTIALS = [{"field_id": "email", "value": EMAIL}, {"field_id": "password", "value": PASSWORD}]
+TYPED = "[...document.querySelectorAll('input:not([type=checkbox])')].map(e => e.value).join('')"
+"""What the page's text fields hold, all together."""
+
+
+@pytest.mark.parametrize("name, method, outcome", [
+    ("get", "get", "unsafe_form"), ("dialog", "dialog", "unsafe_form"), ("formmethod-get", "get", "unsafe_form"),
+    ("formless", "", "unsafe_form"), ("cross-action", "post", "cross_origin_form"),
+    ("cross-formaction", "post", "cross_origin_form"), ("base-href", "post", "cross_origin_form"),
+    ("javascript-action", "post", "cross_origin_form"),
+])
+def test_a_form_that_would_send_the_values_by_get_or_elsewhere_gets_nothing_typed(shared, site, name, method, outcome):
+    base, other = f"http://127.0.0.1:{site['port']}", f"http://127.0.0.1:{site['other']}"
+    page = form_page(shared, site, name)
+    destination = {"formless": "", "javascript-action": "null"}.get(name, other if outcome == "cross_origin_form" else base)
+    assert (page.form.method, page.form.destination) == (method, destination)
+    before = site_stats(site)["sinks"]
+    result = shared.fill(FillRequest(credential_origin=base, fields=CREDENTIALS))
+    assert (result.outcome, result.destination, result.navigated) == (outcome, destination, False)
+    assert result.detail and EMAIL not in result.detail and PASSWORD not in result.detail
+    assert page_world(shared, "window.inputs") == 0  # refused before the first value
+    assert page_world(shared, TYPED) == ""
+    assert site_stats(site)["sinks"] == before
+
+
+def test_an_action_the_page_moves_to_another_origin_while_typed_is_caught_before_the_submit(shared, site):
+    base = f"http://127.0.0.1:{site['port']}"
+    page = form_page(shared, site, "late-action")
+    assert (page.form.method, page.form.destination) == ("post", base)
+    before = site_stats(site)["sinks"]
+    result = shared.fill(FillRequest(credential_origin=base, fields=CREDENTIALS))
+    assert (result.outcome, result.destination) == ("cross_origin_form", f"http://127.0.0.1:{site['other']}")
+    assert page_world(shared, "window.inputs") > 0  # typed, then found out at the submit: cleared, not sent
+    assert page_world(shared, TYPED) == ""
+    assert site_stats(site)["sinks"] == before
+
+
+@pytest.mark.parametrize("name, fields, constraint, words", [
+    ("invalid-email", [{"field_id": "email", "value": "person.example.test"}, CREDENTIALS[1]], "typeMismatch",
+     "field email"),
+    ("invalid-email", [{"field_id": "email", "value": "person@"}, CREDENTIALS[1]], "typeMismatch", "field email"),
+    ("pattern", [{"field_id": "code", "value": "12ab56"}], "patternMismatch", "field code"),
+    ("terms", CREDENTIALS, "valueMissing", "I accept the terms"),
+])
+def test_a_form_the_browsers_validation_stops_is_invalid_and_cleared(shared, site, name, fields, constraint, words):
+    base = f"http://127.0.0.1:{site['port']}"
+    form_page(shared, site, name)
+    before = site_stats(site)["sinks"]
+    result = shared.fill(FillRequest(credential_origin=base, fields=fields))
+    assert (result.outcome, result.navigated) == ("invalid", False)
+    assert constraint in result.detail and words in result.detail, result.detail
+    assert not any(f["value"] in result.detail for f in fields)  # chromium's own message quotes a bad e-mail
+    assert page_world(shared, TYPED) == ""
+    assert site_stats(site)["sinks"] == before
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("post", CREDENTIALS),
+    ("novalidate", [{"field_id": "email", "value": "person.example.test"}]),
+    ("minlength", [{"field_id": "password", "value": "short"}]),  # minlength binds a person's typing only
+    ("other-owner", CREDENTIALS),  # the button inside belongs to a form that sends elsewhere: not clicked
+])
+def test_a_form_the_browser_lets_go_is_submitted_and_reaches_the_site(shared, site, name, fields):
+    base = f"http://127.0.0.1:{site['port']}"
+    form_page(shared, site, name)
+    before = site_stats(site)["sinks"]["/hostile/done"]
+    result = shared.fill(FillRequest(credential_origin=base, fields=fields))
+    assert (result.outcome, result.navigated, result.destination) == ("submitted", True, base)
+    assert site_stats(site)["sinks"]["/hostile/done"] == before + 1
+
+
+# -- values on the screen ---------------------------------------------------------------------------------------
+def held_frames(host: BrowserHost, site: dict[str, Any], name: str, email: str, code: str) -> list[dict[str, bytes]]:
+    """Fill ``/hostile/form/NAME`` (a ``hold`` page) with ``email``, ``code`` and a password; while the site
+    holds the submit (the values in the fields), capture the screen 3 times: each frame's e-mail and code
+    field regions, as PNG bytes (the first frame: the empty fields, before the fill). Then release the
+    submit and wait for the fill's end."""
+    import base64
+    import threading
+    import urllib.request
+
+    base = f"http://127.0.0.1:{site['port']}"
+    goto(host, f"{base}/hostile/form/{name}")
+    boxes = page_world(host, "['email', 'code'].map(id => { const r = document.getElementById(id)"
+                             ".getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width, height: r.height, scale: 1}; })")
+    pipe = host._channel()
+    session = host._active_page(pipe)
+
+    def frame() -> dict[str, bytes]:
+        return {field: base64.b64decode(pipe.call("Page.captureScreenshot", {"format": "png", "clip": box},
+                                                  session_id=session)["data"]) for field, box in zip(("email", "code"), boxes)}
+    frames = [frame()]
+    ended: dict[str, Any] = {}
+    fill = threading.Thread(target=lambda: ended.setdefault("result", host.fill(FillRequest(
+        credential_origin=base, fields=[{"field_id": "email", "value": email}, {"field_id": "code", "value": code},
+                                        {"field_id": "password", "value": PASSWORD}]))))
+    fill.start()
+    try:
+        assert wait_until(lambda: site_stats(site)["held"] == 1, 15, 0.05), "the submit never reached the site"
+        frames += [frame() for _ in range(3)]
+    finally:
+        urllib.request.urlopen(f"{base}/hostile/release", timeout=10).close()
+        fill.join(30)
+    assert ended["result"].outcome == "submitted"
+    return frames
+
+
+@pytest.mark.parametrize("name", ["hold", "hold-restyle", "hold-rerender", "hold-unmask"])
+def test_a_value_in_a_field_is_drawn_masked_so_its_pixels_tell_nothing(shared, site, name):
+    """Two e-mails and two codes of the same length: the fields' pixels while the values are in them are
+    the same for both, so nothing but the length reaches the screen (the page may rewrite the fields'
+    style, replace them, or draw them unmasked from a shadow root while the values are there)."""
+    empty, *first = held_frames(shared, site, name, "person@example.test", "424242")
+    _, *second = held_frames(shared, site, name, "robots@elsewhere.xy", "171717")
+    for field in ("email", "code"):
+        shown = {frame[field] for frame in first} | {frame[field] for frame in second}
+        distinct = len(shown)
+        assert distinct == 1, f"the {field} field's pixels differ with its value"
+        assert shown != {empty[field]}  # the value is there, drawn as discs
+
+
+@pytest.mark.parametrize("host", [(), ("--disable-features=BackForwardCache",)], indirect=True,
+                         ids=["back-forward-cache", "form-state-restore"])
+def test_going_back_after_a_sign_in_shows_no_value(host, site):
+    """Back after a submit shows the page the values were typed into as it was kept (the back/forward
+    cache) or rebuilt with its form state restored: its fields hold nothing (an e-mail on the demo's
+    e-mail page, a code on a page of its own)."""
+    base = f"http://127.0.0.1:{site['port']}"
+    goto(host, base + "/")
+    assert host.fill(FillRequest(credential_origin=base, selected_option="email_code")).outcome == "submitted"
+    for page, field, value in (("/email", "email", EMAIL), ("/hostile/form/pattern", "code", "424242")):
+        if host.signin_page().url != base + page:
+            goto(host, base + page)
+        result = host.fill(FillRequest(credential_origin=base, fields=[{"field_id": field, "value": value}]))
+        assert (result.outcome, result.navigated) == ("submitted", True)
+        assert wait_until(lambda: host.signin_page().url != base + page, 10, 0.05)
+        page_world(host, "history.back()")
+        assert wait_until(lambda: host.signin_page().url == base + page, 10, 0.05), host.signin_page().url
+        assert wait_until(lambda: page_world(host, "document.readyState") == "complete", 10, 0.05)
+        assert page_world(host, TYPED) == "", f"the {field} page came back holding its value"

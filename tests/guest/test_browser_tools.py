@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -58,16 +59,22 @@ def start_chromium(extra: list[str], env: dict[str, str]) -> tuple[int, list[int
 class Agent:
     """The agent app (in-process, over HTTP with Starlette's test client) holding one chromium."""
 
-    def __init__(self, display: str, extra: list[str], env: dict[str, str]) -> None:
+    def __init__(self, display: str, extra: list[str], env: dict[str, str], local: list[str]) -> None:
         self.display = display
         self.app = create_app(AgentConfig(display=display, token=TOKEN))
         self.http = TestClient(self.app)
         self.tools = self.app.state.browser_tools
         self.tools.load_timeout = 3.0
+        self.rule(local)
         self.pid, fds, self.top = start_chromium(extra, env)
         self.app.state.browser.take_channel("chromium", self.pid, *fds)
         assert wait_until(lambda: self.try_state() and self.try_state()["tabs"], 20, 0.1), "chromium did not start"
         self.previous: Any = None
+
+    def rule(self, local: list[str], **more: Any) -> None:
+        """The URL rule (``PUT /v1/browser/rule``): ``local`` the guest-local origins chromium may load."""
+        r = self.http.put("/v1/browser/rule", headers=AUTH, json={"local_origins": local, **more})
+        assert r.status_code == 200, r.text
 
     def try_state(self) -> dict[str, Any] | None:
         r = self.http.get("/v1/browser/state", headers=AUTH)
@@ -133,7 +140,7 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def agent(site: dict[str, str]) -> Iterator[Agent]:
-    a = Agent(":0", ["--headless=new", "--window-size=1000,700"], {})
+    a = Agent(":0", ["--headless=new", "--window-size=1000,700"], {}, [site["base"], site["other"]])
     yield a
     a.close()
 
@@ -522,6 +529,236 @@ def test_titles_keep_control_characters_and_are_cut_to_the_sdk_limit(agent: Agen
     assert title == "\u00e9" * 512 and sdk._state(agent.state())["observation"]["title_truncated"] is True
 
 
+# -- the URL rule: every request chromium makes ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def secret() -> Iterator[tuple[str, list[str]]]:
+    """A guest-local service the rule does not name: ``(origin, hits)``."""
+    port, hits, stop = browser_site.serve_secret()
+    yield f"http://127.0.0.1:{port}", hits
+    stop()
+
+
+@pytest.fixture
+def one_tab(agent: Agent, site: dict[str, str]) -> Iterator[Agent]:
+    """The agent, left with one tab afterwards (a test may open more)."""
+    yield agent
+    agent.rule([site["base"], site["other"]])
+    tabs = agent.state()["tabs"]
+    for tab in tabs[1:]:
+        agent.call("close_tab", tab_id=tab["id"])
+    agent.call("switch_tab", tab_id=tabs[0]["id"])
+
+
+def go(site: dict[str, str], kind: str, to: str) -> str:
+    return f"{site['base']}/go/{kind}?to={quote(to, safe='')}"
+
+
+def refused_text(agent: Agent, tab: str | None = None) -> str:
+    """The text of the tab once it shows the refusal page (waited for)."""
+    agent.call("wait_for", tab_id=tab, text="The sandbox did not load this address", timeout_ms=10_000)
+    return agent.call("get_page_text", tab_id=tab)["result"]["text"]
+
+
+@pytest.mark.parametrize("kind", browser_site.GO_KINDS)
+def test_every_way_to_a_refused_origin_ends_on_the_refusal_page(one_tab: Agent, site: dict[str, str],
+                                                                 secret: tuple[str, list[str]], kind: str) -> None:
+    """A redirect (301, 302, a POST's 307), a meta refresh, a link, ``location =``, a form (GET, POST), a
+    new tab (target=_blank, window.open), a frame and subresources: none reaches the guest-local service
+    the rule does not name; a tab or frame shows the refusal page instead, and a tab's refusal is observed."""
+    agent, (origin, hits) = one_tab, secret
+    before = len(hits)
+    mark = agent.state()["observation"]["sequence"]
+    report = agent.goto(go(site, kind, origin + "/private?x=1"))
+    first = next(t["id"] for t in agent.state()["tabs"] if t["active"])
+    if kind in ("redirect307", "link", "form-get", "form-post", "blank", "open"):
+        agent.call("click", target=by_label(report, "Go")["ref"])
+    if kind in ("blank", "open"):
+        assert wait_until(lambda: len(agent.state()["tabs"]) == 2, 10, 0.05)
+        tab = next(t["id"] for t in agent.state()["tabs"] if t["id"] != first)
+    else:
+        tab = first
+    if kind == "subresources":
+        agent.call("wait_for", text="subresources done", timeout_ms=10_000)
+    elif kind == "frame":
+        framed = wait_until(lambda: agent.page("document.getElementById('framed').contentDocument === null"), 10, 0.05)
+        assert framed  # a sandboxed document of its own: an opaque origin
+    else:
+        text = refused_text(agent, tab)
+        assert W.REFUSED_LOCAL in text and "/private?" in text and "secret" not in text.lower()
+        refusals = [c for c in changes_since(agent, mark) if c["type"] == "navigation_refused"]
+        assert refusals and refusals[-1] == {**refusals[-1], "reason": "policy", "tab_id": tab}
+    assert hits[before:] == []
+
+
+@pytest.mark.parametrize("host", ["0x7f.1", "2130706433", "127.1", "0177.0.0.1", "[::1]", "[::ffff:127.0.0.1]",
+                                  "[::]", "0.0.0.0", "localhost", "localhost.", "api.localhost", "[fe80::1]",
+                                  "169.254.169.254"])
+def test_a_redirect_to_any_form_of_a_guest_local_address_is_refused(one_tab: Agent, site: dict[str, str],
+                                                                    secret: tuple[str, list[str]], host: str) -> None:
+    origin, hits = secret
+    before = len(hits)
+    target = f"http://{host}:{origin.rsplit(':', 1)[1]}/private"
+    one_tab.call("navigate", url=go(site, "redirect302", target))
+    assert W.REFUSED_LOCAL in refused_text(one_tab)
+    assert hits[before:] == []
+
+
+def test_the_agents_port_and_the_gateway_are_never_loaded(one_tab: Agent, site: dict[str, str],
+                                                          secret: tuple[str, list[str]]) -> None:
+    """Even where the rule names the origin: the agent's own port and the gateway's hosts are refused."""
+    origin, hits = secret
+    before = len(hits)
+    one_tab.rule([site["base"], origin], agent_port=int(origin.rsplit(":", 1)[1]), gateway_hosts=["127.0.0.2"])
+    one_tab.call("navigate", url=go(site, "redirect302", "http://[::ffff:7f00:1]:" + origin.rsplit(":", 1)[1] + "/"))
+    assert W.REFUSED_AGENT in refused_text(one_tab)
+    one_tab.call("navigate", url=site["other"] + "/other")
+    assert W.REFUSED_GATEWAY in refused_text(one_tab)
+    assert hits[before:] == []
+
+
+def test_the_refusal_page_shows_the_url_escaped_and_runs_nothing(one_tab: Agent, site: dict[str, str],
+                                                                 secret: tuple[str, list[str]]) -> None:
+    origin, _ = secret
+    one_tab.call("navigate", url=go(site, "script", origin + "/<script>alert(1)</script>\u202e" + "y" * 400))
+    text = refused_text(one_tab)
+    assert "/%3Cscript%3Ealert(1)%3C/script%3E%E2%80%AEyyy" in text and "\u202e" not in text
+    assert text.rstrip().endswith("...") and len(text) < 600
+    assert one_tab.page("document.scripts.length") == 0 and one_tab.page("origin") == "null"
+
+
+def test_a_narrower_rule_takes_tabs_off_the_pages_it_refuses(one_tab: Agent, site: dict[str, str],
+                                                             secret: tuple[str, list[str]]) -> None:
+    origin, hits = secret
+    one_tab.rule([site["base"], origin])
+    assert "secret loopback page" in one_tab.goto(origin + "/allowed")["text"]
+    one_tab.rule([site["base"]])
+    assert W.REFUSED_LOCAL in refused_text(one_tab)
+
+
+def test_a_bad_rule_is_a_structured_400(agent: Agent) -> None:
+    for body in ({"local_origins": ["http://example.test"]}, {"local_origins": ["http://127.0.0.1/path"]},
+                 {"local_origins": "http://127.0.0.1"}, {"agent_port": "8000"}, {"agent_port": 0},
+                 {"gateway_hosts": ["a b"]}, {"extra": 1}, [], {"local_origins": ["http://127.0.0.1"] * 257}):
+        r = agent.http.put("/v1/browser/rule", headers=AUTH, json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_request"), (body, r.text)
+        assert "example.test" not in r.text
+    assert agent.http.put("/v1/browser/rule", json={}).status_code == 401
+
+
+def test_the_origins_chromium_is_launched_with_are_loaded() -> None:
+    """What ``POST /v1/launch`` hands chromium: its guest-local http(s) origins pass the rule, others do not."""
+    from guest.browser import BrowserHost
+    from guest.browser_tools import BrowserTools
+
+    tools = BrowserTools(BrowserHost())
+    tools.set_rule(W.GuestUrlRule(local_origins=["http://127.0.0.1:9000"]))
+    tools.launching(["http://localhost:8080/app?x=1", "https://example.test/", "about:blank", "--flag",
+                     "http://[::1]:81"])
+    assert tools.refusal("http://localhost:8080/other") is None and tools.refusal("http://[::1]:81/") is None
+    assert tools.refusal("http://127.0.0.1:9000/") is None
+    assert tools.refusal("http://127.0.0.1:8080/") == W.REFUSED_LOCAL  # another host: another origin
+    assert tools.refusal("http://example.test/") is None  # the gateway's to decide
+
+
+# -- the input gate: a click lands on the element named, or on nothing ----------------------------------------
+def events_of(agent: Agent, prefix: str) -> list[str]:
+    return [e for e in agent.page("window.events") or [] if e.startswith(prefix)]
+
+
+def activations(agent: Agent, prefix: str) -> list[str]:
+    """The noted press, release and click events of ``prefix`` (its hover events may come from the
+    resting pointer once a page moves the element under it: the page's doing, after the call)."""
+    return [e for e in events_of(agent, prefix) if e.split()[-1] in ("pointerdown", "mousedown", "pointerup",
+                                                                        "mouseup", "click")]
+
+
+@pytest.mark.parametrize("when", browser_site.SWAP_WHEN)
+def test_a_click_never_lands_on_an_element_the_page_moves_under_it(one_tab: Agent, site: dict[str, str],
+                                                                   when: str) -> None:
+    """"Buy" (a form's submit button) comes over "Cancel" before the press, between press and release, on
+    the pointer's move, or a frame does: the click fails saying so, or lands on "Cancel"; "Buy" gets no
+    event at all and the form is not submitted."""
+    report = one_tab.goto(f"{site['base']}/swap?when={when}")
+    r = one_tab.raw("click", target=by_label(report, "Cancel")["ref"])
+    if when in ("pointerup", "mouseup"):  # the click's target is already settled: "Cancel"
+        assert r.status_code == 200, r.text
+        assert events_of(one_tab, "cancel") == ["cancel click"]
+    else:
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "not_actionable"), r.text
+        assert "cancel click" not in events_of(one_tab, "cancel")
+    assert activations(one_tab, "buy") == [] and "frame clicked" not in one_tab.page("window.events")
+    assert one_tab.page("location.pathname") == "/swap"
+
+
+def test_a_page_flipping_elements_all_the_time_never_gets_a_click_elsewhere(one_tab: Agent,
+                                                                            site: dict[str, str]) -> None:
+    report = one_tab.goto(f"{site['base']}/swap?when=timer")
+    cancel, keep = by_label(report, "Cancel")["ref"], by_label(report, "Keep")["ref"]
+    for _ in range(15):
+        for member, arguments in (("click", {"target": cancel}),
+                                  ("set_checked", {"target": keep, "checked": not one_tab.page("keep.checked")})):
+            r = one_tab.raw(member, **arguments)
+            assert r.status_code in (200, 422), r.text
+    assert activations(one_tab, "buy") == [] and activations(one_tab, "danger") == []
+    assert one_tab.page("location.pathname") == "/swap" and one_tab.page("danger.checked") is False
+
+
+@pytest.mark.parametrize("when", ["pointerrawupdate"])
+def test_a_hover_that_the_page_moves_another_element_under_fails(one_tab: Agent, site: dict[str, str],
+                                                                 when: str) -> None:
+    report = one_tab.goto(f"{site['base']}/swap?when={when}")
+    assert one_tab.refused("hover", target=by_label(report, "Cancel")["ref"])[:2] == (422, "not_actionable")
+
+
+@pytest.mark.parametrize("when", ["pointermove", "mousedown"])
+def test_set_checked_never_toggles_another_box(one_tab: Agent, site: dict[str, str], when: str) -> None:
+    report = one_tab.goto(f"{site['base']}/swap?when={when}")
+    status, code, _ = one_tab.refused("set_checked", target=by_label(report, "Keep")["ref"], checked=True)
+    assert (status, code) == (422, "not_actionable")
+    assert activations(one_tab, "danger") == [] and one_tab.page("danger.checked") is False
+
+
+def test_typed_text_never_lands_in_an_element_the_page_moves_the_focus_to(one_tab: Agent, site: dict[str, str]) -> None:
+    """The page takes the focus from the field named to another one whenever it can (a timer, and as the
+    agent's focus selects the field's text): the text (or the Backspace of an empty one) lands in the field
+    named, or nowhere and the call fails; never in the other field."""
+    refusals = 0
+    for _ in range(8):
+        report = one_tab.goto(site["base"] + "/steal-focus")
+        for text in ("typed by the model", ""):
+            r = one_tab.raw("type", target=by_label(report, "Search")["ref"], text=text)
+            values = one_tab.page("[document.getElementById('q').value, document.getElementById('o').value]")
+            assert values[1] == "", "the text landed in the field the page moved the focus to"
+            if r.status_code == 200:
+                assert values[0] == text
+            else:
+                assert (r.status_code, r.json()["error"]["code"]) == (422, "not_actionable")
+                assert "focus" in r.json()["error"]["message"]
+                refusals += 1
+    assert refusals  # the page won the race at least once
+
+
+def test_a_tab_a_page_opens_has_the_gate_before_its_first_script(one_tab: Agent, site: dict[str, str]) -> None:
+    """The new tab's document registers its own capture listeners on the window first thing ("hog"): the
+    agent's gate still comes before them (the tab waited for the agent), so "Buy"'s form is not submitted."""
+    report = one_tab.goto(go(site, "blank", site["base"] + "/swap?when=pointermove&hog=1"))
+    one_tab.call("click", target=by_label(report, "Go")["ref"])
+    assert wait_until(lambda: any(t["title"] == "Swap" and t["active"] for t in one_tab.state()["tabs"]), 10, 0.05)
+    report = one_tab.call("read_page", filter="interactive")["result"]
+    assert one_tab.refused("click", target=by_label(report, "Cancel")["ref"])[:2] == (422, "not_actionable")
+    assert one_tab.page("location.pathname") == "/swap" and one_tab.page("window.events") == []
+
+
+def test_a_gated_click_still_follows_a_link_and_the_gate_lets_go(one_tab: Agent, site: dict[str, str]) -> None:
+    report = one_tab.goto(site["base"] + "/form")
+    one_tab.call("click", target=by_label(report, "Other page")["ref"])
+    assert wait_until(lambda: next(t for t in one_tab.state()["tabs"] if t["active"])["title"] == "Other", 10, 0.05)
+    report = one_tab.goto(f"{site['base']}/swap?when=pointermove")
+    assert one_tab.refused("click", target=by_label(report, "Cancel")["ref"])[1] == "not_actionable"
+    one_tab.page("document.getElementById('cancel').click()")  # the page's own (untrusted) click: never gated
+    assert events_of(one_tab, "cancel") == ["cancel click"]
+
+
 def test_state_and_calls_without_a_browser() -> None:
     app = create_app(AgentConfig(display=":0", token=TOKEN))
     with TestClient(app) as http:
@@ -540,7 +777,8 @@ def headed(site: dict[str, str]) -> Iterator[Agent]:
         pytest.skip("needs Xvfb")
     server = Xvfb(1280, 800, 24).start()
     # Off the screen's corner, so that the window's place and its frame both count in the mapping.
-    a = Agent(server.display, ["--window-position=37,23", "--window-size=900,600"], {"DISPLAY": server.display})
+    a = Agent(server.display, ["--window-position=37,23", "--window-size=900,600"], {"DISPLAY": server.display},
+              [site["base"], site["other"]])
     yield a
     a.close()
     server.stop()

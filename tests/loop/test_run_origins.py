@@ -5,19 +5,29 @@ timeout has decided it (``waited_for_origin_ms``), so the model sees the page af
 During the second step the guest opens one to an origin given with ``--approve-origin``: approved at
 once, ``by: command line``. The record holds the opt-in, an ``approval`` line per origin request and
 ``network`` lines with the same request ids, and reconciles: every request id in the gateway's log has
-its approval line."""
+its approval line.
+
+A control API the run cannot reach: one that refuses at first and answers 3 s later is waited for before
+the task starts (its connection opened at launch is seen and answered); one that never answers, or goes
+away during the run, ends the run ``error`` naming it."""
 
 from __future__ import annotations
 
+import io
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+from rich.console import Console
 
 from controller.gateway.policy import NetworkPolicy, Origin
 from controller.run.record import read_record
 from controller.run.runner import RunOptions, run_task
-from controller.run.tasks import FileCheck, Task
-from tests.controller.origin_gateway import AskGateway, Fetch, start_ask_gateway, until
+from controller.run.tasks import FileCheck, Launch, Task
+from tests.controller.origin_gateway import AskGateway, ControlRelay, Fetch, start_ask_gateway, until
 from tests.loop.local_sandbox import LocalSandbox
 
 
@@ -122,3 +132,116 @@ def test_the_screenshot_waits_for_the_gateways_decision_and_the_record_reconcile
     [netlog] = [e for e in entries if e["type"] == "network_log"]
     assert netlog["complete"] is True and netlog["decisions"] == 2
     assert not [a for a in approvals if a["by"] == "gateway_log"], "the watch missed nothing here"
+
+
+# -- a control API that cannot be reached -----------------------------------------------------------------
+class _LaunchOpeningAgent(_OpeningAgent):
+    """The agent, with the guest opening its next connection (held, not waited for) as an app launches:
+    what a page that fetches an origin as soon as it loads does."""
+
+    def launch(self, *args: Any, **kwargs: Any) -> Any:
+        pid = self._agent.launch(*args, **kwargs)
+        sandbox = self._sandbox
+        if sandbox.opens:
+            sandbox.fetches.append(sandbox.gateway.fetch_later(sandbox.gateway.url(sandbox.opens.pop(0))))
+        return pid
+
+
+class _RelayedSandbox(AskSandbox):
+    """An :class:`AskSandbox` whose control API is reached through ``relay`` (:class:`ControlRelay`); with
+    ``at_launch`` the guest opens its connection as the task's app launches, else at the model's first
+    action, after which the relay refuses (``cut_after_open``)."""
+
+    def __init__(self, gateway: AskGateway, relay: ControlRelay, *, at_launch: bool = False,
+                 cut_after_open: bool = False) -> None:
+        super().__init__(gateway, ["ask"])
+        self.gateway_control_url = relay.url
+        self.relay, self.at_launch, self.cut_after_open = relay, at_launch, cut_after_open
+
+    def open_next(self) -> None:
+        if not self.at_launch:
+            super().open_next()
+            if self.cut_after_open:
+                self.relay.refuse()
+
+    @property
+    def agent(self) -> Any:
+        return _LaunchOpeningAgent(LocalSandbox.agent.fget(self), self)
+
+
+def _run(tmp_path: Path, sb: _RelayedSandbox, gateway: AskGateway, launch: bool = False,
+         approve: bool = True) -> tuple[Any, str]:
+    """run-task's code path on ``sb`` (with ``approve`` the ask origin approved with ``--approve-origin``;
+    with ``launch`` the task launches a terminal); the outcome and what the run printed."""
+    body = {"name": "origins", "instructions": "x", "network": NetworkPolicy.model_validate(gateway.policy),
+            "checks": [FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="seed")]}
+    if launch:
+        body["launch"] = [Launch(app="terminal")]
+    script = tmp_path / "script.jsonl"
+    script.write_text("".join(json.dumps(t) + "\n" for t in [{"actions": [{"type": "move", "x": 10, "y": 10}]},
+                                                              {"message": "done"}]))
+    (sb.home / "Documents/seed.txt").write_text("seed\n")
+    out = io.StringIO()
+    options = RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script, on_live=sb.live.append,
+                         approve_origins=[Origin.parse(gateway.origin("ask"))] if approve else [])
+    outcome = run_task(Task(**body), lambda t: sb, options, console=Console(file=out, width=200))
+    return outcome, out.getvalue()
+
+
+def test_a_control_api_that_refuses_at_first_is_waited_for_before_the_task_starts(tmp_path: Path):
+    """The API answers only 3 s after the run began (longer than the gateway holds a connection): the run
+    waits for it before it launches anything, so the connection the page opens at launch is seen and
+    approved (``--approve-origin``), not refused at the deadline while nobody could see it."""
+    gateway = start_ask_gateway(tmp_path, ("ask",), hold_timeout_s=1.5)
+    relay = ControlRelay(gateway.control_url)
+    late = threading.Timer(3.0, relay.accept)
+    try:
+        with _RelayedSandbox(gateway, relay, at_launch=True) as sb:
+            late.start()
+            outcome, printed = _run(tmp_path, sb, gateway, launch=True)
+            statuses = [f.result(15) for f in sb.fetches]
+    finally:
+        late.cancel()
+        relay.refuse()
+        gateway.stop()
+    assert outcome.status == "passed", (outcome.reason, printed[-2000:])
+    assert "gateway control API: unreachable: GET /v1/origin-requests" in printed  # it was refused, then waited out
+    assert statuses == [200]
+    entries = read_record(outcome.record_dir)
+    approvals = [(e["what"], e["decision"], e["by"]) for e in entries if e["type"] == "approval"]
+    assert approvals == [("opt-in", "approved", "command line"), ("origin_access", "approved", "command line")]
+
+
+@pytest.mark.parametrize("when", ["at the start", "during the run"])
+def test_a_control_api_that_stays_unreachable_ends_the_run_error_naming_it(tmp_path: Path, monkeypatch, when: str):
+    """At the start (it never answers) nothing is launched; during the run (it goes away while the model's
+    screenshot waits for a held connection) the run stops there. Either way the run ends ``error`` with
+    the reason naming the control API and its last error, after :data:`UNREACHABLE_S` (1 s here)."""
+    import controller.run.origins.access as access
+
+    monkeypatch.setattr(access, "UNREACHABLE_S", 1.0)
+    gateway = start_ask_gateway(tmp_path, ("ask",), hold_timeout_s=10.0)
+    relay = ControlRelay(gateway.control_url)
+    try:
+        if when == "during the run":
+            relay.accept()
+        with _RelayedSandbox(gateway, relay, at_launch=when == "at the start", cut_after_open=True) as sb:
+            started = time.monotonic()
+            outcome, printed = _run(tmp_path, sb, gateway, launch=when == "at the start", approve=False)
+            took = time.monotonic() - started
+            fetched = list(sb.fetches)
+    finally:
+        relay.refuse()
+        gateway.stop()
+    assert outcome.status == "error", (outcome.status, outcome.reason, printed[-2000:])
+    assert outcome.reason.startswith("gateway control API unreachable for 1s: unreachable: GET /v1/origin-requests"), \
+        outcome.reason
+    assert took < 8.0, took  # not the gateway's 10 s hold
+    entries = read_record(outcome.record_dir)
+    if when == "at the start":
+        assert fetched == [] and "launched" not in printed  # the task never started
+        assert "model_response" not in [e["type"] for e in entries]
+    else:
+        origin = [(e["decision"], e["message"]) for e in entries
+                  if e["type"] == "approval" and e["what"] == "origin_access"]
+        assert origin == [("withdrawn", outcome.reason)]

@@ -244,6 +244,42 @@ def test_hostile_fake_origin(site):
     assert [i["type"] for i in p.inputs if i["type"] != "hidden"] == ["password"]
 
 
+def test_hostile_forms_name_their_destination_and_count_what_reaches_it(site):
+    other = f"http://127.0.0.1:{site.ports[1]}"
+    expected = {"get": ('method="get"', 'action="/hostile/welcome"'), "cross-action": (f'action="{other}/hostile/steal"',),
+                "cross-formaction": (f'formaction="{other}/hostile/steal"',), "base-href": (f'<base href="{other}/hostile/">',),
+                "javascript-action": ('action="javascript:void(0)"',), "late-action": (f'this.action = "{other}/hostile/steal"',),
+                "pattern": ('pattern="[0-9]{6}"',), "hold-rerender": ("replaceWith",)}
+    for name, needles in expected.items():
+        status, _, body = raw(site, "GET", f"/hostile/form/{name}?to={site.ports[1]}")
+        assert status == 200 and all(n in body.decode() for n in needles), name
+    for query in ["to=0", "to=abc", "to=%2B80"]:
+        assert raw(site, "GET", f"/hostile/form/get?{query}")[0] == 400, query
+    assert raw(site, "GET", "/hostile/form/get", headers={"Host": "bad host"})[0] == 400
+    assert raw(site, "GET", "/hostile/form/nope")[0] == 404
+    before = stats(site)["sinks"]
+    assert raw(site, "GET", "/hostile/welcome?email=x")[0] == 200 and raw(site, "POST", "/hostile/steal", b"a=b", FORM)[0] == 200
+    after = stats(site)["sinks"]
+    assert {k: after[k] - before[k] for k in after} == {"/hostile/welcome": 1, "/hostile/steal": 1, "/hostile/done": 0,
+                                                          "/hostile/hold": 0}
+
+
+def test_a_held_post_waits_for_the_release(site):
+    import threading
+
+    answers: list = []
+    poster = threading.Thread(target=lambda: answers.append(raw(site, "POST", "/hostile/hold", b"code=1", FORM)[0]))
+    poster.start()
+    deadline = time.monotonic() + 10
+    while stats(site)["held"] != 1:
+        assert time.monotonic() < deadline, "the POST was never held"
+        time.sleep(0.02)  # poll interval of a bounded condition wait (the site holding the request)
+    assert answers == []
+    assert raw(site, "GET", "/hostile/release")[0] == 200
+    poster.join(10)
+    assert answers == [200] and stats(site)["held"] == 0
+
+
 def test_log_holds_no_submitted_values(site):
     sign_in(site, "password", PASSWORD)
     sign_in(site, "email_code", CODE)

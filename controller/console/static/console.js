@@ -1,5 +1,6 @@
 "use strict";
-/* A live run's page: the event stream (EventSource on /runs/{id}/events), the approval cards (safety
+/* A live run's page: the page's one socket (a WebSocket on /runs/{id}/live: the run's events, and the
+   live screen's frames for screen.js; see "the socket" below), the approval cards (safety
    checks and actions: Approve / Deny; origin requests of the gateway: the origin, its reason, a
    countdown to the gateway's deadline, Approve / Deny / Cancel; focus on Deny), the
    step/action log (computer actions, and each browser call as its one line), model messages, usage and
@@ -7,7 +8,7 @@
    run buttons; sign-in requests (browser_authentication) get a card of their own (see "sign-in
    requests" below). Every text from the run is set with textContent (never innerHTML). POSTs carry the
    page's CSRF token (<meta name="csrf-token">). An answer is sent once, on a click; after a failed
-   POST, and on every (re)connection of the stream, the approvals snapshot is fetched again. */
+   POST the approvals snapshot is fetched again (every (re)connection of the socket starts with one). */
 (function () {
   const runId = document.body.dataset.runId;
   const base = document.querySelector('meta[name="console-base"]').content + "/runs/" + encodeURIComponent(runId);
@@ -514,27 +515,56 @@
       `or browse runs with "desktop-sandbox console".`;
   }
 
-  /* ---- the stream ------------------------------------------------------------------------- */
-  function parse(ev) { try { return JSON.parse(ev.data); } catch (e) { return null; } }
+  /* ---- the socket ------------------------------------------------------------------------- */
+  /* One WebSocket per page (controller.console.streams): text messages are the run's events, {event,
+     id, data}, in order (the approvals snapshot and the state first, then every numbered event, then
+     "end"); binary ones are frames of the live screen, each asked for by screen.js. A browser keeps
+     only a handful of HTTP connections per host and a WebSocket is not one of them: any number of tabs
+     leaves room for the POSTs that answer approvals. Closed before the run's end (the console restarted,
+     the network), it reconnects after RECONNECT_MS from the last event number it saw. */
+  const RECONNECT_MS = 2000;
+  let lastSeq = 0;
+  let over = false;
 
-  function connect() {
-    const es = new EventSource(base + "/events");
-    es.addEventListener("open", () => { $("conn").textContent = "live"; refetchApprovals(); });
-    es.addEventListener("error", () => { $("conn").textContent = "reconnecting"; });
-    es.addEventListener("approvals", (ev) => { const d = parse(ev); if (d) applySnapshot(d.snapshot); });
-    es.addEventListener("state", (ev) => {
-      const d = parse(ev);
-      if (!d) return;
+  function parse(text) { try { return JSON.parse(text); } catch (e) { return null; } }
+
+  const EVENTS = {
+    approvals: (d) => applySnapshot(d.snapshot),
+    state: (d) => {
       applyState(d.state, d.screen, d.last_seq);
       if (d.last_action) window.DSScreen.showAction(d.last_action);
+    },
+    control: (d) => applyState(d.state, null, d.seq),
+    action: (d) => window.DSScreen.showAction(d),
+    record: (d) => addEntry(d.entry, d.text),
+    error: (d) => { $("control-error").textContent = `${d.code}: ${d.message}`; },
+  };
+
+  function connect() {
+    const url = new URL(`${base}/live?after=${lastSeq}`, location.href);
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(url.href);
+    ws.binaryType = "blob";
+    ws.addEventListener("open", () => {
+      $("conn").textContent = "live";
+      window.DSScreen.attach((message) => { if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(message)); });
     });
-    es.addEventListener("control", (ev) => { const d = parse(ev); if (d) applyState(d.state, null, d.seq); });
-    es.addEventListener("action", (ev) => { const d = parse(ev); if (d) window.DSScreen.showAction(d); });
-    es.addEventListener("record", (ev) => { const d = parse(ev); if (d) addEntry(d.entry, d.text); });
-    es.addEventListener("end", (ev) => {
-      es.close();
-      const d = parse(ev);
-      ended(d && typeof d.status === "string" ? d.status : null);
+    ws.addEventListener("message", (ev) => {
+      if (typeof ev.data !== "string") { window.DSScreen.showFrame(ev.data); return; }
+      const m = parse(ev.data);
+      if (!m || typeof m.event !== "string" || !m.data || typeof m.data !== "object") return;
+      if (typeof m.id === "number" && m.id > lastSeq) lastSeq = m.id;
+      if (m.event === "end") {
+        over = true;
+        ws.close();
+        ended(typeof m.data.status === "string" ? m.data.status : null);
+      } else if (Object.prototype.hasOwnProperty.call(EVENTS, m.event)) EVENTS[m.event](m.data);
+    });
+    ws.addEventListener("close", () => {
+      window.DSScreen.attach(null);
+      if (over) return;
+      $("conn").textContent = "reconnecting";
+      setTimeout(connect, RECONNECT_MS);
     });
   }
 

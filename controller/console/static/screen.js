@@ -1,9 +1,16 @@
 "use strict";
-/* The live screen of a run page: the MJPEG image (/runs/{id}/screen.mjpeg), the last action drawn
-   over it in SCREEN px (an SVG whose viewBox is the screen size), and, while a person has control
-   (state "human"), their clicks, wheel and keys sent as actions in screen px.
+/* The live screen of a run page: JPEG frames from the page's socket (console.js; /runs/{id}/live,
+   controller.console.streams) shown in the <img>, the last action drawn over it in SCREEN px (an SVG
+   whose viewBox is the screen size), and, while a person has control (state "human"), their clicks,
+   wheel and keys sent as actions in screen px.
 
-   window.DSScreen = {init(runId, send), setScreen([w, h]), setState(state), showAction(info)}
+   Frames are asked for one at a time: {"frames": FPS} once the last one is shown, {"frames": 0} when
+   the tab is hidden (Page Visibility API; asked again once it shows), none before the sandbox is up or
+   after the run. A hidden or busy tab thus costs the guest no screenshot.
+
+   window.DSScreen = {init(runId, send), attach(channel), showFrame(blob), frames(), setScreen([w, h]),
+                      setState(state), showAction(info)}
+   channel(message): sends one message on the page's socket (null while it is closed).
    info: an "action" event's data {by: "model"|"human", action: {...screen px...}, screen: [w, h]}; a call
    of the browser tools is the action {type: "browser_call", member, call_id, ok, box}, its box (the
    element it acted on, {x, y, width, height} screen px, or null) drawn as a rectangle.
@@ -25,8 +32,51 @@
   /* Wheel deltas are in px, lines or pages (deltaMode 0/1/2): px per unit. */
   const WHEEL_UNIT = [1, 40, 800];
 
+  const FPS = 5;
   const s = { runId: null, send: null, w: 0, h: 0, state: "starting", streaming: false, last: null,
-              box: null, img: null, overlay: null, queue: Promise.resolve() };
+              box: null, img: null, overlay: null, queue: Promise.resolve(),
+              channel: null, asked: false, url: null, shown: 0 };
+
+  const live = () => s.state !== "starting" && s.state !== "finished";
+
+  /* Ask for the next frame when the page can show it and has not asked already. */
+  function ask() {
+    if (!s.channel || s.asked || !live() || document.visibilityState !== "visible") return;
+    s.asked = true;
+    s.channel({ frames: FPS });
+  }
+
+  /* The page's socket opened (a function sending one message) or closed (null). */
+  function attach(channel) {
+    s.channel = channel;
+    s.asked = false;
+    ask();
+  }
+
+  /* One frame (a JPEG Blob) from the socket: shown, then the next one asked for. */
+  function showFrame(blob) {
+    s.asked = false;
+    const url = URL.createObjectURL(blob);
+    const done = () => {
+      if (s.url && s.url !== url) URL.revokeObjectURL(s.url);
+      s.url = url;
+      s.shown += 1;
+      ask();
+    };
+    s.img.addEventListener("load", done, { once: true });
+    s.img.addEventListener("error", done, { once: true });
+    s.img.src = url;
+    if (!s.streaming) {
+      s.streaming = true;
+      if (s.state !== "human" && s.state !== "pausing") document.getElementById("screen-note").textContent = "";
+    }
+  }
+
+  function visibility() {
+    if (document.visibilityState === "visible") { ask(); return; }
+    if (s.channel && s.asked) s.channel({ frames: 0 });
+    s.asked = false;
+  }
 
   function svg(tag, attrs, text) {
     const node = document.createElementNS(SVG, tag);
@@ -51,11 +101,7 @@
     s.state = state;
     s.box.classList.toggle("human", state === "human");
     const note = document.getElementById("screen-note");
-    if (state !== "starting" && state !== "finished" && !s.streaming) {
-      s.streaming = true;
-      s.img.src = `${document.querySelector('meta[name="console-base"]').content}/runs/${encodeURIComponent(s.runId)}/screen.mjpeg?fps=5`;
-      note.textContent = "";
-    }
+    ask();
     if (state === "human") {
       note.textContent = "You have control: clicks, wheel and keys on the screen go to the desktop.";
       s.box.focus();
@@ -213,7 +259,8 @@
       sendAction(action);
     });
     window.addEventListener("resize", redraw);
+    document.addEventListener("visibilitychange", visibility);
   }
 
-  window.DSScreen = { init, setScreen, setState, showAction, keyAction };
+  window.DSScreen = { init, attach, showFrame, frames: () => s.shown, setScreen, setState, showAction, keyAction };
 })();

@@ -28,8 +28,10 @@ shapes checked, strings escaped before anyone shows them; no proxy from the envi
 :class:`GatewayWatcher` keeps one SSE connection (each connection lives at most
 :data:`SSE_LIFETIME_S`, a silent one is dropped after :data:`SSE_IDLE_S`), reconnects with a backoff
 (:data:`BACKOFF_S`) and ``Last-Event-ID``, and polls ``?state=pending`` every :data:`POLL_S` while the
-stream is down. After every snapshot (and every poll) it reconciles: a request pending locally but not
-at the gateway is fetched by id and decided from the gateway's answer. Each request becomes an
+stream is down. Until the API answered once the run does not go on, and when every call fails for
+:data:`UNREACHABLE_S` (at the start, or later) the run ends ``error`` naming it. After every snapshot
+(and every poll) it reconciles: a request pending locally but not at the gateway is fetched by id and
+decided from the gateway's answer. Each request becomes an
 ``origin_access`` request in the registry with the same id (:meth:`ApprovalRegistry.mirror`); answers
 go to the gateway synchronously (the registry's ``forward``) and the gateway's refusals pass through;
 decisions made at the gateway (its timeout, an answer from elsewhere) decide the entry. A request
@@ -56,11 +58,11 @@ is re-exported here: ``from controller.run.origins import X`` names them all.
 
 from __future__ import annotations
 
-from controller.run.origins.access import OriginAccess, control_endpoint
+from controller.run.origins.access import ControlUnreachable, OriginAccess, control_endpoint
 from controller.run.origins.bounds import (  # noqa: F401 - re-exported: every bound
     BACKOFF_S, CALL_TIMEOUT_S, MAX_BODY_BYTES, MAX_DEADLINE_S, MAX_EVENT_BYTES, MAX_MIRRORED, MAX_PENDING,
     MAX_REQUESTS, MAX_WAIT_S, POLL_S, RECONCILE_BUDGET_S, SSE_IDLE_S, SSE_LIFETIME_S, STOP_MARGIN_S, STOP_TIMEOUT_S,
-    WAIT_MARGIN_S,
+    UNREACHABLE_S, WAIT_MARGIN_S,
 )
 from controller.run.origins.control import (  # noqa: F401 - re-exported
     BY, GATEWAY_STATES, GatewayControl, GatewayError, origin_request,
@@ -72,6 +74,7 @@ from controller.run.origins.watcher import GatewayWatcher
 from controller.text import clean  # noqa: F401 - re-exported: the escaping these modules apply
 
 __all__ = [
-    "OriginAccess", "GatewayControl", "GatewayError", "GatewayWatcher", "control_endpoint", "origin_decision", "origin_request",
+    "ControlUnreachable", "OriginAccess", "GatewayControl", "GatewayError", "GatewayWatcher", "control_endpoint",
+    "origin_decision", "origin_request",
     "reconcile_approvals", "wait_for_origins", "MAX_PENDING", "RECONCILE_BUDGET_S", "STOP_TIMEOUT_S", "MAX_DEADLINE_S",
 ]

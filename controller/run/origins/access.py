@@ -5,19 +5,26 @@ sandbox's gateway control API is (:func:`control_endpoint`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rich.console import Console
 
 from controller.gateway.policy import Origin
 from controller.run.approvals import OriginPrompter, TerminalAsker
 from controller.run.entries import Approval
-from controller.run.origins.bounds import MAX_PENDING
+from controller.run.origins.bounds import MAX_PENDING, UNREACHABLE_S
 from controller.run.origins.control import GatewayControl
 from controller.run.origins.decisions import reconcile_approvals
 from controller.run.origins.watcher import GatewayWatcher
 from controller.run.registry import ApprovalRegistry
 from controller.text import clean
+
+
+class ControlUnreachable(Exception):
+    """The sandbox's gateway control API answered no call for :data:`UNREACHABLE_S` seconds at the run's
+    start: nobody could see or answer the origin requests it holds. The message names it and its last
+    error (``gateway control API unreachable for 15s: unreachable: GET ...: ConnectError ...``)."""
+
 
 class OriginAccess:
     """A run's origin access, as the runner uses it: the :class:`GatewayWatcher`, the terminal's origin
@@ -32,7 +39,8 @@ class OriginAccess:
     @classmethod
     def start(cls, sandbox: Any, registry: ApprovalRegistry, record: Any, asker: Any, console: Console, *,
               approve: Iterable[Origin] = (), has_view: bool = False, asks: bool = True,
-              max_pending: int | None = None) -> "OriginAccess | None":
+              max_pending: int | None = None, cancelled: Callable[[], bool] = lambda: False,
+              on_lost: Callable[[str], None] | None = None) -> "OriginAccess | None":
         """Write one opt-in ``approval`` line per origin in ``approve`` (``--approve-origin``); when the
         sandbox's gateway has a control API (:func:`control_endpoint`), start mirroring its origin
         requests into ``registry``, each decision an ``approval`` line in ``record`` (a
@@ -40,7 +48,13 @@ class OriginAccess:
         ``asker`` is a :class:`controller.run.approvals.TerminalAsker`. ``has_view``: a console
         follows the run; ``asks``: the task's policy may ask (``[network] mode = "ask"``); ``max_pending``:
         its ``max_pending`` (the watcher's cap; None: :data:`MAX_PENDING`). Returns None
-        when there is no control API or the policy never asks."""
+        when there is no control API or the policy never asks.
+
+        Returns once the control API answered a call: a refusal at first (the gateway still starting,
+        its port published anew after a network was attached) is retried for :data:`UNREACHABLE_S`
+        seconds, or until ``cancelled()`` (then it returns at once); past that the watch is stopped and
+        :class:`ControlUnreachable` raised. Later, ``on_lost(line)`` is called once (on the watch's
+        thread) when every call failed for that long again: the run's questions can no longer be seen."""
         approve = list(approve)
         for origin in approve:
             record.write(Approval(what="opt-in", decision="approved", by="command line", origin=clean(origin, 300),
@@ -63,7 +77,8 @@ class OriginAccess:
             say(f"not used: {exc}")
             return None
         watcher = GatewayWatcher(control, registry, approve=approve, max_pending=max_pending or MAX_PENDING,
-                                 on_decision=lambda d: record.write(Approval(**d.as_record())), on_problem=say)
+                                 on_decision=lambda d: record.write(Approval(**d.as_record())), on_problem=say,
+                                 unreachable_s=UNREACHABLE_S)
         prompter = None
         if isinstance(asker, TerminalAsker):
             prompter = OriginPrompter(asker, registry, console=console, skip=watcher.approves).start()
@@ -73,7 +88,14 @@ class OriginAccess:
             console.print(f"{others}: no terminal and no console to answer them: the gateway refuses each at "
                           f"its deadline{hint}", markup=False, emoji=False, highlight=False)
         watcher.start()
-        return cls(watcher, prompter)
+        access = cls(watcher, prompter)
+        if not watcher.wait_reached(UNREACHABLE_S, cancelled) and not cancelled():
+            last = watcher.problems[-1] if watcher.problems else "no call was answered"
+            access.stop("the gateway control API is unreachable")
+            control.close()
+            raise ControlUnreachable(clean(f"gateway control API unreachable for {UNREACHABLE_S:g}s: {last}", 400))
+        watcher.on_lost = on_lost  # from now on a loss ends the run where it is
+        return access
 
     def cancelled_by(self, by: str) -> None:
         """A view cancelled the run: pending origin requests are cancelled at the gateway by it."""

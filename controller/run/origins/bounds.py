@@ -32,6 +32,14 @@ BACKOFF_S = (0.1, 2.0)
 POLL_S = 0.5
 """How often the pending requests are polled while the event stream is down (seconds)."""
 
+UNREACHABLE_S = 15.0
+"""Longest the control API may fail every call (no event stream opens, no poll is answered) before the run
+ends ``error`` naming it (seconds): at the run's start, where the run does not go on (nothing is launched)
+until the API answered once, and any time later. A short refusal -- the gateway still starting, Docker
+publishing its port anew after a network was attached -- is waited out with retries; a run whose
+questions nobody could see or answer is not left to go on. Below the gateway's default hold (25 s),
+so a request held while the API was briefly away is still seen in time."""
+
 WAIT_MARGIN_S = 2.0
 """Seconds past the latest gateway deadline the screenshot waits for a decision to arrive."""
 

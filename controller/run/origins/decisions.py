@@ -20,8 +20,10 @@ RECORD_DECISIONS = {"approved": "approved", "denied": "denied", "cancelled": "ca
 """Registry state -> the ``approval`` line's ``decision`` for an origin request."""
 
 LOG_REASON_DECISIONS = {"approved": "approved", "approved_earlier": "approved", "user_denied": "denied",
-                        "denied_earlier": "denied", "cancelled": "cancelled", "timeout": "timeout"}
-"""The gateway's decision-log reasons that say how an origin request was decided."""
+                        "denied_earlier": "denied", "cancelled": "cancelled", "timeout": "timeout",
+                        "gateway_stopped": "withdrawn"}
+"""The gateway's decision-log reasons that say how an origin request was decided (``gateway_stopped``:
+nobody did, the gateway stopped while it held the connection)."""
 
 
 def origin_decision(request: Request) -> Decision:

@@ -20,7 +20,7 @@ from controller.gateway.tiers import MAX_PENDING_LIMIT
 from controller.run.approvals import Decision
 from controller.run.origins.bounds import (
     BACKOFF_S, MAX_DEADLINE_S, MAX_MIRRORED, MAX_PENDING, MAX_REQUESTS, POLL_S, RECONCILE_BUDGET_S,
-    STOP_MARGIN_S, STOP_TIMEOUT_S,
+    STOP_MARGIN_S, STOP_TIMEOUT_S, UNREACHABLE_S,
 )
 from controller.run.origins.control import BY, GATEWAY_STATES, GatewayControl, GatewayError, _valid, origin_request
 from controller.run.origins.decisions import origin_decision
@@ -42,9 +42,12 @@ class GatewayWatcher:
     ``approve``: origins answered ``approve`` at once, ``by="command line"`` (``--approve-origin``);
     ``on_problem``: gets a one-line, escaped message the first time the control API fails in a new way;
     ``max_pending``: most requests mirrored as pending at once (1..100, default :data:`MAX_PENDING`; the
-    task's policy ``max_pending`` where the caller knows it).
-    :meth:`start` starts the watch (a thread for the stream, one for answers); :meth:`stop` ends it,
-    withdrawing what is still pending (``cancel`` at the gateway). Thread-safe.
+    task's policy ``max_pending`` where the caller knows it); ``on_lost``: called once (on the watch's
+    thread) with one line naming the control API and its last error when every call failed for
+    ``unreachable_s`` seconds (:data:`UNREACHABLE_S`) -- the watch goes on retrying meanwhile.
+    :meth:`start` starts the watch (a thread for the stream, one for answers); :meth:`wait_reached` waits
+    for its first answered call; :meth:`stop` ends it, withdrawing what is still pending (``cancel`` at
+    the gateway). Thread-safe.
 
     Everything the gateway controls is bounded: requests pending at once (``max_pending``), the time a
     reconciliation fetches (:data:`RECONCILE_BUDGET_S`), the time a stop takes (:data:`STOP_TIMEOUT_S`)
@@ -53,7 +56,8 @@ class GatewayWatcher:
 
     def __init__(self, control: GatewayControl, registry: ApprovalRegistry, *,
                  on_decision: Callable[[Decision], None] | None = None, approve: Iterable[Origin] = (),
-                 on_problem: Callable[[str], None] | None = None, max_pending: int = MAX_PENDING) -> None:
+                 on_problem: Callable[[str], None] | None = None, max_pending: int = MAX_PENDING,
+                 on_lost: Callable[[str], None] | None = None, unreachable_s: float = UNREACHABLE_S) -> None:
         if not isinstance(max_pending, int) or isinstance(max_pending, bool) \
                 or not 1 <= max_pending <= MAX_PENDING_LIMIT:
             raise ValueError(f"max_pending must be 1..{MAX_PENDING_LIMIT}")
@@ -63,6 +67,13 @@ class GatewayWatcher:
         self.approve = frozenset(approve)
         self.on_problem = on_problem
         self.max_pending = max_pending
+        self.on_lost = on_lost
+        self.unreachable_s = unreachable_s
+        self.reached = threading.Event()
+        """Set once a call of the control API was answered (an event stream opened, a poll answered)."""
+        self.lost: str | None = None
+        """What :attr:`on_lost` was told (None: the API never stayed unreachable that long)."""
+        self._failing_since: float | None = None  # monotonic s of the first failed call since the last answer
         self.cancel_by = "command line"
         """``by`` of the ``cancel`` sent for requests withdrawn by a cancellation (the view that
         cancelled: console; else command line)."""
@@ -133,6 +144,44 @@ class GatewayWatcher:
         self.stop()
         self.control.close()
 
+    def wait_reached(self, timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until a call of the control API was answered (:attr:`reached`), at most ``timeout_s``
+        seconds, looking at ``cancelled()`` every 0.1 s; True once reached (False: the time ran out, the
+        run was cancelled or the watch stopped)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.reached.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or cancelled() or self._stop.is_set():
+                return self.reached.is_set()
+            self.reached.wait(min(0.1, left))
+        return True
+
+    # -- reachability ------------------------------------------------------------------------------
+    def _answered(self) -> None:
+        """A call was answered: the API is reachable (any failing streak ends)."""
+        with self._lock:
+            self._failing_since = None
+        self.reached.set()
+
+    def _failed(self, exc: Exception) -> None:
+        """A call failed: reported (:meth:`_problem`), and once every call failed for
+        :attr:`unreachable_s` seconds, :attr:`on_lost` (when set) is told, once."""
+        self._problem(exc)
+        now = time.monotonic()
+        hook = None
+        with self._lock:
+            if self._failing_since is None:
+                self._failing_since = now
+            if (self.on_lost is not None and self.lost is None and not self._stop.is_set()
+                    and now - self._failing_since >= self.unreachable_s):
+                hook = self.on_lost
+                self.lost = clean(f"gateway control API unreachable for {self.unreachable_s:g}s: {exc}", 400)
+        if hook is not None:
+            try:
+                hook(self.lost)
+            except Exception:  # noqa: BLE001 - a report never stops the watch
+                pass
+
     def _bound(self, deadline: float | None = None) -> float | None:
         """The deadline (``time.monotonic()`` seconds) of a call of the watch's: ``deadline``, and the
         stop's budget once :meth:`stop` was called; None for neither (the call's own deadline)."""
@@ -162,7 +211,7 @@ class GatewayWatcher:
                 opened = self._stream()
             except Exception as exc:  # noqa: BLE001 - the watch goes on whatever a stream did
                 if not self._stop.is_set():
-                    self._problem(exc)
+                    self._failed(exc)
                 opened = False
             self.connected.clear()
             if self._stop.is_set():
@@ -187,6 +236,7 @@ class GatewayWatcher:
             if name == "open":  # a snapshot follows, or the replay of what was missed (Last-Event-ID)
                 self.connections += 1
                 self.connected.set()
+                self._answered()
                 continue
             delivered = True
             if name == "ping":
@@ -222,8 +272,9 @@ class GatewayWatcher:
         try:
             _seq, pending = self.control.list("pending", deadline=self._bound())
         except GatewayError as exc:
-            self._problem(exc)
+            self._failed(exc)
             return False
+        self._answered()
         self.reconcile(pending)
         return True
 
