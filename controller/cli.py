@@ -220,23 +220,35 @@ def replay(
                                   help="Largest RGB channel difference a pixel may have and still count as unchanged."),
     max_changed: float = typer.Option(0.05, "--max-changed", min=0.0, max=1.0,
                                       help="Largest share of a region's pixels that may differ for the step to match."),
+    approve_safety_check: list[str] = typer.Option(
+        [], "--approve-safety-check", help="Approve pending safety checks with this code unattended, as for run-task "
+                                           "(repeatable; logged). Never one the recorded run was refused."),
+    sign_in: Optional[Path] = typer.Option(
+        None, "--sign-in", help="Answer the sign-in requests from this TOML file of origin -> values, as for run-task "
+                                "(mode 0600; never recorded). Never one the recorded run did not complete."),
+    approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
+                                           help="Seconds a question waits for an answer before it is denied."),
 ) -> None:
     """Replay a recorded run on a fresh sandbox as a regression test, without a model or an API key.
 
     Each recorded computer call runs again once the screen matches, where its actions land, the
     screenshot the model chose it on (the screen comparison rule, docs/ARCHITECTURE.md); a person's
-    actions during a takeover are performed again as a person's. Prints one row per step -- matched,
-    diverged, not reached -- then the task's checks.
+    actions during a takeover are performed again as a person's. What the recorded run was asked is
+    asked again as in any run (terminal, --approve-safety-check, --sign-in; nobody to ask: denied); what
+    it was refused is refused again and not performed. Prints one row per step -- matched, diverged,
+    denied, not reached -- then the task's checks.
 
     \b
     Exit status:
-      0    every step matched and every check passed
-      1    a step diverged (the replay stopped there), a check failed or the run failed
+      0    every step matched and the run passed
+      1    a step diverged or was denied (the replay stopped there), a check failed or the run failed
+           (also when it ends refused as the recorded run did)
       2    the record cannot be replayed (e.g. typed text recorded as its length only), or bad input
       130  cancelled
     """
     replay_run(run, image_tag=image_tag, backend=backend, runs_dir=runs_dir, write_task_to=write_task,
-               opener=sandbox_opener, attach_network=attach_network, tolerance=tolerance, max_changed=max_changed)
+               opener=sandbox_opener, attach_network=attach_network, tolerance=tolerance, max_changed=max_changed,
+               approve_safety_check=approve_safety_check, sign_in=sign_in, approval_timeout=approval_timeout)
 
 
 @app.command()

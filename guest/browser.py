@@ -18,6 +18,8 @@
   never reach the X display every desktop-user process can read); a field the page rewrites is retried,
   then cleared; a form whose document is still there after the submit has the values cleared, one the
   submit left has them emptied as it is hidden (no value in the back/forward cache or restored on Back);
+  a redirect of the submit's POST to another origin is refused by the agent's request guard
+  (:class:`SubmitWatch`, ``guest.browser_tools``), ``cross_origin_redirect``;
 * :meth:`BrowserHost.page_text` -- the text of a page opened in a background tab (the ``page`` checks).
 
 Scripts run in an isolated world (``Page.createIsolatedWorld``), never in the page's own: the page
@@ -369,6 +371,32 @@ def _origin_of(url: str) -> str:
         return "null"
 
 
+class SubmitWatch:
+    """A sign-in's submit (contract 8), for the agent's request guard (``guest.browser_tools``): the POST
+    the submit makes goes to ``origin`` (the credential origin) only; a redirect hop of it that would
+    send its body on to another origin (307, 308) is refused there and that origin noted in
+    ``refused``."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.refused: list[str] = []
+
+    def note(self, url: str) -> None:
+        """Note the refused hop to ``url`` (chromium's canonical URL) by its origin: ``scheme://host[:port]``,
+        without user info; ``null`` when it has no host."""
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname or "", parts.port
+        except ValueError:
+            parts, host, port = None, "", None
+        shown = "null"
+        if parts is not None and host:
+            shown = (f"{parts.scheme}://" + (f"[{host}]" if ":" in host else host)
+                     + (f":{port}" if port is not None else ""))
+        if len(self.refused) < 8:
+            self.refused.append(shown[:2048])
+
+
 class BrowserHost:
     """The agent's side of its chromium (module docstring). One channel at a time; thread-safe (one
     request at a time reaches the browser: a sign-in fill must not interleave with a scan)."""
@@ -380,6 +408,7 @@ class BrowserHost:
         self._state = threading.Lock()
         self._busy = threading.Lock()
         self._channel_callbacks: list[Any] = []
+        self._watch: SubmitWatch | None = None
 
     def on_channel(self, callback: Any) -> None:
         """Call ``callback(pipe)`` for each channel taken from now on (after it is in place; outside the
@@ -415,6 +444,12 @@ class BrowserHost:
                 for target, session in list(self._sessions.items()):
                     if session == params.get("sessionId"):
                         del self._sessions[target]
+
+    def submit_watch(self) -> SubmitWatch | None:
+        """The sign-in submit in progress, if any: the request guard follows the POSTs to its origin
+        made meanwhile through their redirects."""
+        with self._state:
+            return self._watch
 
     def status(self) -> dict[str, Any]:
         """``{"running": bool, "pid": int | None}`` of the served chromium."""
@@ -594,7 +629,26 @@ class BrowserHost:
         if self._origin(pipe, session) != want:
             self._clear(pipe, session, typed)
             return FillResult(outcome="origin_changed", origin=self._origin(pipe, session))
-        sent = self._submit(pipe, session, want, request.selected_option, typed)
+        watch = SubmitWatch(want)
+        with self._state:
+            self._watch = watch
+        try:
+            result = self._send(pipe, session, want, request.selected_option, typed, loader)
+        finally:
+            with self._state:
+                self._watch = None
+        if watch.refused and result.outcome == "submitted":
+            return FillResult(outcome="cross_origin_redirect", navigated=result.navigated, origin=result.origin,
+                              destination=watch.refused[0],
+                              detail=(f"the site answered the submit with a redirect to {watch.refused[0][:120]} that "
+                                      "would send the values there again: refused before they left")[:MAX_DETAIL_CHARS])
+        return result
+
+    def _send(self, pipe: Pipe, session: str, want: str, option: str | None, typed: list[str],
+              loader: Any) -> FillResult:
+        """Submit the checked form (:meth:`_submit`) and wait for the new document (the document of
+        ``loader`` left): the fill's outcome, ``submitted`` or why not."""
+        sent = self._submit(pipe, session, want, option, typed)
         destination = str(sent.get("destination", ""))[:2048]
         if not sent.get("submitted"):
             self._clear(pipe, session, typed)

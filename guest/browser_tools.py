@@ -62,6 +62,8 @@ from Xlib import XK
 from . import keys as keynames
 from .browser import FIELD_KIND_JS, BrowserError, BrowserHost, _as_browser_error
 from .cdp import ChannelClosed, ChannelError, CommandFailed, CommandTimeout, Pipe, wait_until
+from .chromium_policy import ProxyRoutes
+from .launch import LaunchError
 
 WORLD = "desktop-sandbox-tools"
 """Name of this agent's isolated world in each document."""
@@ -80,6 +82,8 @@ MAX_PENDING_EVENTS = 1000
 """Most page events (dialogs, new tabs) waiting to be handled; more are dropped."""
 GUARD_WAIT_S = 30.0
 """How long a call waits for a new browser's request guard (its ``Fetch.enable``) before it fails."""
+MAX_FOLLOWED_SUBMITS = 64
+"""Most sign-in submit requests whose redirect hops the guard follows at once (the oldest are let go)."""
 REFUSAL_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>Refused</title></head><body>"
                 "<h1>Refused</h1><p>The sandbox did not load this address: {reason}.</p><p>{url}</p></body></html>")
 """What a tab or frame shows instead of a document the URL rule refuses (``reason``: a
@@ -106,6 +110,15 @@ def shown_url(url: str) -> str:
     cut = url[:SHOWN_URL_CHARS]
     text = "".join(c if " " < c < "\x7f" and c != "\\" else ascii(c)[1:-1] for c in cut)
     return text + ("..." if len(url) > SHOWN_URL_CHARS else "")
+
+
+def _same_origin(url: str, origin: str) -> bool:
+    """Whether ``url`` is on ``origin`` (:func:`wire.browser_tools.origin_key`; unreadable: no)."""
+    try:
+        key = W.origin_key(url)
+        return key is not None and key == W.origin_key(origin)
+    except ValueError:
+        return False
 
 
 def refuse(code: str, message: str) -> BrowserError:
@@ -172,6 +185,9 @@ HOVER_EVENTS = frozenset({"pointerover", "pointermove", "mouseover", "mousemove"
 """The gated events that activate nothing. Chromium sends them by itself too, for the resting pointer,
 when a scroll or the page moves things under it: a click fails on another element's press, release or
 click only, a hover when its move reached another element and not the one named."""
+ADOPT_TIMEOUT_S = 30.0
+"""How long a new tab's set-up (:meth:`BrowserTools._enable`) may take: the tab waits for it (a busy host can
+take seconds to start its renderer); then the tab is closed rather than run without its input gate."""
 ARM_S = 20.0
 """How long an armed gate holds at most (the input commands' deadlines, with room): past it the gate
 lets everything through again, should the agent never disarm it."""
@@ -570,6 +586,7 @@ class _Channel:
     paused: "queue.SimpleQueue[dict[str, Any]]" = field(default_factory=queue.SimpleQueue)
     attached: "queue.SimpleQueue[dict[str, Any]]" = field(default_factory=queue.SimpleQueue)
     guarded: threading.Event = field(default_factory=threading.Event)
+    submits: dict[str, Any] = field(default_factory=dict)
 
 
 BROWSER_SHORTCUT_KEYSYMS: frozenset[int] = frozenset(
@@ -586,8 +603,12 @@ class BrowserTools:
     409 ``no_display``); ``load_timeout``: seconds ``navigate``/``new_tab`` wait for a load. Thread-safe:
     one call at a time reaches the browser (the sign-in's lock), ``state`` reads the agent's tables."""
 
-    def __init__(self, host: BrowserHost, executor: Any = None, *, load_timeout: float = W.LOAD_TIMEOUT_S) -> None:
+    def __init__(self, host: BrowserHost, executor: Any = None, *, load_timeout: float = W.LOAD_TIMEOUT_S,
+                 routes: ProxyRoutes | None = None) -> None:
+        """``routes``: where chromium's direct routes are written as it is launched (:meth:`launching`);
+        None: the file ``$AGENT_BROWSER_POLICY`` names, or none."""
         self.host, self.executor, self.load_timeout = host, executor, load_timeout
+        self.routes = routes if routes is not None else ProxyRoutes.from_env()
         self._lock = threading.RLock()
         self._setup = threading.Lock()
         self._enabling = threading.Lock()
@@ -609,7 +630,10 @@ class BrowserTools:
 
     def launching(self, args: list[str]) -> None:
         """The arguments chromium is about to be launched with: the guest-local http(s) origins among
-        them may be loaded (contract 9: a loopback origin the task's launch opens)."""
+        them may be loaded (contract 9: a loopback origin the task's launch opens). With :attr:`routes`,
+        chromium's direct routes are written for the rule's local origins and these
+        (:mod:`guest.chromium_policy`). Raises LaunchError (400 ``launch_failed``) when they cannot be:
+        chromium is then not started."""
         found = []
         for arg in args:
             try:
@@ -622,6 +646,13 @@ class BrowserTools:
                 continue
         with self._lock:
             self._launched = tuple(dict.fromkeys((*self._launched, *found)))[:W.MAX_RULE_ENTRIES]
+            direct = self._rule.direct_hosts(self._launched)
+        if self.routes is not None:
+            try:
+                self.routes.write(direct)
+            except OSError as exc:
+                raise LaunchError(400, "launch_failed", "cannot start the agent's chromium: its proxy routes "
+                                  f"cannot be written ({exc.strerror or exc})"[:400]) from None
 
     def refusal(self, url: str) -> str | None:
         """Why the rule refuses ``url`` (a ``wire.browser_tools.REFUSED_*`` reason), or None."""
@@ -724,17 +755,34 @@ class BrowserTools:
         return [t for t in infos if isinstance(t, dict) and t.get("type") == "page" and not t.get("subtype")
                 and isinstance(t.get("targetId"), str) and not str(t.get("url", "")).startswith("devtools:")]
 
-    def _enable(self, ch: _Channel, target: str) -> None:
+    def _enable(self, ch: _Channel, target: str, *, resume: str | None = None,
+                timeout: float = SCRIPT_TIMEOUT_S) -> None:
         """Attach to a page, turn its Page events on (dialogs, navigations) and register the input gate
-        for its new documents (:data:`GATE_JS`), once per target."""
+        for its new documents (:data:`GATE_JS`), once per target. With ``resume`` (the session of a tab
+        waiting for the agent before its first document, whose renderer answers nothing until it runs;
+        the session chromium attached it with, the one that may let it run) the commands are
+        sent, then ``Runtime.runIfWaitingForDebugger``, and only then are their answers read: the browser
+        handles one session's commands in order, so the gate is registered before the tab's first
+        document runs. Each answer is waited for at most ``timeout`` s. Raises ChannelError
+        (CommandTimeout: a busy browser) or BrowserError."""
         with self._enabling:
-            if target in ch.enabled:
-                return
-            session = self.host._attach(ch.pipe, target)
-            ch.pipe.call("Page.enable", session_id=session, timeout=SCRIPT_TIMEOUT_S)
-            ch.pipe.call("Page.addScriptToEvaluateOnNewDocument", {"source": GATE_JS, "worldName": WORLD,
-                                                                   "runImmediately": True},
-                         session_id=session, timeout=SCRIPT_TIMEOUT_S)
+            session = resume or self.host._attach(ch.pipe, target)
+            sent = []
+            if target not in ch.enabled:
+                sent += [ch.pipe.send("Page.enable", session_id=session),
+                         ch.pipe.send("Page.addScriptToEvaluateOnNewDocument",
+                                      {"source": GATE_JS, "worldName": WORLD, "runImmediately": True},
+                                      session_id=session)]
+            if resume:
+                sent.append(ch.pipe.send("Runtime.runIfWaitingForDebugger", session_id=session))
+            failure: ChannelError | None = None
+            for pending in sent:  # every answer read, so none is left waiting
+                try:
+                    pending.result(timeout)
+                except ChannelError as exc:
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
             ch.enabled.add(target)
 
     # -- the request guard (contract 9) ----------------------------------------------------------------------
@@ -757,13 +805,22 @@ class BrowserTools:
                 _log.error("closing the agent's chromium: its requests cannot be guarded (%s)", str(exc)[:200])
                 ch.pipe.close()
                 return
-        try:
-            # every new tab waits for the agent before its first document: its gate comes first (_adopt)
-            ch.pipe.call("Target.setAutoAttach", {
-                "autoAttach": True, "waitForDebuggerOnStart": True, "flatten": True,
-                "filter": [{"type": "page", "exclude": False}, {"exclude": True}]}, timeout=SCRIPT_TIMEOUT_S)
-        except ChannelError:
-            pass  # tabs are then set up as they are found (their first document may predate the gate)
+        # every new tab waits for the agent before its first document: its gate comes first (_adopt)
+        while ch.pipe.closed is None:
+            try:
+                ch.pipe.call("Target.setAutoAttach", {
+                    "autoAttach": True, "waitForDebuggerOnStart": True, "flatten": True,
+                    "filter": [{"type": "page", "exclude": False}, {"exclude": True}]}, timeout=SCRIPT_TIMEOUT_S)
+                break
+            except CommandTimeout:
+                continue  # a busy browser: its answer comes once it reads the pipe
+            except ChannelClosed:
+                return
+            except ChannelError as exc:
+                _log.error("closing the agent's chromium: its new tabs cannot be held for the input gate (%s)",
+                           str(exc)[:200])
+                ch.pipe.close()
+                return
         ch.guarded.set()
         self._job(ch, lambda: self._sweep(ch))
         while ch.pipe.closed is None:
@@ -781,7 +838,7 @@ class BrowserTools:
     def _adopt(self, ch: _Channel) -> None:
         """Take each tab chromium attaches the agent to as it opens (``Target.setAutoAttach``, waiting for
         the agent): its session becomes the agent's session of that tab, its Page events and input gate
-        are set up (:meth:`_enable`), then it runs. Whatever fails, the tab is let go."""
+        are set up (:meth:`_enable`, within :data:`ADOPT_TIMEOUT_S`), then it runs. A tab whose gate could not be set up is closed, never run without it."""
         while ch.pipe.closed is None:
             try:
                 params = ch.attached.get(timeout=1.0)
@@ -790,21 +847,38 @@ class BrowserTools:
             session = str(params.get("sessionId", ""))
             info = params.get("targetInfo") if isinstance(params.get("targetInfo"), dict) else {}
             target = str(info.get("targetId", ""))
+            waiting = bool(params.get("waitingForDebugger"))
+            if info.get("type") != "page" or not target:
+                if waiting:
+                    self._resume(ch, session)
+                continue
+            with self.host._state:
+                if waiting:  # the one session that answers while the tab waits
+                    self.host._sessions[target] = session
+                else:
+                    self.host._sessions.setdefault(target, session)
             try:
-                if info.get("type") == "page" and target:
-                    with self.host._state:
-                        self.host._sessions.setdefault(target, session)
-                    self._enable(ch, target)
-            except (ChannelError, BrowserError):
-                pass
-            finally:
-                if params.get("waitingForDebugger"):
-                    try:
-                        ch.pipe.call("Runtime.runIfWaitingForDebugger", session_id=session, timeout=SCRIPT_TIMEOUT_S)
-                    except ChannelClosed:
-                        return
-                    except ChannelError:
-                        pass
+                self._enable(ch, target, resume=session if waiting else None,
+                             timeout=ADOPT_TIMEOUT_S if waiting else SCRIPT_TIMEOUT_S)
+            except ChannelClosed:
+                return
+            except (ChannelError, BrowserError) as exc:
+                if waiting:
+                    _log.warning("closing a new tab: its input gate could not be set up (%s)", str(exc)[:200])
+                    self._close_target(ch, target)
+                # a tab already running is set up again where it is next used
+
+    def _resume(self, ch: _Channel, session: str) -> None:
+        try:
+            ch.pipe.call("Runtime.runIfWaitingForDebugger", session_id=session, timeout=SCRIPT_TIMEOUT_S)
+        except ChannelError:
+            pass
+
+    def _close_target(self, ch: _Channel, target: str) -> None:
+        try:
+            ch.pipe.call("Target.closeTarget", {"targetId": target}, timeout=SCRIPT_TIMEOUT_S)
+        except ChannelError:
+            pass
 
     def _decide(self, ch: _Channel, params: dict[str, Any]) -> None:
         """Answer one ``Fetch.requestPaused``."""
@@ -812,7 +886,7 @@ class BrowserTools:
         ident, url = str(params.get("requestId", "")), _text(request.get("url"))
         document = params.get("resourceType") == "Document"
         frame = str(params.get("frameId", ""))
-        why = self.refusal(url)
+        why = self._signin_refusal(ch, params, request, url) or self.refusal(url)
         if why is None:
             ch.pipe.call("Fetch.continueRequest", {"requestId": ident}, timeout=SCRIPT_TIMEOUT_S)
         elif document:
@@ -824,6 +898,32 @@ class BrowserTools:
         else:
             ch.pipe.call("Fetch.failRequest", {"requestId": ident, "errorReason": "BlockedByClient"},
                          timeout=SCRIPT_TIMEOUT_S)
+
+    def _signin_refusal(self, ch: _Channel, params: dict[str, Any], request: dict[str, Any], url: str) -> str | None:
+        """The sign-in's submit (contract 8): a POST to the credential origin made while a fill submits
+        (:meth:`guest.browser.BrowserHost.submit_watch`) is followed through its redirect hops (each hop is
+        paused again, naming the one before: ``redirectedRequestId``); a hop that would send its body on
+        to another origin (307, 308) is refused (:data:`wire.browser_tools.REFUSED_SIGNIN_REDIRECT`) and
+        its origin noted in the fill's watch. A hop that made it a GET (301, 302, 303) carries no body: it
+        is followed no further."""
+        ident, previous = str(params.get("requestId", "")), params.get("redirectedRequestId")
+        post = str(request.get("method", "")).upper() == "POST"
+        current = self.host.submit_watch() if previous is None and post else None
+        with self._lock:
+            watch = ch.submits.pop(previous, None) if isinstance(previous, str) else None
+            if watch is None:
+                if current is None or not _same_origin(url, current.origin):
+                    return None
+                watch = current
+            elif not post:
+                return None
+            elif not _same_origin(url, watch.origin):
+                watch.note(url)
+                return W.REFUSED_SIGNIN_REDIRECT
+            ch.submits[ident] = watch
+            while len(ch.submits) > MAX_FOLLOWED_SUBMITS:
+                ch.submits.pop(next(iter(ch.submits)))
+        return None
 
     def _refuse(self, ch: _Channel, ident: str, url: str, why: str) -> None:
         """Answer a refused document request with :data:`REFUSAL_PAGE` (403; a sandboxed document with

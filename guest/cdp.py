@@ -58,6 +58,30 @@ class CommandFailed(ChannelError):
     code = "command_failed"
 
 
+class Pending:
+    """The answer to come of one command sent with :meth:`Pipe.send`."""
+
+    def __init__(self, pipe: "Pipe", ident: int, method: str, slot: list[Any]) -> None:
+        self._pipe, self._ident, self.method, self._slot = pipe, ident, method, slot
+
+    def result(self, timeout: float = COMMAND_TIMEOUT_S) -> dict[str, Any]:
+        """Wait at most ``timeout`` seconds for the answer's ``result`` (a dict). Raises
+        :class:`ChannelClosed`, :class:`CommandTimeout` or :class:`CommandFailed`; the answer is read once."""
+        try:
+            if not self._slot[0].wait(timeout):
+                raise CommandTimeout(f"{self.method}: no answer from the browser within {timeout:g} s")
+        finally:
+            self._pipe._forget(self._ident)
+        answer = self._slot[1]
+        if isinstance(answer, ChannelError):
+            raise answer
+        if "error" in answer:
+            error = answer["error"] if isinstance(answer["error"], dict) else {}
+            raise CommandFailed(f"{self.method}: {str(error.get('message', 'error'))[:200]}")
+        result = answer.get("result")
+        return result if isinstance(result, dict) else {}
+
+
 class Pipe:
     """A CDP client over two pipe file descriptors: ``write_fd`` (the browser's fd 3) and ``read_fd``
     (the browser's fd 4). Owns both; :meth:`close` closes them. Thread-safe."""
@@ -98,6 +122,14 @@ class Pipe:
         Raises :class:`ChannelClosed`, :class:`CommandTimeout` (after ``timeout`` seconds) or
         :class:`CommandFailed` (the browser's protocol error).
         """
+        return self.send(method, params, session_id=session_id).result(timeout)
+
+    def send(self, method: str, params: dict[str, Any] | None = None, *,
+             session_id: str | None = None) -> "Pending":
+        """Send one command without waiting: its :class:`Pending` answer is read with
+        :meth:`Pending.result`. Commands of one session are handled by the browser in the order sent, so
+        a tab waiting for the debugger takes several before it runs (its renderer answers only then).
+        Raises :class:`ChannelClosed`."""
         event = threading.Event()
         slot: list[Any] = [event, None]
         with self._lock:
@@ -112,20 +144,14 @@ class Pipe:
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\0"
         try:
             self._write(data)
-            if not event.wait(timeout):
-                raise CommandTimeout(f"{method}: no answer from the browser within {timeout:g} s")
-        finally:
-            with self._lock:
-                self._waiting.pop(ident, None)
-            del data, message
-        answer = slot[1]
-        if isinstance(answer, ChannelError):
-            raise answer
-        if "error" in answer:
-            error = answer["error"] if isinstance(answer["error"], dict) else {}
-            raise CommandFailed(f"{method}: {str(error.get('message', 'error'))[:200]}")
-        result = answer.get("result")
-        return result if isinstance(result, dict) else {}
+        except BaseException:
+            self._forget(ident)
+            raise
+        return Pending(self, ident, method, slot)
+
+    def _forget(self, ident: int) -> None:
+        with self._lock:
+            self._waiting.pop(ident, None)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)

@@ -4,7 +4,8 @@
 #            broker, under supervisord run as root with only CAP_SETUID/CAP_SETGID/CAP_KILL
 #            (images/supervisor/desktop.conf). Needs uid 0 and, made by the container's tmpfs mounts
 #            or the VM's unit: /run/desktop-sandbox (agent, 0700), /run/desktop-sandbox-control
-#            (root, group agent, 0750), /home/sandbox (sandbox, 0750), /home/browser (browser, 0700).
+#            (root, group agent, 0750), /run/desktop-sandbox-browser (agent, 0755: the proxy routes
+#            of the agent's chromium), /home/sandbox (sandbox, 0750), /home/browser (browser, 0700).
 #   gateway  egress policy proxy and the agent relay (user gateway)
 # Any other command is run as given (diagnostics: `docker run --rm IMAGE xdpyinfo`).
 set -eu

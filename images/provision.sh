@@ -84,10 +84,15 @@ configure() {
   install -m 0644 "$src/images/firefox/policies.json" /usr/lib/firefox-esr/distribution/policies.json
   # Default preferences that stop background requests to Mozilla services.
   install -m 0644 "$src/images/firefox/desktop-sandbox.js" /usr/lib/firefox-esr/defaults/pref/desktop-sandbox.js
-  # The agent's chromium: managed policies (fixed proxy, no password manager, no DevTools for the
-  # person at the screen, no javascript: URLs typed in the address bar); see images/chromium/.
+  # The agent's chromium: managed policies (fixed proxy for everything, loopback included; no password
+  # manager, no DevTools for the person at the screen, no javascript: URLs typed in the address bar);
+  # see images/chromium/. The second name links to the proxy routes the agent writes as it launches
+  # chromium (guest/chromium_policy.py: the guest-local origins the task opens, direct), in a directory
+  # only the agent writes; sorting after the first, its ProxySettings win; while it is missing the
+  # first file's apply.
   install -d /etc/chromium/policies/managed
   install -m 0644 "$src/images/chromium/policies.json" /etc/chromium/policies/managed/desktop-sandbox.json
+  ln -sfn /run/desktop-sandbox-browser/proxy.json /etc/chromium/policies/managed/desktop-sandbox.proxy.json
   # Window manager: the desktop's fixed tiled layout (browser on top, terminal
   # strip below), no key bindings, click-to-focus only (images/openbox/rc.xml).
   install -d /etc/xdg/openbox

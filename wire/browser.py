@@ -40,7 +40,7 @@ ID_PATTERN = r"^[A-Za-z0-9_.:~-]{1,80}$"
 FieldType = Literal["password", "email", "text"]
 FieldKind = Literal["password", "email", "code"]
 Outcome = Literal["submitted", "origin_changed", "form_changed", "field_unstable", "no_form", "unsafe_form",
-                  "cross_origin_form", "invalid"]
+                  "cross_origin_form", "invalid", "cross_origin_redirect"]
 """What a fill came to: ``submitted`` (values typed, form submitted); ``origin_changed`` (the page's
 origin was not ``credential_origin`` when a value was to be typed: nothing more typed, what was typed
 cleared); ``form_changed`` (a field or option of the request is no longer on the page); ``field_unstable``
@@ -51,7 +51,10 @@ another -- or the fields are in no form: nothing typed, or, found at the submit,
 and nothing submitted); ``cross_origin_form`` (the form's ``action`` or the submit button's
 ``formaction`` resolves to an origin other than ``credential_origin``: the same); ``invalid`` (the
 browser's own validation would stop the submit -- ``required``, ``pattern``, ``type=email`` and the like:
-what was typed cleared, nothing submitted, ``detail`` names the field and the constraint)."""
+what was typed cleared, nothing submitted, ``detail`` names the field and the constraint);
+``cross_origin_redirect`` (the form was submitted to ``credential_origin``, whose answer redirected the
+POST -- a 307 or 308, which sends the body again -- to another origin: that hop was refused before the
+body left, ``destination`` is that origin; the tab shows the agent's refusal page)."""
 
 SUBMIT_METHOD = "post"
 """The only form method a fill submits: the values travel in the request body, never in a URL."""
@@ -175,8 +178,9 @@ class FillRequest(_Strict):
 class FillResult(_Strict):
     """What ``POST /v1/browser/signin`` did: ``outcome``; ``navigated``: the page loaded a new document
     after the submit; ``origin``: the active tab's origin afterwards; ``destination``: the origin the
-    form sends to, when the fill got as far as reading it; ``detail``: why, for ``unsafe_form``,
-    ``cross_origin_form`` and ``invalid`` (page text: escape before showing; never a value)."""
+    form sends to, when the fill got as far as reading it (for ``cross_origin_redirect``: the origin the
+    refused redirect led to); ``detail``: why, for ``unsafe_form``, ``cross_origin_form``, ``invalid`` and
+    ``cross_origin_redirect`` (page text: escape before showing; never a value)."""
 
     outcome: Outcome
     navigated: StrictBool = False

@@ -17,7 +17,8 @@ the SDK hands its driver.
   **screen px** (:class:`ScreenBox`), or None when the browser does not say.
 * :class:`BrowserStateV1`: what ``openai.lib.browser._state`` accepts with an observation.
 * :class:`GuestUrlRule` (``PUT /v1/browser/rule``): what the agent's chromium may load, judged by the
-  agent for every request (:func:`guest_local`: the hosts chromium reaches without the gateway).
+  agent for every request (:func:`guest_local`: the guest's own hosts, which the gateway refuses; those
+  of the rule's local origins chromium reaches directly, :meth:`GuestUrlRule.direct_hosts`).
 
 Units: ``x``/``y`` of ``click_at``, ``hover_at``, ``drag_path`` and ``zoom``'s ``region`` are viewport
 CSS px (0, 0 the viewport's top left corner), never screen px; ``scroll``'s ``amount`` is CSS px;
@@ -177,6 +178,10 @@ REFUSED_LOCAL = "a guest-local address the task does not open"
 REFUSED_UNREADABLE = "an address the agent cannot read"
 """The reasons a URL is refused by the guest's rule (:meth:`GuestUrlRule.refusal`), also the controller's
 words for the same cases: short, fixed, safe to show."""
+REFUSED_SIGNIN_REDIRECT = "a redirect that would send a sign-in's values to another origin"
+"""Why the agent refuses a redirect hop of a sign-in submit's POST (a 307 or 308 sends the body again) to
+an origin other than the credential origin (docs/ARCHITECTURE.md, contract 8)."""
+_DIRECT_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")
 
 
 def _ipv4_literal(text: str) -> IPv4Address | None:
@@ -235,8 +240,9 @@ def _local_key(key: IPv4Address | IPv6Address | str) -> str | None:
 def guest_local(host: str) -> bool:
     """Whether ``host`` is the guest itself or its link: the names of loopback (``localhost``,
     ``*.localhost``, ...), loopback, unspecified (``0.0.0.0/8``, ``::``) and link-local addresses, in any
-    literal form (``127.1``, ``0x7f.1``, ``2130706433``, ``[::ffff:127.0.0.1]``). Chromium sends these
-    straight to the guest, never through the gateway's proxy."""
+    literal form (``127.1``, ``0x7f.1``, ``2130706433``, ``[::ffff:127.0.0.1]``). The gateway cannot reach
+    them: chromium reaches those of the rule's local origins directly (:meth:`GuestUrlRule.direct_hosts`),
+    the rest through the gateway's proxy, which refuses them."""
     return _local_key(host_key(host)) is not None
 
 
@@ -245,9 +251,10 @@ def loopback_host(host: str) -> bool:
     return _local_key(host_key(host)) == "loopback"
 
 
-def _origin(url: str) -> tuple[str, IPv4Address | IPv6Address | str, int] | None:
-    """``(scheme, host key, port)`` of an http(s) or ws(s) URL (ws as http, wss as https); raises
-    ValueError for one that cannot be read; None for another scheme."""
+def origin_key(url: str) -> tuple[str, IPv4Address | IPv6Address | str, int] | None:
+    """``(scheme, host key, port)`` of an http(s) or ws(s) URL (ws as http, wss as https; the host as
+    :func:`host_key` reads it, the port the effective one): two URLs are of one origin when their keys
+    are equal. Raises ValueError for a URL that cannot be read; None for another scheme."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
@@ -261,7 +268,7 @@ def _origin(url: str) -> tuple[str, IPv4Address | IPv6Address | str, int] | None
 
 
 def _checked_origin(text: str) -> str:
-    parsed = _origin(text) if re.fullmatch(r"https?://[^/?#@\\\s]+/?", text) else None
+    parsed = origin_key(text) if re.fullmatch(r"https?://[^/?#@\\\s]+/?", text) else None
     if parsed is None or not guest_local(urlsplit(text).hostname or ""):
         raise ValueError("each local origin is http(s)://host[:port] on a guest-local host")
     return text
@@ -295,7 +302,7 @@ class GuestUrlRule(BaseModel):
         scheme than http(s) and ws(s) is not judged (it makes no request to a host). ``launched``: more
         local origins (those chromium was launched with)."""
         try:
-            origin = _origin(url)
+            origin = origin_key(url)
         except ValueError:
             return REFUSED_UNREADABLE
         if origin is None:
@@ -310,11 +317,37 @@ class GuestUrlRule(BaseModel):
             return REFUSED_AGENT
         for allowed in (*self.local_origins, *launched):
             try:
-                if _origin(allowed) == origin:
+                if origin_key(allowed) == origin:
                     return None
             except ValueError:
                 continue
         return REFUSED_LOCAL
+
+    def direct_hosts(self, launched: Iterable[str] = ()) -> list[str]:
+        """``host:port`` of each local origin (the rule's and ``launched``), as chromium's proxy bypass
+        list names a host (an IPv4 address dotted, an IPv6 one in brackets, a name in lower case): the
+        guest's own services its chromium reaches without the gateway, every scheme on that host and
+        port. The agent's port is never one; a name that is not plain DNS labels (a comma or a ``*``
+        would be more rules) is left out, so it goes to the gateway, which refuses it."""
+        hosts: list[str] = []
+        for allowed in (*self.local_origins, *launched):
+            try:
+                key = origin_key(allowed)
+            except ValueError:
+                continue
+            if key is None or _local_key(key[1]) is None:
+                continue
+            _scheme, host, port = key
+            if self.agent_port is not None and port == self.agent_port and _local_key(host) == "loopback":
+                continue
+            if isinstance(host, IPv6Address):
+                text = f"[{host}]"
+            elif isinstance(host, IPv4Address) or _DIRECT_NAME.fullmatch(host):
+                text = str(host)
+            else:
+                continue
+            hosts.append(f"{text}:{port}")
+        return list(dict.fromkeys(hosts))
 
 
 # -- arguments ---------------------------------------------------------------------------------------

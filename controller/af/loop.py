@@ -55,9 +55,11 @@ class LoopbackOnlyAsyncTransport(httpx.AsyncHTTPTransport):
         return await super().handle_async_request(request)
 
 
-def async_client(base_url: str | None, meter: Any = None, *, timeout_s: float | None = None) -> AsyncOpenAI:
+def async_client(base_url: str | None, meter: Any = None, *, api_key: str | None = None,
+                 timeout_s: float | None = None) -> AsyncOpenAI:
     """``openai.AsyncOpenAI`` for the scripted server at ``base_url`` (a loopback IP URL; ValueError
-    otherwise), or for the live API when ``base_url`` is None (key from ``OPENAI_API_KEY``). ``meter``:
+    otherwise) with its key ``api_key`` (``ScriptedServer.key``; ValueError when missing), or for the live
+    API when ``base_url`` is None (key from ``OPENAI_API_KEY``; ``api_key`` unused). ``meter``:
     a :class:`controller.run.model_client.UsageMeter` (the runner's ``BodyMeter``) that sees every
     response, read in full first. ``timeout_s``: per request, default 60 offline, 120 live."""
 
@@ -71,9 +73,11 @@ def async_client(base_url: str | None, meter: Any = None, *, timeout_s: float | 
         return AsyncOpenAI(http_client=http)
     if not ipaddress.ip_address(httpx.URL(base_url).host).is_loopback:
         raise ValueError(f"offline base_url must be a loopback address, got {base_url}")
+    if not api_key:
+        raise ValueError("the scripted server's key is needed (api_key)")
     http = httpx.AsyncClient(transport=LoopbackOnlyAsyncTransport(), trust_env=False, event_hooks=hooks,
                              timeout=timeout_s or 60.0)
-    return AsyncOpenAI(api_key="offline-scripted", base_url=base_url, http_client=http, max_retries=0)
+    return AsyncOpenAI(api_key=api_key, base_url=base_url, http_client=http, max_retries=0)
 
 
 def first_message(params: dict[str, Any]) -> Any:
@@ -122,28 +126,29 @@ def _version() -> str:
 
 def run_loop(*, driver: Any, params: dict[str, Any], max_steps: int, approver: Any, before_action: Any,
              cancelled: Callable[[], bool], hooks: Any, meter: Any, base_url: str | None,
-             console: Any = None, **_: Any) -> str | None:
+             api_key: str | None = None, console: Any = None, **_: Any) -> str | None:
     """The runner's ``loop`` (:class:`controller.run.runner.RunOptions`): run the task's model loop as
     an Agent Framework agent (see the module docstring) and return the model's final message.
 
     ``driver``, ``approver`` (SafetyCheckApprover), ``before_action`` (ActionGate or None),
     ``cancelled`` (the run's flag), ``hooks`` (RecordingHooks), ``meter`` (the runner's usage meter):
     the run's own; ``params``: the first Responses request (model, tool, instructions and first
-    screenshot); ``max_steps``: most model responses; ``base_url``: the scripted server's (None:
-    live). Raises ``ComputerUseError`` when a batch stopped (denied, cancelled, already attempted) or
-    the model still asked for actions after ``max_steps`` responses; what the client, the driver or
-    the guest raised otherwise."""
+    screenshot); ``max_steps``: most model responses; ``base_url`` and ``api_key``: the scripted
+    server's URL and key (None: live). Raises ``ComputerUseError`` when a batch stopped (denied,
+    cancelled, already attempted) or the model still asked for actions after ``max_steps`` responses;
+    what the client, the driver or the guest raised otherwise."""
     return asyncio.run(_loop(driver=driver, params=params, max_steps=max_steps, approver=approver,
                              before_action=before_action, cancelled=cancelled, hooks=hooks, meter=meter,
-                             base_url=base_url, console=console))
+                             base_url=base_url, api_key=api_key, console=console))
 
 
 async def _loop(*, driver: Any, params: dict[str, Any], max_steps: int, approver: Any, before_action: Any,
-                cancelled: Callable[[], bool], hooks: Any, meter: Any, base_url: str | None, console: Any) -> str | None:
+                cancelled: Callable[[], bool], hooks: Any, meter: Any, base_url: str | None, api_key: str | None,
+                console: Any) -> str | None:
     from agent_framework import Agent
     from agent_framework.openai import OpenAIChatClient
 
-    client = async_client(base_url, meter)
+    client = async_client(base_url, meter, api_key=api_key)
     if console is not None:
         console.print(f"model loop: an Agent Framework agent (agent-framework-core {_version()})", markup=False,
                       emoji=False, highlight=False)

@@ -333,7 +333,8 @@ def confined_task_file(model: str, tasks_dir: Path) -> Path:
         raise invalid(f"{shown}: not a path to a task file", where) from None
     if not real.is_relative_to(tasks_dir) or real == tasks_dir:
         raise invalid(f"{shown}: an offline task must be a .toml file in the server's tasks directory "
-                      f"({tasks_dir}); this path leads outside it", where)
+                      f"({tasks_dir}); this path leads outside it (paths are relative to the server's working "
+                      f"directory, e.g. offline:tasks/pickup.toml)", where)
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:

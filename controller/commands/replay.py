@@ -1,15 +1,18 @@
 """``desktop-sandbox replay runs/<id>``: a recorded run again on a fresh sandbox, as a regression test
 (:mod:`controller.run.replay` builds the offline script; :func:`controller.run.runner.run_task` runs it
-through the normal loop), then a per-step table -- matched / diverged / not reached -- and the task's
-checks. ``--write-task FILE`` keeps the replay as a task file with its offline script, for ``run-suite``."""
+through the normal loop, its questions asked as any run's and what the recorded run was refused refused
+again by :class:`controller.run.replay.ReplayAnswers`), then a per-step table -- matched / diverged /
+denied / not reached -- and the task's checks. ``--write-task FILE`` keeps the replay as a task file with
+its offline script, for ``run-suite``."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import typer
 from rich.table import Table
@@ -17,34 +20,104 @@ from rich.table import Table
 from controller.commands.common import backend_class, console, refuse, say, writable_runs_dir
 from controller.text import clean
 
-STATES = ("matched", "diverged", "not reached")
-"""What came of a replayed step: ``matched`` (the screen matched where the step's actions land, and they
-ran), ``diverged`` (it did not match within the step's deadline: the replay stopped there), ``not
-reached`` (the replay stopped before it)."""
+STATES = ("matched", "diverged", "denied", "not reached")
+"""What came of a replayed step: ``matched`` (it went as recorded: the screen matched where the step's
+actions land and they ran -- or, for a call the recorded run was refused, it was refused again and
+nothing of it ran, the replay ending there as the recorded run did), ``diverged`` (the screen did not
+match within the step's deadline: the replay stopped there), ``denied`` (a question the recorded run
+had granted was refused this time -- by a person, the deadline, nobody to ask: nothing of the call ran
+and the replay stopped there), ``not reached`` (the replay stopped before it)."""
+
+REFUSED = ("denied", "withdrawn", "cancelled", "timeout")
+"""``approval`` decisions that kept a replayed call from running (``screen_changed`` is asked again)."""
+
+
+def _step_approvals(entries: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The replay run's ``approval`` lines on its calls (safety checks, confirmations of actions) by the
+    step they came in (:data:`controller.run.replay.STEP_OF_CALL`)."""
+    from controller.run.replay import SCRIPT_CALL, STEP_OF_CALL
+
+    found: dict[int, list[dict[str, Any]]] = {}
+    step = 0
+    for entry in entries:
+        if entry["type"] == "computer_call":
+            match = STEP_OF_CALL.match(str(entry.get("call_id") or ""))
+            step = int(match.group(1)) if match else step
+        elif entry["type"] == "approval" and entry.get("what") in ("safety_check", "action"):
+            match = SCRIPT_CALL.match(str(entry.get("call_id") or ""))
+            found.setdefault(int(match.group(1)) if match else step, []).append(entry)
+    return found
+
+
+def sign_in_note(replay: Any, entries: list[dict[str, Any]]) -> str:
+    """What went otherwise than recorded in the replay's sign-in (its ``sign_in`` lines beside the
+    recorded ones, in order): ``sign-in at ORIGIN: no_approver (the recorded run's: submitted by
+    terminal)...``, or '' when each request the recorded run answered was answered again."""
+    asked = [e for e in entries if e["type"] == "sign_in" and e.get("request_id")]
+    for n, recorded in enumerate(replay.sign_ins):
+        if not recorded.granted:
+            continue
+        if n >= len(asked):
+            return (f"the recorded run's sign-in request {n + 1} ({recorded.text()}) was never asked: the page "
+                    "showed no sign-in form")
+        got = asked[n]
+        if got.get("outcome") != "submitted":
+            hint = ("; --sign-in FILE answers it unattended" if got.get("outcome") == "no_approver" else "")
+            return clean(f"sign-in at {got.get('origin')}: {got.get('outcome')}"
+                         + (f" by {got.get('by')}" if got.get("by") else "")
+                         + (f" ({got.get('detail')})" if got.get("detail") else "")
+                         + f"; the recorded run's: {recorded.text()}{hint}", 400)
+    return ""
 
 
 def step_states(replay: Any, entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """For each step of ``replay`` (a :class:`controller.run.replay.Replay`), ``(state, detail)`` from the
-    replay run's record ``entries``: the ``expectation`` line of its turn (met: matched; given up on:
-    diverged, with what was observed), else whether its computer call ran (matched) or not (not
-    reached)."""
+    """For each step of ``replay`` (a :class:`controller.run.replay.Replay`), ``(state, detail)`` of
+    :data:`STATES` from the replay run's record ``entries``: the ``expectation`` line of its turn (given
+    up on: diverged, with what was observed and, when the sign-in went otherwise, :func:`sign_in_note`),
+    else its ``approval`` lines (a refusal the record has too: matched; another: denied), else whether
+    its computer call ran (matched) or not (not reached)."""
+    from controller.run.replay import BY_REPLAY
+
     by_turn = {e.get("turn"): e for e in entries if e["type"] == "expectation"}
     ran = {e.get("call_id") for e in entries if e["type"] == "computer_call"}
+    approvals = _step_approvals(entries)
+    signin = sign_in_note(replay, entries)
     states: list[tuple[str, str]] = []
     stopped = False
     for index, step in enumerate(replay.steps):
         exp = by_turn.get(index)
+        refused = [a for a in approvals.get(index, []) if a.get("decision") in REFUSED]
+        granted = [a for a in approvals.get(index, []) if a.get("decision") == "approved"]
         if stopped:
             states.append(("not reached", ""))
         elif exp is not None and not exp.get("met"):
             unmet = exp.get("unmet") or []
             seen = unmet[0].get("observed", "") if unmet else ""
-            states.append(("diverged", f"{exp.get('reason') or ''}: {seen}".strip(": ")))
+            detail = f"{exp.get('reason') or ''}: {seen}".strip(": ")
+            states.append(("diverged", f"{signin}; then {detail}" if signin else detail))
+            stopped = True
+        elif refused:
+            last = refused[-1]
+            what = "safety check" if last.get("what") == "safety_check" else f"action {last.get('action') or '?'}"
+            answer = f"{what} {last.get('decision')} by {last.get('by')}" + (
+                f" ({last.get('message')})" if last.get("decision") == "withdrawn" and last.get("message") else "")
+            recorded = (step.safety if step.safety is not None and not step.safety.granted
+                        else next((a for at, _kind, _granted, a in replay.action_refusals if at == index), None))
+            if last.get("decision") == "withdrawn" and last.get("message") != f"cancelled by {BY_REPLAY}":
+                states.append(("not reached", answer))  # the replay itself was cancelled there
+            elif recorded is not None:  # refused as the recorded run was: it went the same way
+                states.append(("matched", f"{answer}, as the recorded run's ({recorded.text()}): not performed"))
+            else:
+                was = f"; the recorded run's: {step.safety.text()}" if step.safety is not None else ""
+                states.append(("denied", f"{answer}{was}"))
             stopped = True
         elif f"call_{index:04d}" in ran:
-            states.append(("matched", f"{step.regions} region(s)" + (f", {exp['waits']} waits" if exp and exp.get("waits") else "")))
+            detail = f"{step.regions} region(s)" + (f", {exp['waits']} waits" if exp and exp.get("waits") else "")
+            detail += "".join(f", {'safety check' if a.get('what') == 'safety_check' else a.get('action')} "
+                              f"approved by {a.get('by')}" for a in granted)
+            states.append(("matched", detail))
         else:
-            states.append(("not reached", ""))
+            states.append(("not reached", signin))
             stopped = True
     return states
 
@@ -67,20 +140,36 @@ def write_task(replay: Any, script: Path, destination: Path) -> Path:
 def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir: Path,
                write_task_to: Optional[Path], opener: Callable[..., Callable[[Any], Any]],
                attach_network: Optional[list[str]] = None, tolerance: Optional[int] = None,
-               max_changed: Optional[float] = None) -> None:
+               max_changed: Optional[float] = None, approve_safety_check: Sequence[str] = (),
+               sign_in: Optional[Path] = None, approval_timeout: float = 300.0, terminal: bool = True) -> None:
     """Replay ``record`` (a run directory or its record.jsonl) on a fresh sandbox from
     ``opener(backend, image_tag)``, each step compared by the screen comparison rule with ``tolerance``
-    and ``max_changed`` (None: the rule's defaults); prints the per-step table and the checks; exits 0 when every step
-    matched and every check passed, 1 otherwise, 2 when the record cannot be replayed, 130 cancelled."""
+    and ``max_changed`` (None: the rule's defaults). Questions are asked as in any run: on the terminal
+    (when ``terminal`` and stdin is one), ``approve_safety_check`` codes approved unattended, sign-in
+    requests answered from ``sign_in`` (run-task's ``--sign-in`` file), ``approval_timeout`` seconds each;
+    what the recorded run was refused is refused again, never asked
+    (:class:`controller.run.replay.ReplayAnswers`). Prints the per-step table and the checks; exits
+    0 when every step matched and the run passed, 1 otherwise (a run that ends refused as the recorded
+    one did included), 2 when the record cannot be replayed or an option is refused, 130 cancelled."""
     from controller.offline.script import ScriptError, load_task_script
+    from controller.run.entries import Approval
     from controller.run.record import read_record
-    from controller.run.replay import ReplayError, build
+    from controller.run.replay import RUNNER, ReplayAnswers, ReplayError, build
     from controller.run.runner import RunOptions, run_task
     from controller.run.tasks import TaskError, load_task
 
     from wire.screen_match import MatchRule
 
     backend_class(backend)
+    if any(not code.strip() for code in approve_safety_check):
+        refuse("--approve-safety-check needs a safety check code (e.g. sensitive_action)")
+    if sign_in is not None:
+        from controller.run.signin import SignInFileError, check_signin_file
+
+        try:
+            check_signin_file(sign_in)
+        except SignInFileError as exc:
+            refuse(f"--sign-in: {exc}")
     rule = MatchRule(**{k: v for k, v in (("tolerance", tolerance), ("max_changed", max_changed)) if v is not None})
     try:
         replay = build(record, rule)
@@ -94,9 +183,25 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     if replay.task_sha256 and digest != replay.task_sha256:
         say(f"note: {clean(str(replay.task_source), 300)} changed since the run was recorded "
             "(its checks, launches and policy are today's)")
+    terminal = terminal and sys.stdin.isatty()
+    if replay.signs_in and task.browser_channel and task.signin.enabled and sign_in is None and not terminal:
+        refuse(f"cannot replay {record}: the recorded run signed in at {', '.join(replay.sign_in_origins)} and the "
+               "replay asks again, with nobody here to answer: pass --sign-in FILE (run-task's format) or replay "
+               "on a terminal")
     writable_runs_dir(runs_dir)
     if attach_network and backend != "docker":
         refuse("--attach-network needs the docker backend")
+    answerers: list[ReplayAnswers] = []
+
+    def answer_as_recorded(registry: Any, cancel_run: Callable[[str], None]) -> ReplayAnswers:
+        answerers.append(ReplayAnswers(replay, registry, cancel_run, approve_codes=approve_safety_check))
+        return answerers[-1]
+
+    def opt_ins(run_record: Any) -> None:  # the opt-in lines run-task writes for its own codes
+        for code in approve_safety_check:
+            run_record.write(Approval(what="opt-in", decision="approved", by="command line", codes=[code],
+                                      message=f"--approve-safety-check {code}"))
+
     with tempfile.TemporaryDirectory(prefix="ds-replay-") as tmp:
         script = replay.write_script(Path(tmp) / "replay.offline.jsonl")
         try:  # as the run will load it (the task's tools): a record it would refuse is refused here
@@ -104,12 +209,19 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
         except ScriptError as exc:
             refuse(f"cannot replay {record}: {str(exc).replace(str(script), 'the replay script')}")
         if write_task_to is not None:
+            refused = {n for n, step in enumerate(replay.steps, 1) if step.safety and not step.safety.granted}
+            refused |= {at + 1 for at, _kind, _granted, _answer in replay.action_refusals}
+            if refused:
+                refuse(f"--write-task: the recorded run was refused step {', '.join(map(str, sorted(refused)))}: a "
+                       "task file cannot carry that refusal (its run would ask again); replay the record instead")
             say(f"task written: {write_task(replay, script, write_task_to)}")
         say(f"replaying {len(replay.steps)} steps of {clean(str(replay.record_dir), 300)}"
             + (f" ({sum(len(v) for v in replay.human.values())} actions of a person)" if replay.human else ""))
         open_sandbox = opener(backend, image_tag, **({"attach_networks": list(attach_network)} if attach_network else {}))
-        options = RunOptions(runs_dir=runs_dir, live=False, script=script, asker=None,
-                             human_actions=replay.human)
+        options = RunOptions(runs_dir=runs_dir, live=False, script=script, human_actions=replay.human,
+                             approval_timeout_s=approval_timeout, confirm_actions=sorted(replay.confirmed),
+                             sign_in_file=sign_in, runner=RUNNER, answerers=[answer_as_recorded],
+                             on_record=opt_ins, **({} if terminal else {"asker": None}))
         outcome = run_task(task, open_sandbox, options, console=console)
     entries = read_record(outcome.record_dir / "record.jsonl")
     states = step_states(replay, entries)
@@ -117,12 +229,14 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     for column in ("step", "recorded call", "state", "detail"):
         table.add_column(column, overflow="fold")
     for index, (step, (state, detail)) in enumerate(zip(replay.steps, states), 1):
-        table.add_row(str(index), clean(step.call_id, 40), state, clean(detail, 300))
+        table.add_row(str(index), clean(step.call_id, 40), state, clean(detail, 400))
     console.print(table)
     matched = sum(state == "matched" for state, _ in states)
     say(f"{matched} of {len(states)} steps matched; checks: "
-        f"{sum(bool(c.get('passed')) for c in outcome.checks)} of {len(outcome.checks)} passed; run {outcome.status}")
+        f"{sum(bool(c.get('passed')) for c in outcome.checks)} of {len(outcome.checks)} passed; run {outcome.status} "
+        f"(recorded: {clean(replay.status or 'unfinished', 20)})")
     typer.echo(str(outcome.record_dir / "record.jsonl"))
-    if outcome.status == "cancelled":
+    cancelled_here = any(a.cancelled is not None for a in answerers)  # where the recorded run was cancelled
+    if outcome.status == "cancelled" and not cancelled_here:
         raise typer.Exit(130)
     raise typer.Exit(0 if matched == len(states) and outcome.status == "passed" else 1)

@@ -62,6 +62,12 @@ mime; and it refuses
 (``invalid_image``) a request for a turn with expectations that holds no screenshot it can decode.
 Refusals are HTTP 400 ``{"error": {"code", "message", "param", "type"}}``.
 
+Only its run reaches it: each :class:`ScriptedServer` makes a random key (:data:`KEY_BYTES` bytes) and
+answers a request without ``Authorization: Bearer <key>`` (compared in constant time) with 401
+``invalid_api_key`` in the same shape, before the script sees it (no turn is used, nothing is kept), and
+only a request with the key marks its connection authenticated under the connection rules
+(:mod:`wire.connections`). The key is handed to the run's client only; it is never printed or recorded.
+
 Over 400 lines: :class:`ScriptedModel` is one state machine (turns, waits, retries, give-ups) whose
 request checks mirror the real API's; split, each half would need the other's state.
 """
@@ -72,6 +78,7 @@ import base64
 import binascii
 import json
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -79,7 +86,7 @@ from typing import Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from controller.offline import browser as br
 from controller.offline import expectations as ex
@@ -87,10 +94,12 @@ from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.script import (  # noqa: F401 - ScriptError, load_script: re-exported
     ScriptError, load_script, validate_first_turn, validate_turn,
 )
-from wire.connections import ConnectionGuard, listen, uvicorn_config
+from wire.connections import ConnectionGuard, bearer_matches, listen, uvicorn_config
 
 
 IMAGE_TOKENS = 1105
+KEY_BYTES = 32
+"""Random bytes in each server's key (``secrets.token_urlsafe``)."""
 
 
 def _error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -602,9 +611,20 @@ def _function_item_problem(item: dict[str, Any], functions: set[str]) -> tuple[s
     return None
 
 
-def create_app(model: ScriptedModel) -> FastAPI:
-    """The FastAPI app: ``POST /v1/responses`` and ``GET /livez``; anything else is 404 JSON."""
+def create_app(model: ScriptedModel, key: str) -> FastAPI:
+    """The FastAPI app: ``POST /v1/responses`` and ``GET /livez``; anything else is 404 JSON. Every
+    request must carry ``Authorization: Bearer <key>``: without it (a wrong key, another header, two
+    of them), 401 ``invalid_api_key`` before ``model`` sees the request."""
     app = FastAPI(title="scripted responses", openapi_url=None, docs_url=None, redoc_url=None)
+    expected = key.encode()
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        if not bearer_matches(request.scope.get("headers") or (), expected):
+            return JSONResponse(_error_body(401, "invalid_api_key", "missing or incorrect API key: this server "
+                                            "answers only the run that started it"),
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
     @app.get("/livez")
     def livez() -> dict[str, str]:
@@ -627,15 +647,18 @@ def create_app(model: ScriptedModel) -> FastAPI:
 class ScriptedServer:
     """Runs :func:`create_app` with uvicorn on 127.0.0.1 (an ephemeral port unless given) in a thread.
 
-    Use as a context manager; ``base_url`` is ``http://127.0.0.1:<port>/v1`` for ``openai.OpenAI``.
+    Use as a context manager; ``base_url`` is ``http://127.0.0.1:<port>/v1`` and ``key`` the API key
+    (``secrets.token_urlsafe`` of :data:`KEY_BYTES` bytes, made here) for ``openai.OpenAI``
+    (:func:`controller.run.model_client.offline_client`). Keep ``key`` out of output and records.
     """
 
     def __init__(self, model: ScriptedModel, port: int = 0) -> None:
         self.model = model
+        self.key = secrets.token_urlsafe(KEY_BYTES)
         self._sock = listen("127.0.0.1", port)
         self.port = self._sock.getsockname()[1]
-        # the connection rules (wire.connections); no key here: a request with the right Host is authenticated
-        app = ConnectionGuard(create_app(model), token=None, error=_error_body)
+        # the connection rules (wire.connections): only a request with the key authenticates its connection
+        app = ConnectionGuard(create_app(model, self.key), token=self.key, error=_error_body)
         config = uvicorn_config(app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},

@@ -230,7 +230,9 @@ class _Asking:
         registry = self.registry
         done = (lambda: not request.pending or (cancelled is not None and cancelled())
                 or request.seconds_left() == 0)
-        if self.asker is not None:
+        if not request.pending:
+            pass  # decided as it opened (an answerer of the run's, a closed registry): nobody is asked
+        elif self.asker is not None:
             if registry.views:
                 _say(self.console, "  (the console can answer too: the first answer counts)")
             ask_until = getattr(self.asker, "ask_until", None)
@@ -299,7 +301,7 @@ class SafetyCheckApprover(_Asking):
                             call_id=call.call_id,
                             checks=[{"id": c.id, "code": c.code, "message": c.message} for c in checks],
                             actions=[describe_action(a) for a in actions])
-        if not self.anyone:
+        if not self.anyone and request.pending:
             msg = ("denied: no terminal to ask and no approver; pass --approve-safety-check CODE "
                    "to approve these codes for an unattended run")
             _say(self.console, f"  [red]{msg}[/]", markup=True)

@@ -79,7 +79,8 @@ class RunStarted(_Entry):
     ``screen`` / ``model_view``: the task's screen and model-image settings; ``script``: the offline
     script path; ``sandbox_start_s``: seconds the sandbox took to start; ``runner``: the model loop that
     drove the run (``sdk``: the openai SDK's ``ComputerToolset``, or its ``ResponsesToolRunner`` for a task
-    with the browser tools; ``agent-framework``: an Agent Framework agent, ``run-task --runner``);
+    with the browser tools; ``agent-framework``: an Agent Framework agent, ``run-task --runner``; ``replay``:
+    the SDK's loop on a recorded run's steps, ``desktop-sandbox replay``);
     ``screen_binding``: the comparison rule approvals were bound to the screen with (``margin``,
     ``tolerance``, ``max_changed``; None: the task's ``[approvals] bind_screen = false``, approved calls
     ran unchecked); ``typed_text``: typed text is kept in ``computer_call`` lines (``--record-typed-text``)."""
@@ -184,7 +185,8 @@ class Approval(_Entry):
     nothing remembered) | timeout (the gateway's deadline passed: refused); ``by``: who decided --
     terminal | console (a person), timeout (``--approval-timeout`` or the gateway's deadline passed),
     opt-in, no-approver (nobody could be asked: a deny), cancel, command line (an opt-in, or
-    ``--approve-origin``), gateway (decided at the gateway by another client), gateway_log (written at
+    ``--approve-origin``), replay (a replay refusing what its record shows refused, ``message`` the
+    recorded answer), gateway (decided at the gateway by another client), gateway_log (written at
     teardown for a request found only in the gateway's decision log); ``origin``: the origin an origin
     request is about (``scheme://host[:port]``, escaped); ``request_id``: the approval registry's id
     (an origin request's is the gateway's ``oreq_...``, the same as on its ``network`` lines);
@@ -337,7 +339,8 @@ class SignIn(_Entry):
     sends to, when read), ``fields`` (the request's field ids),
     ``options`` (its option ids), ``method`` (the option chosen), ``submitted`` (the field ids a value
     was given for), ``outcome`` (the fill's, ``wire.browser.Outcome``: ``submitted``, ``origin_changed``,
-    ``form_changed``, ``field_unstable``, ``no_form``, ``unsafe_form``, ``cross_origin_form``, ``invalid``
+    ``form_changed``, ``field_unstable``, ``no_form``, ``unsafe_form``, ``cross_origin_form``, ``invalid``,
+    ``cross_origin_redirect`` (the site redirected the submit's POST to another origin, ``destination``)
     -- the two form refusals also without a request when the form as read has a method other than post
     or another destination, nobody asked; ``cancelled``, ``timeout``, ``withdrawn``, ``no_approver``
     when nothing was typed;

@@ -224,17 +224,18 @@ class UsageMeter:
         }
 
 
-def offline_client(base_url: str, meter: UsageMeter | None = None, *, timeout_s: float = 60.0,
+def offline_client(base_url: str, meter: UsageMeter | None = None, *, api_key: str, timeout_s: float = 60.0,
                    stopping: Callable[[], bool] | None = None) -> openai.OpenAI:
-    """``openai.OpenAI`` for the scripted server at ``base_url`` (must be a loopback IP URL); with
-    ``stopping``, its requests end once ``stopping()`` is true (module docstring)."""
+    """``openai.OpenAI`` for the scripted server at ``base_url`` (must be a loopback IP URL; ValueError
+    otherwise) with its key ``api_key`` (``ScriptedServer.key``); with ``stopping``, its requests end once
+    ``stopping()`` is true (module docstring)."""
     host = httpx.URL(base_url).host
     if not ipaddress.ip_address(host).is_loopback:
         raise ValueError(f"offline base_url must be a loopback address, got {base_url}")
     hooks = {"response": [meter.hook]} if meter else {}
     http_client = _stoppable(httpx.Client(transport=LoopbackOnlyTransport(), trust_env=False, event_hooks=hooks,
                                           timeout=timeout_s), stopping)
-    return openai.OpenAI(api_key="offline-scripted", base_url=base_url, http_client=http_client, max_retries=0)
+    return openai.OpenAI(api_key=api_key, base_url=base_url, http_client=http_client, max_retries=0)
 
 
 def live_client(meter: UsageMeter | None = None, *, timeout_s: float = 120.0,

@@ -277,7 +277,10 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     held / were given up on), ``expectation_waits`` (the ``wait`` calls the scripted model inserted for
     them) and ``expectations_unmet_detail`` (per given-up turn: ``turn``, ``reason`` and its ``unmet``
     list with ``expected`` and ``observed``); wall time in seconds (the whole run, sandbox start and
-    teardown included, when ``run_finished`` carries ``wall_s``) and the phase ``timings``.
+    teardown included, when ``run_finished`` carries ``wall_s``) and the phase ``timings``. ``runner``:
+    ``run_started``'s; a replay's record (``replay``, ``desktop-sandbox replay``) also has ``replay``:
+    ``steps`` (the recorded calls it sent again), ``performed`` (those whose actions ran), ``matched`` /
+    ``diverged`` (steps whose recorded screen came / did not come).
     """
     entries = [as_entry(e) for e in entries]
     by = lambda cls: [e for e in entries if isinstance(e, cls)]  # noqa: E731
@@ -305,9 +308,20 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     if wall is None and started and last and started[0].ts and last.ts:
         wall = (_parse_ts(last.ts) - _parse_ts(started[0].ts)).total_seconds()
     unmet = [e for e in expectations if not e.met]
+    from controller.run.replay import RUNNER, SCRIPT_CALL  # replay.py reads records: imported here, not above
+
+    runner = started[0].runner if started else None
+    replayed = None
+    if runner == RUNNER:
+
+        sent = {c.call_id for c in by(ComputerCall) if SCRIPT_CALL.match(c.call_id or "")}
+        replayed = {"steps": len(sent), "performed": len(sent & {a.call_id for a in inputs}),
+                    "matched": len([e for e in expectations if e.met]), "diverged": len(unmet)}
     return {
         "task": started[0].task.name if started else None,
         "mode": started[0].mode if started else None,
+        "runner": runner,
+        "replay": replayed,
         "steps": len(responses),
         "computer_calls": len(by(ComputerCall)),
         "actions": len(inputs),
@@ -362,8 +376,9 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     def shown(value: Any, limit: int = 300) -> str:
         return escape(clean(value, limit))
 
-    title = Text.from_markup(shown(f"run {s['task'] or ''} ({s['mode'] or '?'})", 200), style="table.title",
-                             emoji=False)
+    replayed = s["replay"]  # a replay's record: no model took part, so no model figures
+    what = f"replay of {s['task'] or ''}" if replayed else f"run {s['task'] or ''} ({s['mode'] or '?'})"
+    title = Text.from_markup(shown(what, 200), style="table.title", emoji=False)
     table = Table(title=title, show_header=False)
     table.add_column("what", style="bold", overflow="fold")
     table.add_column("value", overflow="fold")
@@ -371,7 +386,11 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     def row(what: str, value: str) -> None:
         table.add_row(Text.from_markup(what, emoji=False), Text.from_markup(value, emoji=False))
 
-    row("steps (model responses)", str(s["steps"]))
+    if replayed:
+        row("steps replayed", f"{_count(replayed['steps'], 'recorded call')} sent again: {replayed['matched']} matched "
+                              f"the recorded screen, {replayed['diverged']} diverged; {replayed['performed']} performed")
+    else:
+        row("steps (model responses)", str(s["steps"]))
     shots = _count(s["screenshot_actions"], "screenshot action")
     if s["screenshot_actions_failed"]:
         shots += f" ({s['screenshot_actions_failed']} failed)"
@@ -396,7 +415,8 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     usage = f"{u['total_tokens']} tokens (in {u['input_tokens']}, out {u['output_tokens']})"
     if not u["complete"]:
         usage += f" - incomplete: {u['missing']} response(s) without usage"
-    row("usage", usage)
+    if not replayed:
+        row("usage", usage)
     for c in (e for e in entries if isinstance(e, Check)):
         mark = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
         detail = f"{c.rule}"
@@ -409,12 +429,12 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
         row("checks", f"not run ({shown(s['status'], 20)})")
     else:
         row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
-    if s["expectations_met"] or s["expectations_unmet"]:
+    if (s["expectations_met"] or s["expectations_unmet"]) and not replayed:
         row("screen expectations",
             f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
             f"({_count(s['expectation_waits'], 'wait')} inserted)")
-        for failure in (e for e in entries if isinstance(e, Expectation) and not e.met):
-            row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
+    for failure in (e for e in entries if isinstance(e, Expectation) and not e.met):
+        row("expectation", f"[red]unmet[/] {escape(expectation_text(failure, limit=400))}")
     verdict = s["status"]
     color = {"passed": "green", "failed": "red", "cancelled": "yellow", "error": "red"}.get(verdict, "white")
     reason = f" ({shown(s['reason'], 800)})" if s["reason"] else ""

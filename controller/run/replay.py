@@ -20,7 +20,12 @@ every step expects the screen the model had when it chose that step (docs/ARCHIT
   agrees. Text that cannot be known makes the record unreplayable (:class:`ReplayError`);
 * a person's actions during a takeover (``human_action`` lines with their ``input``, screen px) are
   performed again at the same step boundary, as a person's (:attr:`Replay.human`): after the actions of
-  the step they followed, before that step's screenshot (the one the model chose its next step on).
+  the step they followed, before that step's screenshot (the one the model chose its next step on);
+* a call that carried pending safety checks carries the same checks (id, code, message), so the replay's
+  run asks for them as any run does; what the recorded run decided on its questions -- safety checks,
+  confirmations of actions, origin requests, sign-in requests -- is kept (:class:`Recorded`): whatever
+  it was refused, :class:`ReplayAnswers` refuses again as the question opens, before anyone is asked,
+  so a replay never does more than the recorded run did and was allowed.
 
 Screenshots are read by the rule of every reader of a record's files (:mod:`controller.run.shots`). Raises
 :class:`ReplayError` (one line) for a record that cannot be replayed, before anything starts.
@@ -29,19 +34,22 @@ Screenshots are read by the rule of every reader of a record's files (:mod:`cont
 from __future__ import annotations
 
 import json
+import queue
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from PIL import Image
 
 from controller.offline.script import ScriptError, load_script, validate_first_turn, validate_turn
 from controller.run.live import HUMAN_ACTIONS
 from controller.run.record import read_record
+from controller.run.registry import ORIGIN, SIGN_IN, ApprovalRegistry, AnswerRefused, Request
 from controller.run.shots import load_shot
 from controller.text import clean
-from wire.actions import ActionInvalid, first_outside, parse_action
+from wire.actions import ACTION_TYPES, ActionInvalid, first_outside, parse_action
 from wire.screen_match import MatchRule, encode_crop, regions_for
 
 SCRIPTED_WAIT = re.compile(r"^call_\d{4}_(wait|read)_\d+$")
@@ -49,6 +57,17 @@ SCRIPTED_WAIT = re.compile(r"^call_\d{4}_(wait|read)_\d+$")
 turn's ``expect_retry`` actions."""
 SCRIPT_CALL = re.compile(r"^call_(\d{4})$")
 """A scripted model's call id for script turn ``NNNN``."""
+STEP_OF_CALL = re.compile(r"^call_(\d{4})(?:_(?:wait|read)_\d+)?$")
+"""A replay's call id and the step it belongs to: step NNNN's own call, or one of the scripted model's
+waits for that step's screen (which come before it)."""
+RUNNER = "replay"
+"""``run_started.runner`` of a replay's run (its summary then shows steps replayed, not model figures)."""
+BY_REPLAY = "replay"
+"""``by`` of an answer the replay gives itself (a refusal the recorded run had): in ``approval`` and
+``sign_in`` lines, and the reason of a run it cancels (``cancelled by replay``)."""
+GRANTED = {"safety_check": "approved", "action": "approved", ORIGIN: "approved", SIGN_IN: "submitted"}
+"""Per kind of question, the one recorded answer a replay asks about again; every other (denied,
+withdrawn, cancelled, timeout, expired, screen_changed, no answer at all...) is a refusal it repeats."""
 DEFAULT_STEP_TIMEOUT_S = 30.0
 """Seconds a replayed step waits for the screen to match (times the sandbox's ``time_scale``)."""
 
@@ -57,15 +76,41 @@ class ReplayError(ValueError):
     """A record that cannot be replayed (one line: why, and what to do)."""
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """One answer of the recorded run to a question: ``decision`` (an ``approval`` line's, a ``sign_in``
+    line's ``outcome``, or ``unanswered`` when the record has none), ``by`` and ``message`` as recorded.
+    ``kind``: the question's (``safety_check``, ``action``, ``origin_access``, ``browser_authentication``)."""
+
+    kind: str
+    decision: str
+    by: str | None = None
+    message: str | None = None
+
+    @property
+    def granted(self) -> bool:
+        """Whether the recorded run was allowed to go on (:data:`GRANTED`): the replay then asks again."""
+        return GRANTED.get(self.kind) == self.decision
+
+    def text(self) -> str:
+        """``denied by no-approver``, ``withdrawn by cancel (cancelled by SIGTERM)`` (escaped, one line)."""
+        why = f" ({self.message})" if self.message and self.decision == "withdrawn" else ""
+        return clean(self.decision + (f" by {self.by}" if self.by else "") + why, 160)
+
+
 @dataclass
 class Step:
     """One recorded computer call: ``call_id`` (the recorded run's), ``actions`` (model px, typed text
-    filled in), ``screenshot`` (the file of the screenshot the model chose it on), ``regions`` compared."""
+    filled in), ``screenshot`` (the file of the screenshot the model chose it on), ``regions`` compared,
+    ``pending_checks`` (its pending safety checks, ``{"id", "code", "message"}``, carried by its turn) and
+    ``safety`` (the recorded run's last answer on them; None without checks)."""
 
     call_id: str
     actions: list[dict[str, Any]]
     screenshot: str | None
     regions: int = 0
+    pending_checks: list[dict[str, Any]] = field(default_factory=list)
+    safety: Recorded | None = None
 
 
 @dataclass
@@ -73,7 +118,15 @@ class Replay:
     """What :func:`build` made of a record: ``task_source`` (the recorded task file), ``task_sha256``,
     ``steps``, ``turns`` (the offline script, contract 3), ``human`` (step index -> a person's actions,
     screen px, performed after that step's actions and before its screenshot; -1: before the first
-    step's actions), ``final_message``."""
+    step's actions), ``final_message``.
+
+    What the recorded run was asked and answered: ``confirmed`` (the action types it confirmed before
+    running them: ``--confirm-actions`` / ``--step``, which the replay confirms again),
+    ``action_refusals`` (``(step, action type, earlier, answer)`` per confirmation it was refused: at
+    that step (:data:`STEP_OF_CALL`), after ``earlier`` confirmations of the type there that were
+    granted), ``origins`` (origin -> its origin requests' answers, in order), ``sign_ins`` (each sign-in
+    request's answer, in order), ``sign_in_origins`` (the origins it signed in at), ``status`` /
+    ``reason`` (its verdict)."""
 
     record_dir: Path
     task_source: Path
@@ -82,6 +135,18 @@ class Replay:
     turns: list[dict[str, Any]] = field(default_factory=list)
     human: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     final_message: str | None = None
+    confirmed: set[str] = field(default_factory=set)
+    action_refusals: list[tuple[int, str, int, Recorded]] = field(default_factory=list)
+    origins: dict[str, list[Recorded]] = field(default_factory=dict)
+    sign_ins: list[Recorded] = field(default_factory=list)
+    sign_in_origins: list[str] = field(default_factory=list)
+    status: str | None = None
+    reason: str | None = None
+
+    @property
+    def signs_in(self) -> bool:
+        """Whether a person (or a ``--sign-in`` file) answered a sign-in request of the recorded run."""
+        return any(s.granted for s in self.sign_ins)
 
     def write_script(self, path: Path) -> Path:
         """Write :attr:`turns` as a JSONL offline script at ``path``; returns it."""
@@ -148,6 +213,48 @@ def _fill_text(call_id: str, index: int, action: dict[str, Any], scripted: dict[
                       "record the run with `run-task --record-typed-text` to replay it")
 
 
+def _checks(call_id: str, raw: Any) -> list[dict[str, Any]]:
+    """A recorded call's pending safety checks as its replayed turn carries them (``id``, ``code``,
+    ``message``); :class:`ReplayError` for one that cannot be asked again (no string id, another field
+    not a string)."""
+    if not raw:
+        return []
+    if not isinstance(raw, list):
+        raise ReplayError(f"{clean(call_id, 80)}: its pending safety checks are not a list")
+    checks = []
+    for check in raw:
+        if not isinstance(check, dict) or not isinstance(check.get("id"), str) or any(
+                check.get(k) is not None and not isinstance(check[k], str) for k in ("code", "message")):
+            raise ReplayError(f"{clean(call_id, 80)}: a pending safety check without a string id, code or "
+                              "message cannot be asked again")
+        checks.append({k: check.get(k) for k in ("id", "code", "message")})
+    return checks
+
+
+def _note_approval(replay: Replay, entry: dict[str, Any], position: int, safety: dict[str, Recorded],
+                   granted: dict[tuple[int, str], int]) -> None:
+    """Keep one recorded ``approval`` line in ``replay`` (``position``: the step it came in; ``safety``:
+    call id -> last safety-check answer; ``granted``: confirmations granted per step and action type, an
+    approval the screen then made void not counted)."""
+    what, decision = entry.get("what"), str(entry.get("decision"))
+    answer = Recorded(str(what), decision, entry.get("by"), entry.get("message"))
+    if what == "safety_check":
+        safety[str(entry.get("call_id") or "")] = answer
+    elif what == ORIGIN:
+        replay.origins.setdefault(str(entry.get("origin") or ""), []).append(answer)
+    elif what == "action":
+        kind = str(entry.get("action") or "").split(" ", 1)[0]
+        if kind in ACTION_TYPES:
+            replay.confirmed.add(kind)
+        key = (position, kind)
+        if decision == "approved":
+            granted[key] = granted.get(key, 0) + 1
+        elif decision == "screen_changed":  # that approval went void: the one asked again counts
+            granted[key] = max(0, granted.get(key, 0) - 1)
+        else:
+            replay.action_refusals.append((position, kind, granted.get(key, 0), answer))
+
+
 def _points(actions: list[dict[str, Any]]) -> list[tuple[int, int]]:
     points: list[tuple[int, int]] = []
     for action in actions:
@@ -188,9 +295,19 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
     sizes: dict[str, Image.Image] = {}
     pending_human: list[dict[str, Any]] = []
     last_point: tuple[int, int] | None = None
+    safety: dict[str, Recorded] = {}  # recorded call id -> its last safety-check answer
+    position = 0  # the step the record's lines belong to (STEP_OF_CALL's numbering)
+    granted: dict[tuple[int, str], int] = {}  # (step, action type) -> confirmations granted there
     for entry in entries:
         kind = entry["type"]
-        if kind == "screenshot":
+        if kind == "approval":
+            _note_approval(replay, entry, position, safety, granted)
+        elif kind == "sign_in" and entry.get("request_id"):
+            answer = Recorded(SIGN_IN, str(entry.get("outcome")), entry.get("by"), entry.get("detail"))
+            replay.sign_ins.append(answer)
+            if answer.granted and entry.get("origin") not in replay.sign_in_origins:
+                replay.sign_in_origins.append(str(entry.get("origin")))
+        elif kind == "screenshot":
             shown = entry["file"]
         elif kind == "human_action":
             data = entry.get("input")
@@ -208,12 +325,16 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
                 # the scripted model waiting for its expectations (or, with its script at hand, redoing a
                 # step: the replayed turn carries the same expect_retry); without the script a retry's
                 # actions are a step of their own
+                position = len(replay.steps)  # the waits belong to the step they come before
                 continue
+            position = len(replay.steps)
             actions = [_fill_text(call_id, i, dict(a), scripted) for i, a in enumerate(recorded)]
             actions = [{k: v for k, v in a.items() if k != "text_length"} for a in actions]
             turn: dict[str, Any] = {"comment": f"step {len(replay.steps) + 1}: {call_id} as recorded",
                                     "actions": actions}
-            step = Step(call_id, actions, shown)
+            step = Step(call_id, actions, shown, pending_checks=_checks(call_id, entry.get("pending_checks")))
+            if step.pending_checks:  # asked again as any run asks: the same checks
+                turn["pending_safety_checks"] = step.pending_checks
             if shown is not None:
                 image = sizes.get(shown)
                 if image is None:
@@ -242,8 +363,13 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
             replay.turns.append(turn)
         elif kind == "run_finished":
             replay.final_message = entry.get("final_message")
+            replay.status, replay.reason = entry.get("status"), entry.get("reason")
     if not replay.steps:
         raise ReplayError("the record holds no computer call to replay")
+    for step in replay.steps:
+        if step.pending_checks:
+            step.safety = safety.get(step.call_id) or Recorded("safety_check", "unanswered", None,
+                                                               "the record has no answer to its safety checks")
     if pending_human:
         replay.human[len(replay.turns) - 1] = pending_human
     replay.turns.append({"message": replay.final_message or "replayed every recorded step"})
@@ -278,6 +404,117 @@ def _check(replay: Replay) -> None:
             outside = first_outside(parsed)
             if outside is not None:
                 raise ReplayError(f"a person's action {where}: point {outside} is negative (screen px)")
+
+
+class ReplayAnswers:
+    """A replay's own answers (docs/ARCHITECTURE.md, "Replay"): subscribed to the run's approval
+    registry, it refuses each question the recorded run was refused, as the question opens, so that
+    nobody is asked and nothing of it runs; a question the recorded run granted is left to whoever
+    answers any run's (the terminal, ``--sign-in``...), and a safety check every one of whose codes is in
+    ``approve_codes`` (``--approve-safety-check``) is approved ``by="opt-in"``, as run-task's opt-in does,
+    but only after the refusals (the replay's run gets no opt-in codes of its own: an opt-in there would
+    approve before any question opens). Refusals are ``by`` :data:`BY_REPLAY`, with the recorded answer
+    as their reason.
+
+    * a safety check on step ``NNNN`` (call ``call_NNNN``): :attr:`Step.safety` refused -> denied; a
+      recorded ``withdrawn`` (the recorded run stopped while it was pending) cancels the run
+      (``cancel_run``), which withdraws it as the recorded run's stop did;
+    * a confirmation of an action (``action``): refused from the step of a recorded refusal of its type
+      on (:attr:`Replay.action_refusals`; at that step after as many granted ones as the record has);
+    * the ``k``-th origin request for an origin: its recorded ``k``-th answer, when a refusal: ``deny``
+      again for ``denied``, else ``cancel`` (the held connections refused, nothing remembered);
+    * the ``k``-th sign-in request: cancelled when the recorded ``k``-th was not submitted.
+
+    ``on_entry`` follows the run's record (a ``computer_call`` tells the step, :data:`STEP_OF_CALL`);
+    :meth:`stop` at the run's end. :attr:`cancelled`: the recorded answer the run was cancelled for."""
+
+    def __init__(self, replay: Replay, registry: ApprovalRegistry, cancel_run: Any, *,
+                 approve_codes: Iterable[str] = ()) -> None:
+        self.replay, self.registry, self.cancel_run = replay, registry, cancel_run
+        self.approve_codes = set(approve_codes)
+        self.step = 0
+        self.cancelled: Recorded | None = None
+        self._asked: dict[tuple[str, str], int] = {}  # (kind, about) -> questions of it so far
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._answers: queue.Queue[tuple[Request, str] | None] = queue.Queue()  # origin answers, for the gateway
+        self._thread = threading.Thread(target=self._send, name="replay-refusals", daemon=True)
+        self._thread.start()
+        self._unsubscribe = registry.subscribe(self._on_change)
+
+    def on_entry(self, entry: Any) -> None:
+        """The record's listener: a replayed ``computer_call`` tells the step the run is at."""
+        if getattr(entry, "type", None) == "computer_call":
+            match = STEP_OF_CALL.match(str(getattr(entry, "call_id", "") or ""))
+            if match:
+                self.step = int(match.group(1))
+
+    def _count(self, kind: str, about: str) -> int:
+        with self._lock:
+            n = self._asked.get((kind, about), 0)
+            self._asked[(kind, about)] = n + 1
+        return n
+
+    def refusal(self, request: Request) -> Recorded | None:
+        """The recorded refusal ``request`` meets again, or None (a question to ask). Counts it."""
+        if request.kind == "safety_check":
+            match = SCRIPT_CALL.match(request.call_id or "")
+            index = int(match.group(1)) if match else -1
+            answer = self.replay.steps[index].safety if 0 <= index < len(self.replay.steps) else None
+        elif request.kind == "action":
+            kind = (request.actions[0] if request.actions else "").split(" ", 1)[0]
+            earlier = self._count(f"action@{self.step}", kind)
+            answer = next((a for step, k, granted, a in self.replay.action_refusals
+                           if k == kind and (step < self.step or (step == self.step and earlier >= granted))), None)
+        elif request.kind == ORIGIN:
+            answers = self.replay.origins.get(request.origin or "", [])
+            n = self._count(ORIGIN, request.origin or "")
+            answer = answers[n] if n < len(answers) else None
+        elif request.kind == SIGN_IN:
+            n = self._count(SIGN_IN, "")
+            answer = self.replay.sign_ins[n] if n < len(self.replay.sign_ins) else None
+        else:
+            answer = None
+        return None if answer is None or answer.granted else answer
+
+    def _on_change(self, request: Request) -> None:
+        with self._lock:
+            if not request.pending or request.id in self._seen:
+                return
+            self._seen.add(request.id)
+        answer = self.refusal(request)
+        if answer is None:
+            if request.kind == "safety_check" and request.checks and all(
+                    c.get("code") and c["code"] in self.approve_codes for c in request.checks):
+                try:
+                    self.registry.answer(request.id, "approve", by="opt-in")
+                except AnswerRefused:
+                    pass  # decided meanwhile (the run's end): that decision stands
+            return
+        reason = f"as recorded: {answer.text()}"
+        if request.kind == ORIGIN:  # forwarded to the gateway: not on the thread that mirrored it
+            self._answers.put((request, "deny" if answer.decision == "denied" else "cancel"))
+        elif request.kind == SIGN_IN:
+            self.registry.resolve(request.id, "cancelled", by=BY_REPLAY, reason=reason)
+        elif answer.decision == "withdrawn":
+            self.cancelled = answer
+            self.cancel_run(BY_REPLAY)
+        else:
+            self.registry.deny(request, by=BY_REPLAY, reason=reason)
+
+    def _send(self) -> None:
+        while (job := self._answers.get()) is not None:
+            request, answer = job
+            try:
+                self.registry.answer(request.id, answer, by=BY_REPLAY)
+            except AnswerRefused:
+                pass  # decided meanwhile (the gateway's deadline, the run's end): that decision stands
+
+    def stop(self) -> None:
+        """Stop answering."""
+        self._unsubscribe()
+        self._answers.put(None)
+        self._thread.join(5.0)
 
 
 class HumanReplayer:

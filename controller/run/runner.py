@@ -129,8 +129,9 @@ class RunOptions:
     """The model loop in place of the SDK's ``ComputerToolset.run`` (``run-task --runner agent-framework``:
     :func:`controller.af.loop.run_loop`), called with the keywords ``driver``, ``params`` (the first
     request), ``max_steps``, ``approver``, ``before_action`` (None when inactive), ``cancelled``, ``hooks``,
-    ``meter``, ``base_url`` (the scripted server's; None live) and ``console``; returns the model's final
-    message, raises ``ComputerUseError`` when it stops short (after a denial: the run fails)."""
+    ``meter``, ``base_url`` and ``api_key`` (the scripted server's URL and key; None live) and ``console``;
+    returns the model's final message, raises ``ComputerUseError`` when it stops short (after a denial: the
+    run fails)."""
     on_record: Callable[[RunRecord], None] | None = None
     """Called once with the run's record right after its ``run_started`` line (``desktop-sandbox serve``
     writes the events of its session's turn into it)."""
@@ -144,6 +145,11 @@ class RunOptions:
     human_actions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """A person's actions to perform again (``desktop-sandbox replay``: step index -> actions in screen px,
     :class:`controller.run.replay.HumanReplayer`)."""
+    answerers: list[Callable[[ApprovalRegistry, Callable[[str], None]], Any]] = field(default_factory=list)
+    """More answerers of the run's questions, each started as ``start(registry, cancel_run)`` once the
+    run's approval registry exists (``cancel_run(by)`` cancels the run as a view does: ``cancelled by
+    BY``); the answerer's ``on_entry``, when it has one, follows the record, and its ``stop()`` is called
+    at the run's end (``desktop-sandbox replay``: :class:`controller.run.replay.ReplayAnswers`)."""
 
 
 @dataclass
@@ -279,7 +285,7 @@ class _Cancel:
                 raise KeyboardInterrupt
             self.set(name)
             self._notes.append(f"{name}: cancelling: the action under way is stopped, inputs released, the "
-                               "sandbox removed (Ctrl-C again to stop at once)"
+                               "sandbox removed" + (" (Ctrl-C again to stop at once)" if signum == signal.SIGINT else "")
                                if self.interruptible else
                                f"{name}: cancelling; the sandbox is removed and the record finished first")
 
@@ -513,6 +519,11 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
         registry.views.add("console")
         record.on_entry = _Both(printer, view.on_entry)
         options.on_live(view)
+    for start in options.answerers:
+        answerer = start(registry, lambda by: cancel.set_by_view(by, registry))
+        answerers.append(answerer)
+        if callable(getattr(answerer, "on_entry", None)):
+            record.on_entry = _Both(record.on_entry, answerer.on_entry)
     timings: dict[str, float] = {}
     checks: list[dict[str, Any]] = []
     status, reason, final_message = "error", "", None
@@ -632,7 +643,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     answerers.append(SignInFile(options.sign_in_file, registry, console))
             meter = BodyMeter(hooks.on_request)
             # the model requests stop with the run: a signal or a cancel ends one in flight within 0.1 s
-            client = (offline_client(server.base_url, meter, stopping=cancel) if server
+            client = (offline_client(server.base_url, meter, api_key=server.key, stopping=cancel) if server
                       else live_client(meter, stopping=cancel))
             denials: list[Any] = []  # approvals answered no: the loop's stop is then the task's failure
 
@@ -681,7 +692,8 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                         final_message = options.loop(
                             driver=driver, params=params, max_steps=steps, approver=approve_calls,
                             before_action=before_action, cancelled=cancel, hooks=hooks, meter=meter,
-                            base_url=server.base_url if server else None, console=console)
+                            base_url=server.base_url if server else None,
+                            api_key=server.key if server else None, console=console)
                     else:
                         response = ComputerToolset(driver).run(
                             client, params, max_steps=steps, approve_safety_checks=approve_calls,
@@ -826,7 +838,7 @@ def _denial_reason(decision: Any) -> str:
         what = "safety check " + (", ".join(c or "(no code)" for c in decision.codes) or "(none)")
     else:
         what = f"action {decision.action or '?'}"
-    why = f" ({decision.message})" if decision.message and decision.by in ("timeout", "no-approver") else ""
+    why = f" ({decision.message})" if decision.message and decision.by in ("timeout", "no-approver", "replay") else ""
     return clean(f"{what} denied by {decision.by}{why}", 400)
 
 

@@ -27,11 +27,12 @@ memory limit (mem_limit)      2048   ``DockerOptions.mem_limit`` "2g", no swap
 /var/tmp                      32
 /run/desktop-sandbox          1      the agent's token and X cookie
 /run/desktop-sandbox-control  1      supervisord's and the launch broker's sockets
+/run/desktop-sandbox-browser  1      the proxy routes of the agent's chromium
 /dev/shm (shm_size)           256    ``DockerOptions.shm_size`` "256m", browser
-left for processes            862    Xvfb, openbox, agent, demo app, browsers, xterm
+left for processes            861    Xvfb, openbox, agent, demo app, browsers, xterm
 ============================  =====  ============================================
 
-With every tmpfs full a writer gets ENOSPC and the session keeps about 862 MiB (``MIN_PROCESS_MIB``
+With every tmpfs full a writer gets ENOSPC and the session keeps about 861 MiB (``MIN_PROCESS_MIB``
 at least, checked by :func:`check_memory_budget`) for the browser and the rest of the session; the
 sum may not exceed the limit, or a full tmpfs makes the kernel OOM-kill the session instead of the
 writer failing.
@@ -52,8 +53,11 @@ DESKTOP_CAP_ADD = ["SETUID", "SETGID", "KILL"]
 """The only capabilities the desktop container keeps (supervisord's and the launch broker's)."""
 CONTROL_DIR = "/run/desktop-sandbox-control"
 """supervisord's control socket and pid file, the launch broker's socket: root, group agent, 0750."""
+BROWSER_ROUTES_DIR = "/run/desktop-sandbox-browser"
+"""The proxy routes the agent writes for its chromium (guest/chromium_policy.py): agent, 0755."""
 
-DESKTOP_TMPFS_MIB = {"/home/sandbox": 512, "/home/browser": 128, "/tmp": 256, "/var/tmp": 32, "/run/desktop-sandbox": 1, CONTROL_DIR: 1}
+DESKTOP_TMPFS_MIB = {"/home/sandbox": 512, "/home/browser": 128, "/tmp": 256, "/var/tmp": 32, "/run/desktop-sandbox": 1, CONTROL_DIR: 1,
+                    BROWSER_ROUTES_DIR: 1}
 """Size (MiB) of each tmpfs of the desktop container; see the memory budget above."""
 MIN_PROCESS_MIB = 768
 """Least memory (MiB) that must stay for processes when every tmpfs and /dev/shm are full."""
@@ -85,8 +89,9 @@ def check_memory_budget(mem_limit: str, shm_size: str) -> int:
 
 def desktop_tmpfs() -> dict[str, str]:
     """The desktop container's tmpfs mounts (path -> mount options): the home (sandbox, 0750: group
-    ``sandbox``, i.e. the agent, reads it), /tmp and /var/tmp (1777), the agent's directory (agent, 0700)
-    and the control directory (root, group agent, 0750)."""
+    ``sandbox``, i.e. the agent, reads it), /tmp and /var/tmp (1777), the agent's directory (agent, 0700),
+    the control directory (root, group agent, 0750) and the agent's chromium's routes (agent, 0755: its
+    chromium reads them, only the agent writes them)."""
     mib = DESKTOP_TMPFS_MIB
     return {
         "/tmp": _tmpfs(f"{mib['/tmp']}m", DESKTOP_UID, "1777"),
@@ -95,6 +100,7 @@ def desktop_tmpfs() -> dict[str, str]:
         "/var/tmp": _tmpfs(f"{mib['/var/tmp']}m", DESKTOP_UID, "1777"),
         "/run/desktop-sandbox": _tmpfs(f"{mib['/run/desktop-sandbox']}m", AGENT_UID),
         CONTROL_DIR: _tmpfs(f"{mib[CONTROL_DIR]}m", 0, "0750", gid=AGENT_UID),
+        BROWSER_ROUTES_DIR: _tmpfs(f"{mib[BROWSER_ROUTES_DIR]}m", AGENT_UID, "0755"),
     }
 
 

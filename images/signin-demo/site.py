@@ -400,6 +400,7 @@ REBUILD_SCRIPT = ("<script>setInterval(function () {{ document.querySelectorAll(
                   "el.autocomplete = old.autocomplete; el.setAttribute('style', old.id === 'email' ? "
                   "'background:#ff00ff;color:#000' : 'background:#00ffff;color:#000'); el.value = old.value; "
                   "old.replaceWith(el); }}); }}, 20);</script>")
+SUBMIT = '<button>Sign in</button></form>'
 FORMS = {
     "post": '<form method="post" action="/hostile/done">' + CREDENTIALS + '<button>Sign in</button></form>',
     "get": '<form method="get" action="/hostile/welcome">' + CREDENTIALS + '<button>Sign in</button></form>',
@@ -439,6 +440,10 @@ FORMS = {
     "other-owner": ('<form method="post" action="/hostile/done">' + CREDENTIALS +
                     '<button form="elsewhere">Sign in</button></form>'
                     '<form id="elsewhere" method="get" action="{other}/hostile/steal"></form>'),
+    "redirect-307": '<form method="post" action="/hostile/redirect/307?to={other}">' + CREDENTIALS + SUBMIT,
+    "redirect-308": '<form method="post" action="/hostile/redirect/308?to={other}">' + CREDENTIALS + SUBMIT,
+    "redirect-chain": '<form method="post" action="/hostile/redirect/307/308?to={other}">' + CREDENTIALS + SUBMIT,
+    "redirect-303": '<form method="post" action="/hostile/redirect/303?to={other}">' + CREDENTIALS + SUBMIT,
     "hold": HOLD_FORM,
     "hold-restyle": HOLD_FORM + RESTYLE_SCRIPT,
     "hold-rerender": HOLD_FORM + REBUILD_SCRIPT,
@@ -454,7 +459,13 @@ input), one the browser's validation stops or not (``invalid-email``, ``pattern`
 values in its fields (the e-mail field magenta, the code field cyan) as long as a test needs;
 ``hold-restyle`` writes the fields' style attributes anew every 20 ms, ``hold-rerender`` replaces the
 fields with fresh ones holding their values every 20 ms, ``hold-unmask`` slots them into a shadow root whose
-style draws their text unmasked (``::slotted(input)``, important)."""
+style draws their text unmasked (``::slotted(input)``, important). ``redirect-307``, ``redirect-308``,
+``redirect-chain`` (a 307 on the page's origin, then a 308) and ``redirect-303`` post to the page's origin,
+which answers with those redirects to the other origin's ``/hostile/steal`` (:data:`REDIRECTS`)."""
+REDIRECTS = (301, 302, 303, 307, 308)
+"""``POST /hostile/redirect/CODE[/CODE...]?to=ORIGIN``: answered with the first redirect status, to the
+same path with the rest of the codes, or after the last to ``ORIGIN/hostile/steal`` (``ORIGIN``:
+``http://host:port`` on the request's own host, another port; anything else is 400)."""
 
 
 def hostile_form(name: str, other: str) -> str:
@@ -558,6 +569,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def redirect(self, location: str, cookies: list[str] = ()) -> None:
         self.send(303, b"", "text/html; charset=utf-8", cookies, location)
+
+    def bounce(self, codes: str, query: str) -> None:
+        """Answer ``POST /hostile/redirect/CODES?to=ORIGIN`` (:data:`REDIRECTS`)."""
+        first, _, rest = codes.partition("/")
+        params = parse_qs(query, max_num_fields=20) if len(query) < 300 else {}
+        to = (params.get("to") or [""])[0]
+        scheme, _, host_port = to.partition("://")
+        host, _, port = host_port.rpartition(":")
+        ok = (scheme == "http" and host_name(host_port) == host == host_name(self.headers.get("Host"))
+              and bounded_int(port, 1, 65535) is not None
+              and bounded_int(first, 300, 399) in REDIRECTS and all(bounded_int(c, 300, 399) in REDIRECTS
+                                                                    for c in rest.split("/") if rest))
+        if not ok:
+            return self.send_html(page("Bad request – Demo", "<h1>Bad request</h1>"), 400)
+        location = f"/hostile/redirect/{rest}?{query}" if rest else f"{to}/hostile/steal"
+        self.send(int(first), b"", "text/html; charset=utf-8", location=location)
 
     def not_found(self) -> None:
         self.send_html(page("Not found – Demo", "<h1>Not found</h1>"), 404)
@@ -733,6 +760,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.redirect("/account", [self.cookie("sid", sid), self.expired("pre")])
         if path == "/hostile/rerender":
             return self.send_json({"got_password": any(v for v in form.get("password", []))})
+        if path.startswith("/hostile/redirect/"):
+            return self.bounce(path[len("/hostile/redirect/"):], self.path.partition("?")[2])
         if path in SINKS:
             STATE.count_sink(path)
             if path == "/hostile/hold":

@@ -1,13 +1,13 @@
 """The workflow the Agent Framework tests checkpoint, and a process that restores it.
 
-``build_workflow(base_url, checkpoints)``: one agent (the native computer tool, on an
-``OpenAIChatClient`` against the scripted server at ``base_url``) as a workflow that checkpoints into
-the directory ``checkpoints``. ``python -m tests.af.flow BASE_URL CHECKPOINTS AGENT_URL RUNS ANSWER
-[EARLIER_RECORD ...]`` restores the latest checkpoint in a fresh process, answers the restored computer
-requests on the agent at ``AGENT_URL`` (token in ``$DS_TEST_AGENT_TOKEN``) through
-:class:`controller.af.WorkflowComputerUse`, with a person who answers every question ``ANSWER``, and
-prints one JSON object: the requests as restored, the batch's outcome, the workflow's outputs, the
-requests still pending and the run directory.
+``build_workflow(base_url, key, checkpoints)``: one agent (the native computer tool, on an
+``OpenAIChatClient`` against the scripted server at ``base_url`` with its ``key``) as a workflow that
+checkpoints into the directory ``checkpoints``. ``python -m tests.af.flow BASE_URL CHECKPOINTS AGENT_URL
+RUNS ANSWER [EARLIER_RECORD ...]`` (the server's key in ``$DS_TEST_SCRIPTED_KEY``) restores the latest
+checkpoint in a fresh process, answers the restored computer requests on the agent at ``AGENT_URL``
+(token in ``$DS_TEST_AGENT_TOKEN``) through :class:`controller.af.WorkflowComputerUse`, with a person who
+answers every question ``ANSWER``, and prints one JSON object: the requests as restored, the batch's
+outcome, the workflow's outputs, the requests still pending and the run directory.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from rich.console import Console
 WORKFLOW = "desktop-sandbox-af-test"
 
 
-def build_workflow(base_url: str, checkpoints: str | Path) -> tuple[Any, Any]:
+def build_workflow(base_url: str, key: str, checkpoints: str | Path) -> tuple[Any, Any]:
     """(workflow, its FileCheckpointStorage)."""
     from agent_framework import Agent, FileCheckpointStorage, WorkflowBuilder
     from agent_framework.openai import OpenAIChatClient
 
     from controller.af.loop import async_client
 
-    chat = OpenAIChatClient(model="scripted", async_client=async_client(base_url))
+    chat = OpenAIChatClient(model="scripted", async_client=async_client(base_url, api_key=key))
     agent = Agent(client=chat, tools=[chat.get_computer_tool()], name="computer")
     storage = FileCheckpointStorage(str(checkpoints))
     return WorkflowBuilder(start_executor=agent, checkpoint_storage=storage, name=WORKFLOW).build(), storage
@@ -65,7 +65,7 @@ async def resume(base_url: str, checkpoints: str, agent_url: str, runs: str, ans
     from controller.agent_client import AgentClient
     from controller.run.driver import ScreenshotPolicy
 
-    workflow, storage = build_workflow(base_url, checkpoints)
+    workflow, storage = build_workflow(base_url, os.environ["DS_TEST_SCRIPTED_KEY"], checkpoints)
     latest = await storage.get_latest(workflow_name=WORKFLOW)
     console_text = io.StringIO()
     with AgentClient(agent_url, os.environ["DS_TEST_AGENT_TOKEN"]) as agent, \

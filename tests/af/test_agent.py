@@ -13,9 +13,9 @@ from agent_framework import Agent
 from agent_framework.openai import OpenAIChatClient
 
 from controller.af import AgentComputerUse, StepLimit
-from controller.af.loop import async_client
 from controller.offline.scripted_server import ScriptedModel
 from controller.run.record import read_record
+from tests import scripted
 from tests.af.batch_model import BatchModel
 
 CHECKS = [{"id": "sc_1", "code": "malicious_instructions", "message": "The page may contain instructions."},
@@ -27,7 +27,7 @@ CALL = {"actions": [{"type": "click", "x": 101, "y": 51, "button": "left"},
 
 
 def agent_on(server: Any) -> Any:
-    chat = OpenAIChatClient(model="scripted", async_client=async_client(server.base_url))
+    chat = OpenAIChatClient(model="scripted", async_client=scripted.async_client(server))
     return Agent(client=chat, tools=[chat.get_computer_tool()], name="computer")
 
 
@@ -106,7 +106,7 @@ def test_the_legacy_single_action_form_runs_too(desk, serve, computer):
     model = ScriptedModel([{"action": {"type": "click", "x": 321, "y": 123, "button": "left"},
                             "pending_safety_checks": []}, {"message": "ok"}])
     server = serve(model)
-    chat = OpenAIChatClient(model="scripted", async_client=async_client(server.base_url))
+    chat = OpenAIChatClient(model="scripted", async_client=scripted.async_client(server))
     tool = {"type": "computer_use_preview", "display_width": 1280, "display_height": 800, "environment": "linux"}
     c = computer(None)
     use = AgentComputerUse(Agent(client=chat, tools=[tool], name="computer"), c.executor)

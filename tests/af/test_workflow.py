@@ -37,13 +37,13 @@ A_CLICKS = [(1, 31, 41), (3, 32, 42), (1, 33, 43)]
 
 def start(server: Any, checkpoints: Path, message: Any) -> tuple[Any, Any]:
     """The workflow on ``server``, run until it pauses on the batch: (workflow, its result)."""
-    workflow, _ = build_workflow(server.base_url, checkpoints)
+    workflow, _ = build_workflow(server.base_url, server.key, checkpoints)
     return workflow, asyncio.run(workflow.run(message))
 
 
 def resume_elsewhere(server: Any, checkpoints: Path, desk: Any, runs: Path, answer: str, *earlier: Path) -> dict:
     """Restore the latest checkpoint in a new process (tests/af/flow.py) and answer its computer requests."""
-    env = dict(os.environ, DS_TEST_AGENT_TOKEN=desk.agent_proc.token,
+    env = dict(os.environ, DS_TEST_AGENT_TOKEN=desk.agent_proc.token, DS_TEST_SCRIPTED_KEY=server.key,
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "tests.af.flow", server.base_url, str(checkpoints),
                            desk.agent_proc.base_url, str(runs), answer, *map(str, earlier)],
@@ -108,7 +108,7 @@ def test_cancelling_the_second_request_keeps_the_first_result_and_the_next_turn_
     model = BatchModel([[A, B_CHECKED]])
     server = serve(model)
     c = computer(["y", "n"])
-    workflow, _ = build_workflow(server.base_url, tmp_path / "checkpoints")
+    workflow, _ = build_workflow(server.base_url, server.key, tmp_path / "checkpoints")
     use = WorkflowComputerUse(workflow, c.executor)
     mark = desk.probe.mark()
 

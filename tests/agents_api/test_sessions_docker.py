@@ -258,7 +258,7 @@ def test_a_live_model_session_runs_the_message_through_the_responses_api(docker_
                       + _json.dumps({"message": "the browser is open"}) + "\n")
     model = ScriptedModel(load_script(script))
     with ScriptedServer(model) as responses:
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+        monkeypatch.setenv("OPENAI_API_KEY", responses.key)
         monkeypatch.setenv("OPENAI_BASE_URL", responses.base_url)
         c = OpenAI(base_url=docker_api.url, api_key=docker_api.key, max_retries=0)
         session = c.beta.agents.sessions.create(

@@ -99,7 +99,7 @@ def _clients(port: int, flag: Flag, monkeypatch: pytest.MonkeyPatch, meter: Usag
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{port}/v1")
     return {"live": live_client(meter, stopping=flag),
-            "offline": offline_client(f"http://127.0.0.1:{port}/v1", meter, stopping=flag)}
+            "offline": offline_client(f"http://127.0.0.1:{port}/v1", meter, api_key="sk-test", stopping=flag)}
 
 
 @pytest.mark.parametrize("server, which", [("never", "live"), ("head", "live"), ("retry", "live"),

@@ -9,7 +9,6 @@ import base64
 import io
 import json
 
-import httpx
 import openai
 import pytest
 from openai import ComputerToolset
@@ -20,7 +19,7 @@ from PIL import Image
 from controller.offline import browser as br
 from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
-from controller.run.model_client import offline_client
+from tests import scripted
 from tests.controller.test_scripted_server import Clock
 
 RED = "#cc0000"
@@ -136,7 +135,7 @@ def run(turns, page, desk=None, clock=None, max_steps=20, time_scale=1.0):
     if desk is not None:
         content.append({"type": "input_image", "image_url": _png(desk.image), "detail": "high"})
     with ScriptedServer(model) as server:
-        client = offline_client(server.base_url)
+        client = scripted.client(server)
         response = runner.run(client, {"model": "scripted", "input": [{"role": "user", "content": content}]},
                               max_steps=max_steps)
         client.close()
@@ -158,7 +157,7 @@ def test_a_browser_turn_is_one_response_with_a_function_call_per_entry():
                           {"member": "key", "arguments": {"keys": ["Control", "a"], "tab_id": "tab-1"}}]},
              {"message": "done"}]
     with ScriptedServer(ScriptedModel(turns)) as server:
-        client = offline_client(server.base_url)
+        client = scripted.client(server)
         resp = client.responses.create(model="scripted", input="go", tools=toolset(page).tools)
         client.close()
     first, second = resp.output
@@ -335,21 +334,18 @@ def test_changed_on_a_browser_turn_compares_with_the_previous_turns_screenshot()
 
 # -- requests the scripted model refuses, as the real API does ---------------------------------------
 
-def _post(server, body):
-    return httpx.post(f"{server.base_url}/responses", json=body, timeout=10)
-
-
 def test_a_browser_turn_needs_its_tools_declared():
     tools = toolset(PageStandIn()).tools
     with ScriptedServer(ScriptedModel([{"browser": [{"member": "navigate", "arguments": {"url": "http://a.test/"}}]},
                                        {"message": "x"}])) as server:
-        resp = _post(server, {"model": "m", "input": "go", "tools": tools})
+        resp = scripted.post(server, {"model": "m", "input": "go", "tools": tools})
         assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_tools"
         assert "browser_navigate" in resp.json()["error"]["message"]
     with ScriptedServer(ScriptedModel([{"actions": [{"type": "wait"}]}])) as server:
-        resp = _post(server, {"model": "m", "input": "go", "tools": tools})
+        resp = scripted.post(server, {"model": "m", "input": "go", "tools": tools})
         assert resp.status_code == 400 and "no computer tool" in resp.json()["error"]["message"]
-        assert _post(server, {"model": "m", "input": "go", "tools": [*tools, {"type": "computer"}]}).status_code == 200
+        resp = scripted.post(server, {"model": "m", "input": "go", "tools": [*tools, {"type": "computer"}]})
+        assert resp.status_code == 200
 
 
 @pytest.mark.parametrize("output, code", [
@@ -367,13 +363,13 @@ def test_malformed_function_call_outputs_get_a_structured_400(output, code):
         body = {"model": "m", "tools": tools, "input": [{"role": "user", "content": "go"}, call,
                                                         {"type": "function_call_output", "call_id": "call_0000_b00",
                                                          "output": output}]}
-        resp = _post(server, body)
+        resp = scripted.post(server, body)
         assert resp.status_code == 400 and resp.json()["error"]["code"] == code, resp.text
         orphan = {**body, "input": [body["input"][0], body["input"][2]]}
-        resp = _post(server, {**orphan, "input": [orphan["input"][0], {**orphan["input"][1], "output": "ok"}]})
+        resp = scripted.post(server, {**orphan, "input": [orphan["input"][0], {**orphan["input"][1], "output": "ok"}]})
         assert resp.status_code == 400 and "unknown call_id" in resp.json()["error"]["message"]
         good = {**body, "input": [*body["input"][:2], {**body["input"][2], "output": "ok"}]}
-        assert _post(server, good).json()["output"][0]["content"][0]["text"] == "x"
+        assert scripted.post(server, good).json()["output"][0]["content"][0]["text"] == "x"
 
 
 # -- load: the SDK's own schemas, file:line errors --------------------------------------------------
@@ -468,7 +464,7 @@ def test_a_legacy_computer_tool_among_function_tools_still_gets_single_action_wa
     white = _png(Image.new("RGB", (200, 100), "#ffffff"))
     legacy = {"type": "computer_use_preview", "display_width": 200, "display_height": 100, "environment": "linux"}
     with ScriptedServer(ScriptedModel([{"expect": [RED_BOX], "actions": [{"type": "wait"}]}])) as server:
-        resp = _post(server, {"model": "m", "tools": [*toolset(PageStandIn()).tools, legacy], "input": [
+        resp = scripted.post(server, {"model": "m", "tools": [*toolset(PageStandIn()).tools, legacy], "input": [
             {"role": "user", "content": [{"type": "input_image", "image_url": white}]}]})
     (call,) = resp.json()["output"]
     assert call["call_id"] == "call_0000_wait_001" and call["action"] == {"type": "wait"} and "actions" not in call

@@ -13,6 +13,7 @@ import pytest
 from controller.run.model_client import LoopbackOnlyTransport, UsageMeter, offline_client
 from controller.offline.expectations import MAX_WAITS_PER_TURN
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer, ScriptError, load_script
+from tests import scripted
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 
@@ -41,7 +42,7 @@ def test_listens_on_loopback_only(server):
 def test_batched_call_is_a_valid_response_for_the_sdk(server):
     s = server([{"actions": [{"type": "click", "x": 1, "y": 2, "button": "left"}, {"type": "wait"}],
                  "pending_safety_checks": [{"id": "a", "code": "c", "message": "m"}]}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     resp = client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
     (call,) = resp.output
     assert call.type == "computer_call" and call.status == "completed"
@@ -54,7 +55,7 @@ def test_batched_call_is_a_valid_response_for_the_sdk(server):
 
 def test_legacy_single_action_form(server):
     s = server([{"action": {"type": "keypress", "keys": ["ctrl", "a"]}}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     resp = client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
     (call,) = resp.output
     assert call.action is not None and call.action.type == "keypress" and call.actions is None
@@ -75,7 +76,7 @@ def _history(checks, acked, url=f"data:image/png;base64,{PNG}"):
 def test_refuses_unacknowledged_or_reordered_checks(server):
     checks = [{"id": "a", "code": "c1", "message": "m1"}, {"id": "b", "code": "c2", "message": "m2"}]
     s = server([{"actions": [{"type": "wait"}]}, {"message": "ok"}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     for acked in ([], checks[:1], list(reversed(checks))):
         with pytest.raises(openai.BadRequestError) as info:
             client.responses.create(model="scripted", input=_history(checks, acked), tools=[{"type": "computer"}])
@@ -89,7 +90,7 @@ def test_refuses_unacknowledged_or_reordered_checks(server):
                                  f"data:image/jpeg;base64,{PNG}", f"data:image/gif;base64,{PNG}"])
 def test_refuses_screenshots_that_are_not_matching_data_urls(server, url):
     s = server([{"actions": [{"type": "wait"}]}, {"message": "ok"}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="scripted", input=_history([], [], url), tools=[{"type": "computer"}])
     assert info.value.body["code"] == "invalid_image"
@@ -98,7 +99,7 @@ def test_refuses_screenshots_that_are_not_matching_data_urls(server, url):
 
 def test_exhausted_script_is_an_error_not_a_guess(server):
     s = server([{"actions": [{"type": "wait"}]}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="scripted", input=_history([], []), tools=[{"type": "computer"}])
     assert info.value.body["code"] == "script_exhausted"
@@ -108,7 +109,7 @@ def test_exhausted_script_is_an_error_not_a_guess(server):
 def test_usage_meter_sees_each_request_and_missing_usage(server):
     s = server([{"actions": [{"type": "wait"}], "usage": None}, {"message": "ok"}])
     meter = UsageMeter()
-    client = offline_client(s.base_url, meter)
+    client = scripted.client(s, meter)
     client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
     client.responses.create(model="scripted", input=_history([], []), tools=[{"type": "computer"}])
     assert [r.total_tokens is None for r in meter.requests] == [True, False]
@@ -118,9 +119,9 @@ def test_usage_meter_sees_each_request_and_missing_usage(server):
 
 def test_offline_client_only_reaches_loopback():
     with pytest.raises(ValueError):
-        offline_client("http://192.0.2.1:8000/v1")
+        offline_client("http://192.0.2.1:8000/v1", api_key="k")
     with pytest.raises(ValueError):
-        offline_client("http://localhost.example:8000/v1")
+        offline_client("http://localhost.example:8000/v1", api_key="k")
     # the transport refuses names and non-loopback addresses before any connection is made
     with httpx.Client(transport=LoopbackOnlyTransport(), trust_env=False) as http:
         for url in ("http://api.openai.com/v1/responses", "http://192.0.2.1/", "http://[2001:db8::1]/"):
@@ -136,7 +137,7 @@ def test_offline_client_ignores_proxy_environment(server, monkeypatch):
         dead = sock.getsockname()[1]
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
     monkeypatch.setenv("ALL_PROXY", f"http://127.0.0.1:{dead}")
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     assert client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}]).output_text == "hi"
     client.close()
 
@@ -247,16 +248,133 @@ _T = [{"type": "computer"}]
 ])
 def test_malformed_requests_get_a_structured_400(server, body):
     s = server([{"actions": [{"type": "wait"}]}, {"message": "ok"}])
-    resp = httpx.post(f"{s.base_url}/responses", json=body, timeout=10)
+    resp = scripted.post(s, body)
     assert resp.status_code == 400, resp.text
     assert set(resp.json()["error"]) >= {"code", "message"}
 
 
 def test_deeply_nested_json_gets_a_structured_400(server):
     s = server([{"message": "ok"}])
-    resp = httpx.post(f"{s.base_url}/responses", content=b"[" * 100000 + b"]" * 100000,
-                      headers={"content-type": "application/json"}, timeout=10)
+    resp = scripted.post(s, content=b"[" * 100000 + b"]" * 100000, headers={"content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
+
+
+# -- only the run that started a server reaches it: its key --------------------------------------
+
+_FIRST = {"model": "scripted", "input": "go", "tools": [{"type": "computer"}]}
+
+
+def _without_the_key(s, other):
+    """Ways a request may come without ``s``'s key: each a list of extra header pairs."""
+    return {
+        "none": [],
+        "wrong key": [("Authorization", f"Bearer {s.key}x")],
+        "another server's key": [("Authorization", f"Bearer {other.key}")],
+        "a prefix of the key": [("Authorization", f"Bearer {s.key[:-1]}")],
+        "bearer without a key": [("Authorization", "Bearer")],
+        "another scheme": [("Authorization", f"Basic {s.key}")],
+        "no scheme": [("Authorization", s.key)],
+        "x-api-key header": [("X-Api-Key", s.key)],
+        "api-key header": [("api-key", s.key)],
+        "openai-api-key header": [("OpenAI-Api-Key", f"Bearer {s.key}")],
+        "two authorization headers": [("Authorization", f"Bearer {s.key}"), ("Authorization", "Bearer other")],
+    }
+
+
+def test_each_server_makes_its_own_random_key(server):
+    first, second = server([{"message": "a"}]), server([{"message": "b"}])
+    assert first.key != second.key and len(first.key) >= 43  # 32 random bytes, urlsafe base64
+
+
+def test_a_request_without_the_key_is_refused_and_uses_no_turn(server):
+    s = server([{"actions": [{"type": "wait"}]}, {"message": "ok"}])
+    other = server([{"message": "other"}])
+    for name, headers in _without_the_key(s, other).items():
+        for method, path in (("POST", "/v1/responses"), ("GET", "/livez"), ("GET", "/nowhere")):
+            resp = httpx.request(method, f"http://127.0.0.1:{s.port}{path}", json=_FIRST if method == "POST" else None,
+                                 headers=headers, timeout=10)
+            assert resp.status_code == 401, (name, path, resp.text)
+            assert resp.json() == {"error": {"code": "invalid_api_key", "message": resp.json()["error"]["message"],
+                                             "param": None, "type": "invalid_request_error"}}, name
+            assert s.key not in resp.text
+    assert s.model.requests == [] and s.model.errors == [] and s.model.unmet is None
+    client = scripted.client(s)
+    first = client.responses.create(**_FIRST)
+    assert first.output[0].type == "computer_call" and first.output[0].call_id == "call_0000"
+    assert len(s.model.requests) == 1
+    client.close()
+
+
+def test_the_sdk_with_a_wrong_key_gets_an_authentication_error_and_no_turn(server):
+    s = server([{"message": "ok"}])
+    client = offline_client(s.base_url, api_key=s.key[::-1])
+    with pytest.raises(openai.AuthenticationError) as info:
+        client.responses.create(**_FIRST)
+    assert info.value.body["code"] == "invalid_api_key" and s.model.requests == []
+    client.close()
+    with pytest.raises(TypeError):
+        offline_client(s.base_url)  # no client without a key
+
+
+def _exchange(sock: socket.socket, head: bytes) -> int:
+    """Send one request ``head`` (no body) on ``sock`` and read its answer (Content-Length); its status."""
+    sock.sendall(head)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "closed before an answer"
+        data += chunk
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head_part.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head_part.split()[1])
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(4096) == b""
+    except socket.timeout:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_keyless_keep_alive_connections_stay_unauthenticated_capped_and_closed(server, monkeypatch):
+    """Connections whose requests came without the key (each answered 401, kept alive) count against
+    the connection rules' cap on unauthenticated connections: past it the oldest are closed, while a
+    connection that carried the key stays; and one idle after its 401 is closed by the head deadline."""
+    from wire import connections
+
+    s = server([{"message": "ok"}])
+    keyless = f"GET /livez HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\n\r\n".encode()
+    keyed = keyless.replace(b"\r\n\r\n", f"\r\nAuthorization: Bearer {s.key}\r\n\r\n".encode())
+    monkeypatch.setattr(connections, "UNAUTHENTICATED_MAX", 4)
+    socks = []
+    try:
+        owner = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        socks.append(owner)
+        assert _exchange(owner, keyed) == 200
+        flood = []
+        for _ in range(12):  # one after another: each accepted, answered, kept alive
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            socks.append(sock)
+            flood.append(sock)
+            assert _exchange(sock, keyless) == 401
+        assert all(_closed_within(sock, 2.0) for sock in flood[:8]), "past the cap the oldest are closed"
+        assert not any(_closed_within(sock, 0.1) for sock in flood[8:])
+        assert _exchange(owner, keyed) == 200  # the run's own connection is still there
+
+        monkeypatch.setattr(connections, "HEAD_TIMEOUT_S", 0.5)
+        idle = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        socks.append(idle)
+        assert _exchange(idle, keyless) == 401
+        assert _closed_within(idle, 3.0), "a connection without the key gets no idle keep-alive"
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # -- screen expectations: the scripted model waits for the screen, then acts, or gives up ----------
@@ -335,7 +453,7 @@ def test_unmet_expectation_answers_waits_then_the_scripted_actions():
         {"message": "done"},
     ])
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         response = ComputerToolset(desk).run(client, desk.params(), max_steps=10)
         client.close()
     assert response.output_text == "done"
@@ -361,7 +479,7 @@ def test_past_the_deadline_the_model_gives_up_naming_the_expectation():
         {"message": "done"},
     ], clock=Clock(1.0))
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         response = ComputerToolset(desk).run(client, desk.params(), max_steps=10)
         client.close()
     # one wait answered at t, checked again at t+1, t+2, then past 2.5 s: three waits, no keypress
@@ -385,7 +503,7 @@ def test_a_slower_sandbox_stretches_the_deadline_by_its_time_scale():
     ], clock=Clock(1.0))
     model.time_scale = 3.0  # as the runner sets it from Sandbox.time_scale
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         ComputerToolset(desk).run(client, desk.params(), max_steps=20)
         client.close()
     # 2.5 s x 3 = 7.5 s: waits answered at t .. t+7, given up at t+8
@@ -404,7 +522,7 @@ def test_expect_retry_redoes_a_step_that_did_not_take_until_the_screen_shows_it(
     ], clock=Clock(1.0))
     model.time_scale = 1.5  # retries every 3 s of (fake) waiting
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         ComputerToolset(desk).run(client, desk.params(), max_steps=20)
         client.close()
     assert desk.log[0] == "click" and desk.log[-1] == "keypress" and desk.log.count("move") == 2
@@ -436,7 +554,7 @@ def test_an_expectation_that_cannot_hold_gives_up_without_waiting():
     model, entries = _expecting_model([
         {"expect": [{"kind": "not_color", "x": 190, "y": 0, "w": 20, "h": 5, "rgb": "#ffffff"}], "message": "x"}])
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         response = ComputerToolset(desk).run(client, desk.params(), max_steps=3)
         client.close()
     assert desk.log == [] and "outside the 200x100 image" in response.output_text
@@ -453,7 +571,7 @@ def test_changed_compares_with_the_screenshot_the_previous_turn_was_answered_on(
          "message": "both"},
     ])
     with ScriptedServer(model) as s:
-        client = offline_client(s.base_url)
+        client = scripted.client(s)
         response = ComputerToolset(desk).run(client, desk.params(), max_steps=6)
         client.close()
     assert response.output_text == "both" and desk.log == ["click", "wait", "wait"]
@@ -464,7 +582,7 @@ def test_changed_compares_with_the_screenshot_the_previous_turn_was_answered_on(
 def test_legacy_tool_gets_single_action_waits(server):
     desk = PaintedDesk({("wait", 1): ((150, 60, 170, 80), RED)})
     s = server([{"expect": [RED_BOX], "message": "seen"}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     response = ComputerToolset(desk).run(client, desk.params(legacy=True), max_steps=3)
     client.close()
     assert response.output_text == "seen" and desk.log == ["wait"]
@@ -474,7 +592,7 @@ def test_legacy_tool_gets_single_action_waits(server):
 
 def test_expectations_without_a_screenshot_are_refused(server):
     s = server([{"expect": [RED_BOX], "message": "x"}])
-    client = offline_client(s.base_url)
+    client = scripted.client(s)
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
     assert info.value.body["code"] == "invalid_image" and "no screenshot" in info.value.body["message"]

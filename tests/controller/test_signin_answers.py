@@ -317,6 +317,9 @@ def test_flow_records_what_the_fill_came_to(outcome):
     ("unsafe_form", ORIGIN, "the form's method is 'get', not post: the values would be in the URL"),
     ("cross_origin_form", "https://collector.example", "the form sends to https://collector.example, not to ..."),
     ("invalid", ORIGIN, "the browser's validation stops the submit: field user: is not of the field's type\x1b[31m"),
+    ("cross_origin_redirect", "https://collector.example",
+     "the site answered the submit with a redirect to https://collector.example that would send the values there "
+     "again: refused before they left"),
 ])
 def test_flow_records_a_refused_form_with_its_destination_and_why(outcome, destination, detail):
     reg, entries, agent = ApprovalRegistry(timeout_s=10), [], FakeAgent(outcome=outcome, destination=destination,

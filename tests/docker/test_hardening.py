@@ -9,7 +9,8 @@ import pytest
 
 from controller.sandbox import LABEL_ROLE, LABEL_SANDBOX
 from controller.sandbox.docker import AGENT_PORT, AGENT_TOKEN_FILE, GATEWAY_CONTROL_PORT, GATEWAY_PROXY_PORT
-from controller.sandbox.docker_hardening import AGENT_UID, CONTROL_DIR, DESKTOP_CAP_ADD, DESKTOP_TMPFS_MIB
+from controller.sandbox.docker_hardening import (AGENT_UID, BROWSER_ROUTES_DIR, CONTROL_DIR, DESKTOP_CAP_ADD,
+                                                 DESKTOP_TMPFS_MIB)
 
 
 def _inspect(sandbox, role: str) -> dict:
@@ -53,6 +54,10 @@ def test_desktop_tmpfs_and_limits(sandbox):
     assert "uid=1000" in host["Tmpfs"]["/home/sandbox"]
     assert f"uid={AGENT_UID}" in host["Tmpfs"]["/run/desktop-sandbox"]
     assert "uid=0" in host["Tmpfs"][CONTROL_DIR] and f"gid={AGENT_UID}" in host["Tmpfs"][CONTROL_DIR]
+    assert f"uid={AGENT_UID}" in host["Tmpfs"][BROWSER_ROUTES_DIR] and "mode=0755" in host["Tmpfs"][BROWSER_ROUTES_DIR]
+    # chromium's proxy routes: the agent's alone to write (the desktop user cannot add or replace them)
+    for argv in (["touch", f"{BROWSER_ROUTES_DIR}/proxy.json"], ["mv", BROWSER_ROUTES_DIR, "/tmp/routes"]):
+        assert sandbox.exec_in_guest(argv, timeout=10).exit_code != 0, argv
     assert host["ShmSize"] >= 256 * 1024 * 1024
     tmpfs_bytes = sum(DESKTOP_TMPFS_MIB.values()) * 1024 * 1024
     assert host["Memory"] - host["ShmSize"] - tmpfs_bytes >= 768 * 1024 * 1024

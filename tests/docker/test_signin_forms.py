@@ -10,7 +10,9 @@ origin), filled over the agent's ``/v1/browser/signin``.
   origin (``action``, ``formaction``, a ``<base href>``, ``javascript:``, an action the page moves
   while the values are typed) gets nothing, and the site gets nothing.
 * A form the browser's validation stops is ``invalid``, emptied, and never sent; one it lets go is
-  ``submitted``."""
+  ``submitted``.
+* A submit the site answers with a 307 or 308 (which send the body again) to another origin is
+  ``cross_origin_redirect``, naming that origin, which gets nothing."""
 
 from __future__ import annotations
 
@@ -197,3 +199,14 @@ def test_the_outcome_says_whether_the_browsers_validation_let_the_form_go(guest,
     assert (result.outcome, result.navigated) == (outcome, outcome == "submitted")
     assert words in result.detail and not any(f["value"] in result.detail for f in fields), result.detail
     assert stats(guest)["sinks"]["/hostile/done"] == before + (outcome == "submitted")
+
+
+@pytest.mark.parametrize("name", ["redirect-307", "redirect-308", "redirect-chain"])
+def test_a_submit_the_site_redirects_to_another_origin_sends_that_origin_nothing(guest, name):
+    page = open_form(guest, name)
+    assert (page.form.method, page.form.destination) == ("post", ORIGIN)
+    before = stats(guest)["sinks"]
+    result = guest.sandbox.agent.signin_fill(FillRequest(credential_origin=ORIGIN, fields=CREDENTIALS))
+    assert (result.outcome, result.destination) == ("cross_origin_redirect", OTHER), result
+    assert EMAIL not in result.detail and PASSWORD not in result.detail
+    assert stats(guest)["sinks"] == before

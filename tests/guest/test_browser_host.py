@@ -20,9 +20,11 @@ import pytest
 
 from controller.chromium import profile_tree
 from guest.browser import BrowserError, BrowserHost
+from guest.browser_tools import BrowserTools
 from guest.cdp import wait_until
 from guest.launch import spawn_with_pipes
 from wire.browser import FillRequest
+from wire.browser_tools import REFUSED_SIGNIN_REDIRECT, GuestUrlRule
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "images" / "signin-demo" / "site.py"
@@ -44,8 +46,10 @@ def site() -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def chromium(*args: str) -> Iterator[BrowserHost]:
-    """The agent's side of a fresh headless chromium started with ``args`` besides the usual ones."""
+def chromium(*args: str, guard: list[str] | None = None) -> Iterator[BrowserHost]:
+    """The agent's side of a fresh headless chromium started with ``args`` besides the usual ones. With
+    ``guard`` (the guest-local origins the URL rule names), every request it makes waits for the agent's
+    request guard, as in the agent (guest/browser_tools.py), which is on before this returns."""
     # A profile directory nobody can reach (pytest's tmp_path sits under a 0700 directory of root's).
     top = Path(tempfile.mkdtemp(prefix="ds-browser-"))
     prefix = profile_tree(top)
@@ -54,8 +58,14 @@ def chromium(*args: str) -> Iterator[BrowserHost]:
                                  "--no-first-run", "--password-store=basic", *args, "about:blank"],
                                 {"HOME": str(profile), "PATH": "/usr/bin:/bin"}, prefix)
     browser = BrowserHost()
+    tools = None
+    if guard is not None:
+        tools = BrowserTools(browser)
+        tools.set_rule(GuestUrlRule(local_origins=guard))
     browser.take_channel("chromium", pid, *fds)
     try:
+        if tools is not None:
+            assert wait_until(lambda: tools._ch is not None and tools._ch.guarded.is_set(), 30, 0.05)
         yield browser
     finally:
         browser.close()
@@ -319,6 +329,40 @@ def test_an_action_the_page_moves_to_another_origin_while_typed_is_caught_before
     assert page_world(shared, "window.inputs") > 0  # typed, then found out at the submit: cleared, not sent
     assert page_world(shared, TYPED) == ""
     assert site_stats(site)["sinks"] == before
+
+
+@pytest.fixture(scope="module")
+def guarded(site: dict[str, Any]) -> Iterator[BrowserHost]:
+    """One chromium behind the agent's request guard, the site's two origins allowed by the URL rule."""
+    with chromium(guard=[f"http://127.0.0.1:{site['port']}", f"http://127.0.0.1:{site['other']}"]) as browser:
+        yield browser
+
+
+@pytest.mark.parametrize("name", ["redirect-307", "redirect-308", "redirect-chain"])
+def test_a_submit_the_site_redirects_to_another_origin_sends_that_origin_nothing(guarded, site, name):
+    """The site answers the sign-in's POST with a 307 or 308 (which send the body again), straight or after
+    a hop on its own origin, to another origin: the hop there is refused before it leaves chromium, the
+    outcome says so and names that origin."""
+    base, other = f"http://127.0.0.1:{site['port']}", f"http://127.0.0.1:{site['other']}"
+    page = form_page(guarded, site, name)
+    assert (page.form.method, page.form.destination) == ("post", base)
+    before = site_stats(site)
+    result = guarded.fill(FillRequest(credential_origin=base, fields=CREDENTIALS))
+    assert (result.outcome, result.destination) == ("cross_origin_redirect", other), result
+    assert other in result.detail and EMAIL not in result.detail and PASSWORD not in result.detail
+    assert site_stats(site)["sinks"]["/hostile/steal"] == before["sinks"]["/hostile/steal"]
+    text = page_world(guarded, "document.body.innerText")
+    assert REFUSED_SIGNIN_REDIRECT in text and PASSWORD not in text
+
+
+def test_a_submit_the_site_sends_on_as_a_get_is_submitted(guarded, site):
+    """A 303 turns the POST into a GET without its body: that hop goes on, and the fill is ``submitted``."""
+    base = f"http://127.0.0.1:{site['port']}"
+    form_page(guarded, site, "redirect-303")
+    before = site_stats(site)
+    result = guarded.fill(FillRequest(credential_origin=base, fields=CREDENTIALS))
+    assert (result.outcome, result.navigated) == ("submitted", True), result
+    assert site_stats(site)["sinks"]["/hostile/steal"] == before["sinks"]["/hostile/steal"] + 1
 
 
 @pytest.mark.parametrize("name, fields, constraint, words", [

@@ -16,10 +16,11 @@ import pytest
 
 from controller.agent_client import AgentClient
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
-from controller.run.model_client import UsageMeter, offline_client
+from controller.run.model_client import UsageMeter
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer
 from guest.localrun import AgentProcess, Xvfb
 from tests.conformance.harness import AgentDesktop, Probe
+from tests.scripted import client as scripted_client
 
 
 class Desk:
@@ -106,7 +107,7 @@ def scripted() -> Iterator[Any]:
         server = ScriptedServer(ScriptedModel(turns)).start()
         servers.append(server)
         meter = UsageMeter()
-        client = offline_client(server.base_url, meter)
+        client = scripted_client(server, meter)
         clients.append(client)
         return server, client, meter
 

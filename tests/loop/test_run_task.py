@@ -175,13 +175,13 @@ def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
 
 def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path, monkeypatch):
     """With OPENAI_API_KEY set the runner takes the live path: the real client built from the
-    environment (here its base URL is pointed at a loopback scripted server, so no key is needed)."""
+    environment (here its base URL and key are a loopback scripted server's)."""
     from controller.offline.scripted_server import ScriptedModel, ScriptedServer
     from controller.run.tasks import FileCheck, Task
 
     model = ScriptedModel([{"actions": [{"type": "move", "x": 5, "y": 6}]}, {"message": "ok"}])
     with ScriptedServer(model) as server, LocalSandbox() as sb:
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+        monkeypatch.setenv("OPENAI_API_KEY", server.key)
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.delenv("OPENAI_MODEL", raising=False)
         (sb.home / "Documents/seed.txt").write_text("present\n")
@@ -196,7 +196,47 @@ def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path
     entries = read_record(outcome.record_dir)
     assert entries[0]["mode"] == "live" and entries[0]["model"] == "gpt-6-astra"
     text = (outcome.record_dir / "record.jsonl").read_text()
-    assert "sk-test-not-a-real-key" not in text
+    assert server.key not in text
+
+
+@pytest.mark.parametrize("loop", ["sdk", "agent-framework"])
+def test_an_offline_run_hands_its_client_the_key_and_shows_it_nowhere(tmp_path, monkeypatch, capfd, loop):
+    """The run's scripted server admits only the key it made, which the run's client (the SDK's, or the
+    Agent Framework's through ``RunOptions.loop``) carries; the key is in no file of the record and in
+    nothing printed."""
+    from controller.af import run_loop
+    from controller.offline.scripted_server import ScriptedServer
+    from controller.run import runner
+    from controller.run.tasks import FileCheck, Task
+
+    made: list[ScriptedServer] = []
+
+    class Kept(ScriptedServer):
+        """The runner's own server, kept to read its key afterwards."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(runner, "ScriptedServer", Kept)
+    script = tmp_path / "move.jsonl"
+    script.write_text(json.dumps({"actions": [{"type": "move", "x": 5, "y": 6}]}) + "\n"
+                      + json.dumps({"message": "ok"}) + "\n")
+    framework = loop == "agent-framework"
+    options = RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script,
+                         loop=run_loop if framework else None, runner=loop if framework else None)
+    with LocalSandbox() as sb:
+        (sb.home / "Documents/seed.txt").write_text("present\n")
+        task = Task(name="offline-key", instructions="move the pointer",
+                    checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])
+        outcome = run_task(task, lambda t: sb, options)
+    assert outcome.status == "passed", outcome.reason
+    (server,) = made
+    assert outcome.scripted_requests is not None and len(outcome.scripted_requests) == 2
+    key = server.key.encode()
+    assert [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and key in p.read_bytes()] == []
+    out, err = capfd.readouterr()
+    assert server.key not in out + err
 
 
 def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):

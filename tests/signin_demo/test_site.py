@@ -264,6 +264,21 @@ def test_hostile_forms_name_their_destination_and_count_what_reaches_it(site):
                                                           "/hostile/hold": 0}
 
 
+def test_a_redirect_page_sends_its_post_on_to_the_other_port_only(site):
+    """``/hostile/redirect/CODES?to=ORIGIN``: each code a redirect, the last to the other port's steal sink;
+    an origin on another host, a bad code or a bad port is 400 (the page redirects nowhere else)."""
+    other = f"http://127.0.0.1:{site.ports[1]}"
+    status, headers, _ = raw(site, "POST", f"/hostile/redirect/307/308?to={other}", b"a=b", FORM)
+    assert status == 307 and headers["Location"] == f"/hostile/redirect/308?to={other}"
+    status, headers, _ = raw(site, "POST", f"/hostile/redirect/308?to={other}", b"a=b", FORM)
+    assert status == 308 and headers["Location"] == f"{other}/hostile/steal"
+    for path in [f"/hostile/redirect/307?to=http://example.test:{site.ports[1]}",
+                 "/hostile/redirect/307?to=http://127.0.0.1:0", f"/hostile/redirect/200?to={other}",
+                 f"/hostile/redirect/307/999?to={other}", f"/hostile/redirect/307?to=https://127.0.0.1:{site.ports[1]}",
+                 "/hostile/redirect/307"]:
+        assert raw(site, "POST", path, b"a=b", FORM)[0] == 400, path
+
+
 def test_a_held_post_waits_for_the_release(site):
     import threading
 
