@@ -52,7 +52,7 @@ run-task: deps
 	$(PYTHON) -m controller.cli run-task $(TASK) $(if $(ARCH),--arch $(ARCH)) --image $(IMAGE) $(ARGS)
 
 test: deps
-	$(PYTHON) -m pytest -q -rs
+	$(PYTHON) -m pytest -q -rs --durations=15
 
 audit: deps
 	$(PYTHON) -m controller.cli audit --image $(IMAGE) $(if $(POLICY),--policy $(POLICY)) --json $(or $(AUDIT_JSON),runs/audit.json)
