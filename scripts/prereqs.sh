@@ -7,7 +7,7 @@
 #             needs QEMU's user-mode emulator (qemu-user-static, binfmt-support) and always debootstrap
 #             (its base is imported under BASE_TAG-ARCH).
 #
-# What README.md names for a fresh Debian/Ubuntu machine: Docker (the engine, running), Python >= 3.11
+# What docs/getting-started.md names for a fresh Debian/Ubuntu machine: Docker (the engine, running), Python >= 3.11
 # with venv (python3-venv: Debian's python3 lacks ensurepip without it), make, and debootstrap when the
 # base image is neither present nor pullable (no registry). As root with apt-get, a missing Debian package
 # is installed here (apt-get update first when the package lists are empty); otherwise the script prints

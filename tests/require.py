@@ -1,6 +1,6 @@
 """Skips that CI turns into failures: a test that needs something this machine lacks is skipped with the
 reason, unless ``DESKTOP_SANDBOX_REQUIRE_<WHAT>=1`` says it must run, where that is a failure. The
-variables (listed in README.md, set by .ci/run): ``IMAGE`` (Docker engine and the guest image), ``GATEWAY``
+variables (listed in docs/tests.md, set by .ci/run): ``IMAGE`` (Docker engine and the guest image), ``GATEWAY``
 (mitmproxy), ``VM`` (QEMU and the VM image), ``X`` (Xvfb, xterm, openbox, firefox-esr), ``VAGRANT``,
 ``BROWSER`` (Debian's chromium and Playwright, to open a page in a real browser).
 """

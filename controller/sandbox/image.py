@@ -51,7 +51,7 @@ EMULATION_TIME_SCALE = 5.0
 """``Sandbox.time_scale`` of a container whose image is of a foreign architecture (an arm64 image on an
 x86-64 host: every guest process runs under qemu-user-static). Readiness deadlines and the offline
 script's screen expectations are multiplied by it, the way ``controller.sandbox.vm.TCG_TIME_SCALE`` does
-for a VM under TCG; measured figures are in README.md ("arm64 under emulation")."""
+for a VM under TCG; measured figures are in docs/arm64.md ("Measured here")."""
 EMULATION_MEM_LIMIT = "4g"
 """The desktop container's memory limit under emulation (``--arch`` of a foreign architecture): every
 guest process carries qemu-user's translated code besides its own memory, and Firefox's parent process

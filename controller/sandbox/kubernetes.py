@@ -120,7 +120,7 @@ class KubernetesSandbox(Sandbox):
         options.namespace = resolve_namespace(options)
         if "/" not in options.image.split(":", 1)[0]:
             say(f"image {options.image} names no registry: the cluster's nodes must already have it "
-                "(README, Kubernetes operators: push it to a registry)")
+                "(docs/kubernetes.md, \"Setting it up\": push it to a registry)")
         return options
 
     @classmethod

@@ -234,7 +234,7 @@ def probe_network_policy(run: Callable[[Sequence[str]], ExecResult], gateway_ip:
             raise SandboxError(
                 "NetworkPolicy is not enforced: the desktop Pod reached the Kubernetes API server although its "
                 "policy allows only the gateway's proxy port. This cluster's network plugin ignores "
-                "NetworkPolicy; run sandboxes only where it is enforced (README, Kubernetes operators).")
+                "NetworkPolicy; run sandboxes only where it is enforced (docs/kubernetes.md).")
         time.sleep(1.0)  # poll interval: waiting for the plugin to program the Pod's rules
 
 

@@ -122,7 +122,7 @@ class KubernetesOptions:
     """Where and how sandboxes run on the cluster.
 
     ``image``: the guest image as the cluster pulls it (push ``desktop-sandbox:latest`` to a registry:
-    README, operators). ``namespace``: required (``$DESKTOP_SANDBOX_K8S_NAMESPACE`` or the kubeconfig
+    docs/kubernetes.md, "Setting it up"). ``namespace``: required (``$DESKTOP_SANDBOX_K8S_NAMESPACE`` or the kubeconfig
     context's). ``context``: kubeconfig context (None: current). ``image_pull_policy``, ``pull_secret``
     (an image pull Secret's name or None). Requests and limits (Kubernetes quantities): ``desktop_memory``
     (limit = request, as Docker's ``mem_limit``), ``desktop_cpu`` / ``desktop_cpu_limit``,
@@ -389,7 +389,7 @@ desktop-sandbox render --backend kubernetes: the objects of one sandbox, as `up`
 kubernetes` creates them (in this order; every object labelled desktop-sandbox.sandbox=<id>).
 Filled in at start, shown here as placeholders: the Secret's token and X cookie (random per sandbox),
 the desktop Pod's hostAliases address (the gateway Service's cluster IP, 192.0.2.1 here), the owner
-annotations. Apply only on a cluster whose network plugin enforces NetworkPolicy (README, operators)."""
+annotations. Apply only on a cluster whose network plugin enforces NetworkPolicy (docs/kubernetes.md)."""
 
 
 def render_for_task(spec: SandboxSpec, options: KubernetesOptions, sandbox_id: str = f"{ID_PREFIX}00000000") -> str:

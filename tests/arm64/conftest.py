@@ -5,7 +5,7 @@ test-arm64`` sets it after building ``desktop-sandbox:latest-arm64``), so the ev
 not slowed by emulation. Opted in, a missing image or VM disk is a failure, not a skip.
 
 Sandboxes started here carry ``desktop-sandbox.test=<session id>`` and are removed at the end; the
-figures of each start and run (seconds) are printed in the terminal summary, for README.md's table.
+figures of each start and run (seconds) are printed in the terminal summary, for docs/arm64.md's table.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``scripts/prereqs.sh`` and ``make desktop``'s first step: on a machine that lacks what the README
-names, the build stops within seconds, before any slow step, with one message naming the one command
-to run (or, as root with apt-get, installs the missing packages itself).
+"""``scripts/prereqs.sh`` and ``make desktop``'s first step: on a machine that lacks what
+docs/getting-started.md names, the build stops within seconds, before any slow step, with one message
+naming the one command to run (or, as root with apt-get, installs the missing packages itself).
 
 The commands the script may use are offered through a PATH made of links to the real ones, leaving out
 what a fresh machine lacks (debootstrap, apt-get). The base image is named on a registry at

@@ -124,7 +124,7 @@ def conformance_desktop() -> Iterator[ContainerDesktop]:
     """``--conformance-desktop`` factory: the suite observes the agent in a fresh Docker sandbox.
 
     ``python -m pytest tests/conformance --conformance-desktop=tests.docker._conformance:conformance_desktop``
-    runs the whole suite there, the way an adapter runs it (README, "Adapting the Docker example").
+    runs the whole suite there, the way an adapter runs it (docs/adapting.md).
     The image is ``$DESKTOP_SANDBOX_IMAGE`` (default ``desktop-sandbox:latest``); extra labels for the
     sandbox come as a JSON object in ``$DESKTOP_SANDBOX_TEST_LABELS``.
     """

@@ -1,6 +1,6 @@
 """The whole conformance suite against the agent in a Docker sandbox, through the adapters' path.
 
-README ("Adapting the Docker example") tells an adapter to prove its environment with
+docs/adapting.md ("What the host side must provide") tells an adapter to prove its environment with
 ``python -m pytest tests/conformance --conformance-target=...``; this runs exactly that command with
 ``--conformance-desktop=tests.docker._conformance:conformance_desktop`` (the suite observes the guest's
 X server through the sandbox) in a child pytest, and reads its JUnit report: every test must pass, and
