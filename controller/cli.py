@@ -155,7 +155,7 @@ def run_task_cmd(
     arch: str = typer.Option("", "--arch", help=ARCH_HELP),
     sign_in: Optional[Path] = typer.Option(
         None, "--sign-in", help="Answer the agent's browser's sign-in requests from this TOML file of origin -> "
-                                "values (mode 0600; read anew for each request; README, \"Sign-in\")."),
+                                "values (mode 0600; read anew for each request; docs/approvals.md, sign-in)."),
     attach_network: list[str] = typer.Option(
         [], "--attach-network", help="Docker network the sandbox's gateway also joins (a local site the task "
                                      "reaches, e.g. the sign-in demo's; repeatable; docker backend only)."),
@@ -228,6 +228,10 @@ def replay(
                                 "(mode 0600; never recorded). Never one the recorded run did not complete."),
     approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
                                            help="Seconds a question waits for an answer before it is denied."),
+    step_timeout: Optional[float] = typer.Option(
+        None, "--step-timeout", min=1.0, max=3600.0, show_default=False,
+        help="Seconds a step waits for the screen to match before it diverges, times the sandbox's slowness "
+             "factor [default: 30]."),
 ) -> None:
     """Replay a recorded run on a fresh sandbox as a regression test, without a model or an API key.
 
@@ -248,7 +252,8 @@ def replay(
     """
     replay_run(run, image_tag=image_tag, backend=backend, runs_dir=runs_dir, write_task_to=write_task,
                opener=sandbox_opener, attach_network=attach_network, tolerance=tolerance, max_changed=max_changed,
-               approve_safety_check=approve_safety_check, sign_in=sign_in, approval_timeout=approval_timeout)
+               approve_safety_check=approve_safety_check, sign_in=sign_in, approval_timeout=approval_timeout,
+               step_timeout=step_timeout)
 
 
 @app.command()

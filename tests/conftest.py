@@ -16,6 +16,38 @@ if str(ROOT) not in sys.path:
 from guest.localrun import AgentProcess, Xvfb  # noqa: E402
 
 
+ONE_WORKER = ("tests/vm/", "tests/browser_conformance/")
+"""Folders whose tests share one session's state, each run on one worker: the VM tier shares one
+booted VM (tests/vm/conftest.py); the browser suite's coverage test reads what its other modules
+exercised (tests/browser_conformance/conftest.py)."""
+
+
+SLOW_FIRST = ("tests/vm/", "tests/docker/", "tests/audit/", "tests/console/", "tests/suite/", "tests/agents_api/",
+              "tests/loop/", "tests/af/")
+"""The folders whose modules start sandboxes, the longest first: run before the rest, so that on
+several workers the quick modules fill in at the end (tests/vm first: one worker runs all of it)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((n for n, folder in enumerate(SLOW_FIRST) if item.nodeid.startswith(folder)), len(SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: a module's own order is kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+    """Under ``pytest -n N`` (``make test``): a module's tests stay on one worker (they share its
+    module-scoped sandbox), and each folder of :data:`ONE_WORKER` on one worker."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((folder for folder in ONE_WORKER if nodeid.startswith(folder)), nodeid.split("::", 1)[0])
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--conformance-target", action="append", default=[],

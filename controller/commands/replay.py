@@ -35,7 +35,7 @@ REFUSED = ("denied", "withdrawn", "cancelled", "timeout")
 def _step_approvals(entries: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     """The replay run's ``approval`` lines on its calls (safety checks, confirmations of actions) by the
     step they came in (:data:`controller.run.replay.STEP_OF_CALL`)."""
-    from controller.run.replay import SCRIPT_CALL, STEP_OF_CALL
+    from controller.offline.call_ids import SCRIPT_CALL, STEP_OF_CALL
 
     found: dict[int, list[dict[str, Any]]] = {}
     step = 0
@@ -141,12 +141,14 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
                write_task_to: Optional[Path], opener: Callable[..., Callable[[Any], Any]],
                attach_network: Optional[list[str]] = None, tolerance: Optional[int] = None,
                max_changed: Optional[float] = None, approve_safety_check: Sequence[str] = (),
-               sign_in: Optional[Path] = None, approval_timeout: float = 300.0, terminal: bool = True) -> None:
+               sign_in: Optional[Path] = None, approval_timeout: float = 300.0, terminal: bool = True,
+               step_timeout: Optional[float] = None) -> None:
     """Replay ``record`` (a run directory or its record.jsonl) on a fresh sandbox from
     ``opener(backend, image_tag)``, each step compared by the screen comparison rule with ``tolerance``
     and ``max_changed`` (None: the rule's defaults). Questions are asked as in any run: on the terminal
     (when ``terminal`` and stdin is one), ``approve_safety_check`` codes approved unattended, sign-in
     requests answered from ``sign_in`` (run-task's ``--sign-in`` file), ``approval_timeout`` seconds each;
+    each step waits up to ``step_timeout`` seconds for its screen (None: the replay's default);
     what the recorded run was refused is refused again, never asked
     (:class:`controller.run.replay.ReplayAnswers`). Prints the per-step table and the checks; exits
     0 when every step matched and the run passed, 1 otherwise (a run that ends refused as the recorded
@@ -154,7 +156,8 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     from controller.offline.script import ScriptError, load_task_script
     from controller.run.entries import Approval
     from controller.run.record import read_record
-    from controller.run.replay import RUNNER, ReplayAnswers, ReplayError, build
+    from controller.run.entries import REPLAY_RUNNER
+    from controller.run.replay import ReplayAnswers, ReplayError, build
     from controller.run.runner import RunOptions, run_task
     from controller.run.tasks import TaskError, load_task
 
@@ -172,7 +175,7 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
             refuse(f"--sign-in: {exc}")
     rule = MatchRule(**{k: v for k, v in (("tolerance", tolerance), ("max_changed", max_changed)) if v is not None})
     try:
-        replay = build(record, rule)
+        replay = build(record, rule) if step_timeout is None else build(record, rule, step_timeout_s=step_timeout)
     except ReplayError as exc:
         refuse(f"cannot replay {record}: {exc}")
     try:
@@ -220,7 +223,7 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
         open_sandbox = opener(backend, image_tag, **({"attach_networks": list(attach_network)} if attach_network else {}))
         options = RunOptions(runs_dir=runs_dir, live=False, script=script, human_actions=replay.human,
                              approval_timeout_s=approval_timeout, confirm_actions=sorted(replay.confirmed),
-                             sign_in_file=sign_in, runner=RUNNER, answerers=[answer_as_recorded],
+                             sign_in_file=sign_in, runner=REPLAY_RUNNER, answerers=[answer_as_recorded],
                              on_record=opt_ins, **({} if terminal else {"asker": None}))
         outcome = run_task(task, open_sandbox, options, console=console)
     entries = read_record(outcome.record_dir / "record.jsonl")

@@ -90,12 +90,11 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
             from controller.console.server import ConsoleServer
 
             server = ConsoleServer(runs_dir).start()
-            options.on_live = server.add_run
-            typer.echo(f"console: {server.url}", err=True)
+            options.on_live = _follow_in(server)
         try:
             outcome = run(task, open_sandbox, options, console=console)
             if server is not None and sys.stdin.isatty():
-                _keep_serving(server, noted)
+                _keep_serving(server, noted, outcome.record_dir.name)
         finally:
             if server is not None:
                 server.stop()
@@ -133,13 +132,24 @@ def approve_origins(given: list[str]) -> list[Any]:
     return origins
 
 
-def _keep_serving(server: Any, noted: list[int]) -> None:
-    """After a run with ``--ui`` on a terminal: the console goes on showing the run (now its report)
-    until Enter, or a signal (``noted`` grows: signals are deferred here)."""
+def _follow_in(server: Any) -> Callable[[Any], None]:
+    """``RunOptions.on_live`` for ``--ui``: the run goes into the console, and the console's one-time
+    login URL is printed (``console: URL``, stderr) as soon as the run has its id; it opens that run's
+    page."""
+    def follow(live: Any) -> None:
+        server.add_run(live)
+        typer.echo(f"console: {server.url_for_run(live.run_id)}", err=True)
+
+    return follow
+
+
+def _keep_serving(server: Any, noted: list[int], run_id: str) -> None:
+    """After a run with ``--ui`` on a terminal: the console goes on showing the run (now its report, at
+    its page) until Enter, or a signal (``noted`` grows: signals are deferred here)."""
     import select
 
-    console.print(f"the console goes on showing this run at {server.base}/: press Enter (or Ctrl-C) to stop it",
-                  markup=False, highlight=False)
+    console.print(f"the console goes on showing this run at {server.base}/runs/{run_id}: press Enter (or Ctrl-C) "
+                  "to stop it", markup=False, highlight=False)
     before = len(noted)
     while len(noted) == before:
         ready, _, _ = select.select([sys.stdin], [], [], 0.2)  # poll interval: a deferred signal only lands in `noted`

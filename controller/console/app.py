@@ -1,7 +1,8 @@
 """The console's routes (FastAPI). Errors are ``{"error": {"code", "message"}}`` with the status.
 
 ==============================================  ===============================================================
-``GET /login?t=<token>``                        the one-time token for the session cookie; 303 to ``/``
+``GET /login?t=<token>&next=/runs/{id}``        the one-time token for the session cookie; 303 to the run's
+                                                page (``next``, only ever a run's page), else to ``/``
 (every path here is under the secret base, :attr:`controller.console.auth.Auth.base`)
 ``GET /``                                       the runs list (live runs on top, then newest first)
 ``GET /runs/{id}``                              a live run's page, or a finished run's report
@@ -58,7 +59,7 @@ from controller.agent_client import AgentError
 from controller.asgi import BodyTooLarge, read_json as read_capped_json
 from controller.console import streams
 from controller.console.frames import FrameFeed
-from controller.console.auth import POLICY_HEADER, Auth, Refused, refusal_body, wants_html
+from controller.console.auth import POLICY_HEADER, Auth, Refused, landing, refusal_body, wants_html
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
 from controller.report.html import render_report
@@ -98,7 +99,7 @@ class ConsoleState:
     """What the routes share: ``runs_dir``, ``auth``, the live runs (by id, in the order added),
     ``closing`` (set when the console stops: streams end), the runs list, ``waits``, the threads
     the event streams wait in, ``feeds``, each live run's one :class:`FrameFeed` (by run id), and
-    ``sockets``, how many run pages' sockets are open now."""
+    ``sockets``, how many run pages' sockets are open now (``no_sockets`` is set while none is)."""
 
     def __init__(self, runs_dir: Path, auth: Auth) -> None:
         self.runs_dir = Path(runs_dir)
@@ -113,6 +114,8 @@ class ConsoleState:
         self.inputs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-input")
         self.feeds: dict[str, FrameFeed] = {}
         self.sockets = 0
+        self.no_sockets = threading.Event()
+        self.no_sockets.set()
 
     def feed(self, live: LiveRun) -> FrameFeed:
         """The live screen of ``live`` for every viewer of it: one :class:`FrameFeed` per run, made on
@@ -200,16 +203,17 @@ def create_app(state: ConsoleState) -> FastAPI:
         return error(400, "invalid_request", clean(f"{where}: {first.get('msg', 'invalid')}", 300))
 
     @app.get("/login")
-    async def login(request: Request, t: str = "") -> Response:
+    async def login(request: Request, t: str = "", next: str = "/") -> Response:  # noqa: A002 - the URL's name
         auth = state.auth
+        page = auth.base + landing(next)  # a run's page or the runs list: never off the console
         if auth.csrf_for_header(request.headers.get("cookie", "")) is not None:
-            return RedirectResponse(auth.base + "/", status_code=303)  # already logged in in this browser
+            return RedirectResponse(page, status_code=303)  # already logged in in this browser
         try:
             session, _csrf = auth.redeem(t)
         except Refused as refused:
             body, ctype = refusal_body(refused.status, refused.code, refused.message, wants_html(request.headers))
             return Response(body, status_code=refused.status, media_type=ctype)
-        response = RedirectResponse(auth.base + "/", status_code=303)
+        response = RedirectResponse(page, status_code=303)
         response.headers.append("set-cookie", auth.session_cookie(session))
         return response
 
@@ -257,10 +261,13 @@ def create_app(state: ConsoleState) -> FastAPI:
             await socket.send_denial_response(error(exc.status, exc.code, exc.message))
             return
         state.sockets += 1
+        state.no_sockets.clear()
         try:
             await streams.live_socket(socket, state.feed(live), seq, state.closing, state.waits)
         finally:
             state.sockets -= 1
+            if not state.sockets:
+                state.no_sockets.set()
 
     @app.get("/runs/{run_id}/approvals")
     async def approvals(run_id: str) -> dict[str, Any]:

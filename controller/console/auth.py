@@ -10,8 +10,10 @@ to it (and a DNS-rebinding page can even read answers), so:
   Scoped to the secret path, the cookie goes only to a URL that names the secret;
 * **login**: the URL the console prints, ``<base>/login?t=<token>`` (``secrets.token_urlsafe(32)``),
   is exchanged once for a session: the answer sets the cookie ``ds_console_<port>`` (random,
-  ``HttpOnly; SameSite=Strict; Path=<base>``) and redirects to ``<base>/``; the token is then spent,
-  a second use is refused (403 ``token_spent``);
+  ``HttpOnly; SameSite=Strict; Path=<base>``) and redirects to ``<base>/``, or to the run's page
+  ``<base>/runs/<id>`` when the URL carries ``&next=/runs/<id>`` (``run-task --ui`` prints that one;
+  :func:`landing`: any other ``next`` gives the runs list, so the link never leads off the console);
+  the token is then spent, a second use is refused (403 ``token_spent``);
 * **every request** but ``/login`` needs that cookie (401 ``unauthenticated``); when the browser sends
   several cookies of that name (another port's program may set one with ``Path=/``), any one that
   opens a session counts, so a tossed cookie cannot log the person out;
@@ -58,6 +60,7 @@ from urllib.parse import quote
 
 from starlette.datastructures import Headers, MutableHeaders
 
+from controller.console.runs import valid_run_id
 from wire.connections import HOST_REFUSED, scope_host_refusal
 
 Scope = dict[str, Any]
@@ -89,10 +92,24 @@ LOGIN_PATH = "/login"
 PAGE_PATH = re.compile(r"/(?:login|runs/[^/]+)?\Z")
 """The pages (paths inside the secret base) another site may navigate a window to: ``/login``, ``/``
 (the runs list) and ``/runs/{id}`` (a run's page). Everything else is refused to another site."""
+RUN_PAGE = "/runs/"
+"""The start of a run's page (a path inside the secret base): the one kind of page a login may lead to
+besides the runs list (:func:`landing`)."""
 SITES_ALLOWED = ("same-origin", "none")
 """``Sec-Fetch-Site`` values served: the console's own requests, and a URL the person opened themselves."""
 
 log = logging.getLogger("controller.console")
+
+
+def landing(next_page: str | None) -> str:
+    """The page a login leads to, as a path inside the secret base: ``next_page`` when it is a run's
+    page, ``/runs/<id>`` with an id a run may have (:func:`controller.console.runs.valid_run_id`:
+    letters, digits, ``.``, ``_``, ``-``, not ``.`` or ``..``); else ``/``, the runs list. Nothing else
+    is taken from it, so a login link cannot lead off the console or out of its base (``//host/``,
+    ``https://host``, ``/s/other/..``, a ``\\``, escapes or control characters all give ``/``)."""
+    if next_page and next_page.startswith(RUN_PAGE) and valid_run_id(next_page[len(RUN_PAGE):]):
+        return next_page
+    return "/"
 
 
 class Refused(Exception):

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 from controller.asgi import ThreadedUvicorn
 from controller.console.app import ConsoleState, create_app
-from controller.console.auth import Auth, Guard
-from controller.console.streams import MAX_CLIENT_MESSAGE, PageSocketProtocol
+from controller.console.auth import RUN_PAGE, Auth, Guard
+from controller.console.streams import MAX_CLIENT_MESSAGE, WAIT_S, PageSocketProtocol
 from controller.console.runs import valid_run_id
 from controller.run.live import LiveRun
 from wire.connections import ConnectionGuard, listen, uvicorn_config
@@ -30,6 +31,9 @@ START_TIMEOUT_S = 15.0
 """Longest wait for uvicorn to listen (seconds)."""
 STOP_TIMEOUT_S = 10.0
 """Longest wait for the server thread to end (seconds)."""
+DRAIN_S = 2 * WAIT_S + 0.5
+"""Longest wait, as the console stops, for the run pages' sockets to say what their runs said last
+(``end`` included) and close, before the server closes what is still open (seconds)."""
 HOST = "127.0.0.1"
 WEBSOCKETS = {"ws": PageSocketProtocol, "ws_max_size": MAX_CLIENT_MESSAGE, "ws_per_message_deflate": False}
 """uvicorn's WebSocket settings (a run page's socket, controller.console.streams.live_socket): the
@@ -70,6 +74,11 @@ class ConsoleServer:
         """``http://127.0.0.1:PORT/s/<secret>/login?t=<token>``: opens one browser session, once."""
         return f"{self.base}/login?t={self.auth.login_token}"
 
+    def url_for_run(self, run_id: str) -> str:
+        """:attr:`url` that then opens the page of run ``run_id`` (``&next=/runs/<id>``) instead of the
+        runs list."""
+        return f"{self.url}&next={quote(RUN_PAGE + run_id, safe='/')}"
+
     def start(self, timeout: float = START_TIMEOUT_S) -> "ConsoleServer":
         """Listen on 127.0.0.1 (a free port) in a background thread; returns once it listens.
         RuntimeError when it did not within ``timeout`` seconds."""
@@ -107,8 +116,12 @@ class ConsoleServer:
         self.state.live[live.run_id] = live
 
     def stop(self) -> None:
-        """Stop serving: streams end, the thread is joined (at most :data:`STOP_TIMEOUT_S`)."""
+        """Stop serving: streams end (the run pages' sockets send what their runs said last, for at most
+        :data:`DRAIN_S`), the thread is joined (at most :data:`STOP_TIMEOUT_S`)."""
         self.state.closing.set()
+        if self._server is not None and self._server.started:
+            # uvicorn's shutdown closes an open WebSocket at once (1012): a page would miss the run's end
+            self.state.no_sockets.wait(DRAIN_S)
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None and self._thread is not threading.current_thread():

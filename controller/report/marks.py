@@ -16,9 +16,9 @@ the page shows it.
   (scroll's arrow line end and arrowhead polygon), ``points`` and ``head`` (drag's polyline and the
   arrowhead at its end);
 * ``notes``: labels for actions without a point (``typed N chars``, ``keys ctrl+c``, ``wait``, an
-  unknown type, or an action whose coordinates are not numbers), stacked in the top-left corner,
-  each with ``n``, ``label``, ``x``, ``y``; ``notes_box``: the backdrop behind them (``x``, ``y``,
-  ``w``, ``h``; None without notes).
+  unknown type, or an action whose coordinates are not numbers), each with ``n`` and ``label``. The
+  page lists them in a strip under the screenshot, never over it: however many there are, they
+  hide nothing the model saw.
 
 Every number is formatted here (a string of digits); every label is passed through
 :func:`controller.text.clean` (the template escapes HTML). Typed text is never shown: a ``type``
@@ -36,7 +36,7 @@ MAX_MARKS = 200
 """Most actions of one step drawn (the rest are still listed beside the image)."""
 
 MAX_NOTES = 12
-"""Most point-less labels stacked in the corner; the rest are summed up as ``+N more``."""
+"""Most point-less labels listed under the screenshot; the rest are summed up as ``+N more``."""
 
 MAX_PATH_POINTS = 1000
 """Most points of one drag path drawn."""
@@ -137,15 +137,7 @@ def overlay(actions: list[tuple[int, Any]], size: tuple[int, int]) -> dict[str, 
         notes.append({"n": None, "label": f"+{len(actions) - MAX_MARKS} actions not drawn"})
     if len(notes) > MAX_NOTES:
         notes = notes[:MAX_NOTES - 1] + [{"n": None, "label": f"+{len(notes) - MAX_NOTES + 1} more"}]
-    line = font * 1.3
-    for i, note in enumerate(notes):
-        note["x"], note["y"] = num(12 * unit), num(6 * unit + (i + 1) * line)
-    box = None
-    if notes:  # a dark backdrop behind the stacked labels (label widths estimated from their length)
-        box = {"x": num(4 * unit), "y": num(4 * unit), "w": num(16 * unit + 0.62 * font * max(len(n["label"]) for n in notes)),
-               "h": num(10 * unit + len(notes) * line)}
-    return {"width": num(width), "height": num(height), "font": num(font), "marks": marks, "notes": notes,
-            "notes_box": box}
+    return {"width": num(width), "height": num(height), "font": num(font), "marks": marks, "notes": notes}
 
 
 def _mark(n: int, action: dict[str, Any], width: float, unit: float, font: float) -> dict[str, Any] | None:

@@ -72,6 +72,10 @@ class TaskRef(_Model):
     sha256: Optional[str] = None
 
 
+REPLAY_RUNNER = "replay"
+"""``run_started.runner`` of a replay's run (its summary then shows steps replayed, not model figures)."""
+
+
 class RunStarted(_Entry):
     """The sandbox is up (or did not start: ``sandbox`` None). ``format``: the record format;
     ``mode``: live | offline; ``model``: the live model or ``scripted``; ``image``: what runs the guest

@@ -19,6 +19,11 @@ Strings from the model, the guest or the gateway are printed literally (never co
 ``:emoji:`` codes) with control characters escaped, and shortened to :data:`SHORT` characters
 (:func:`controller.text.clean`).
 
+Each line fits :data:`WIDTH` columns (or the console's width when that is less): a line is a row of
+parts (:func:`fitted`), and when it is too wide its longest parts (a SQL query, an origin, a path) are
+shortened with an ellipsis first, so what follows them (what a check observed, a decision) stays in
+view. The record keeps every value whole.
+
 :func:`make_console` gives a console that does not wrap mid-word when output is piped and never
 turns ``:name:`` codes into emoji.
 """
@@ -27,9 +32,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
 
 from controller.run.entries import (
     Action, Approval, BrowserCall, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
@@ -37,10 +46,78 @@ from controller.run.entries import (
 from controller.text import SHORT, clean
 from wire.actions import describe
 
-__all__ = ["PIPE_WIDTH", "SHORT", "RunPrinter", "clean", "make_console"]
+__all__ = ["PIPE_WIDTH", "SHORT", "WIDTH", "Fitted", "Kept", "RunPrinter", "clean", "fitted", "make_console",
+           "print_fitted"]
 
 PIPE_WIDTH = 200
 """Console width (columns) when the output is not a terminal and ``COLUMNS`` is not set."""
+
+WIDTH = 100
+"""Most columns a line of a run's output takes: its progress lines and its summary table (also
+``desktop-sandbox report``'s). Longer values are shortened with an ellipsis; ``report --json``, the
+HTML report and the record hold them whole."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A part of a :func:`fitted` line that is not shortened to make room for the others (what a check
+    observed, after its long rule): it takes what they leave, at least ``max_width`` columns, and
+    leaves them at least half the line."""
+
+    text: str | Text
+    max_width: int = 40
+
+
+class Fitted:
+    """One line of parts (:func:`fitted`), laid out for the width it is given."""
+
+    def __init__(self, parts: tuple[str | Text | Kept, ...], style: str | None) -> None:
+        self.parts, self.style = parts, style
+
+    def grid(self, width: int) -> Table:
+        """The line as a rich grid for ``width`` columns: a :class:`Kept` part may take what the other
+        parts leave of it, keeping them at least half the line (or what they need, when less)."""
+        cells = [(part, cell) for part, cell in ((part, self._cell(part)) for part in self.parts) if cell.plain]
+        others = sum(cell.cell_len for part, cell in cells if not isinstance(part, Kept))
+        grid = Table.grid()
+        for part, _ in cells:
+            if isinstance(part, Kept):
+                grid.add_column(no_wrap=True, max_width=max(part.max_width, width - min(others, width // 2)))
+            else:
+                grid.add_column()
+        grid.add_row(*(cell for _, cell in cells))
+        return grid
+
+    def _cell(self, part: str | Text | Kept) -> Text:
+        text = part.text if isinstance(part, Kept) else part
+        cell = text.copy() if isinstance(text, Text) else Text(text, style=self.style or "")
+        cell.no_wrap, cell.overflow = True, "ellipsis"
+        return cell
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.grid(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.grid(options.max_width))
+
+
+def fitted(*parts: str | Text | Kept, style: str | None = None) -> Fitted:
+    """One line made of ``parts`` side by side (strings are shown literally: no markup, no emoji codes;
+    empty ones are left out), as a rich grid: where the line is given fewer columns than it needs, the
+    widest parts give way first, each shortened with an ellipsis (rich's column collapse), never
+    wrapped; a :class:`Kept` part gives way only to its own limit. ``style`` applies to the string
+    parts."""
+    return Fitted(parts, style)
+
+
+def fit_width(console: Console) -> int:
+    """The columns a run's output may take on ``console``: :data:`WIDTH`, or less on a narrower console."""
+    return min(console.width, WIDTH)
+
+
+def print_fitted(console: Console, renderable: RenderableType) -> None:
+    """Print ``renderable`` (a :func:`fitted` line, a summary table) in :func:`fit_width` columns."""
+    console.print(renderable, width=fit_width(console))
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -81,22 +158,32 @@ def _short_id(value: Any, limit: int = 16) -> str:
 def describe_check(check: Check) -> str:
     """``pass file /home/sandbox/x text: observed 'abc'`` or ``FAIL file /x text: expected 'a', file
     missing`` (a check with nothing observed shows why: ``file missing``, ``database missing``, the
-    detail)."""
+    detail): :func:`check_parts` joined."""
+    return "".join(check_parts(check))
+
+
+def check_parts(check: Check, limit: int = SHORT) -> list[str]:
+    """A check's line in parts (:func:`fitted`, the last one :class:`Kept`): ``pass file ``, the target,
+    `` text`` (the rule) and ``: observed 'abc'`` (or ``: expected 'a', file missing``); values cut at
+    ``limit`` characters (the target and the rule at no fewer than 120 and 80)."""
     mark = "pass" if check.passed else "FAIL"
-    head = f"{mark} {clean(check.kind, 10)} {clean(check.target, 120)} {clean(check.rule, 80)}"
-    observed = observed_text(check)
+    observed = observed_text(check, limit)
     if check.passed:
-        return f"{head}: observed {observed}"
-    return f"{head}: expected {clean(repr(check.expected))}, {observed if check.observed is None else 'observed ' + observed}"
+        outcome = f": observed {observed}"
+    else:
+        outcome = (f": expected {clean(repr(check.expected), limit)}, "
+                   f"{observed if check.observed is None else 'observed ' + observed}")
+    return [f"{mark} {clean(check.kind, 10)} ", clean(check.target, max(limit, 120)),
+            f" {clean(check.rule, max(limit, 80))}", outcome]
 
 
-def observed_text(check: Check) -> str:
+def observed_text(check: Check, limit: int = SHORT) -> str:
     """What a check observed, short: the value's repr, or why there is none (``file missing``)."""
     if check.observed is None:
         detail = check.detail or "nothing observed"
         return {"file does not exist": "file missing", "database does not exist": "database missing"}.get(
-            detail, clean(detail))
-    return clean(repr(check.observed))
+            detail, clean(detail, limit))
+    return clean(repr(check.observed), limit)
 
 
 def sign_in_text(d: dict[str, Any]) -> str:
@@ -114,7 +201,14 @@ def browser_call_text(d: dict[str, Any]) -> str:
     """One line for a ``browser_call`` entry (as JSON): ``browser click target=e12: ok (35 ms)``,
     ``browser type <12 chars> target=e3: ok``, ``browser read_page filter=all: read 1200 chars, 14
     elements (omitted: private) (80 ms)``, ``browser navigate url=...: FAILED: navigation refused: ...``;
-    every piece escaped and cut (the progress lines and the HTML report). Typed text is never shown."""
+    every piece escaped and cut (the progress lines and the HTML report). Typed text is never shown.
+    :func:`browser_call_parts` joined."""
+    return "".join(browser_call_parts(d))
+
+
+def browser_call_parts(d: dict[str, Any]) -> tuple[str, str]:
+    """:func:`browser_call_text` in two parts (:func:`fitted`): the call with its arguments, and what
+    came of it (``: ok (35 ms)``)."""
     args = d.get("arguments") if isinstance(d.get("arguments"), dict) else {}
     parts = [f"browser {clean(str(d.get('member')), 40)}"]
     for name, value in list(args.items())[:12]:
@@ -125,8 +219,9 @@ def browser_call_text(d: dict[str, Any]) -> str:
             continue
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
         parts.append(f"{clean(name, 40)}={clean(shown, 120)}")
-    text = " ".join(parts)
+    call = " ".join(parts)
     result = d.get("result") if isinstance(d.get("result"), dict) else {}
+    text = ""
     if not d.get("ok"):
         text += f": FAILED: {clean(str(d.get('error') or 'failed'), 200)}"
     elif result.get("kind") == "read":
@@ -142,7 +237,7 @@ def browser_call_text(d: dict[str, Any]) -> str:
     ms = d.get("ms")
     if isinstance(ms, (int, float)) and not isinstance(ms, bool):
         text += f" ({ms:.0f} ms)"
-    return text
+    return call, text
 
 
 def expectation_text(entry: Expectation, limit: int = 300) -> str:
@@ -167,8 +262,9 @@ class RunPrinter:
     """Listener for :class:`controller.run.record.RunRecord`: prints each entry (an entry model, or a
     JSON object validated as one) as one line.
 
-    ``console``: where lines go. Network entries are held and printed deduplicated when the next
-    other entry (or :meth:`flush`) comes. Never raises: an entry that cannot be printed is skipped.
+    ``console``: where lines go, each fitted to :func:`fit_width` columns. Network entries are held and
+    printed deduplicated when the next other entry (or :meth:`flush`) comes. Never raises: an entry that
+    cannot be printed is skipped.
     """
 
     def __init__(self, console: Console) -> None:
@@ -176,9 +272,10 @@ class RunPrinter:
         self.steps = 0
         self._network: dict[tuple[str, str, str], int] = {}
 
-    def line(self, text: str, style: str | None = None) -> None:
-        """Print one line literally (no markup, no emoji codes, no highlighting)."""
-        self.console.print(text, markup=False, emoji=False, highlight=False, style=style)
+    def line(self, *parts: str | Kept, style: str | None = None) -> None:
+        """Print one line of ``parts`` literally (no markup, no emoji codes, no highlighting), fitted to
+        the console (:func:`fitted`: the widest parts are shortened first)."""
+        print_fitted(self.console, fitted(*parts, style=style))
 
     def __call__(self, entry: Any) -> None:
         try:
@@ -211,9 +308,10 @@ class RunPrinter:
                 case Expectation():
                     self.line(f"  screen expectation unmet: {expectation_text(entry)}", style="red")
                 case Check():
-                    self.line(f"check {describe_check(entry)}", style="green" if entry.passed else "red")
+                    *head, outcome = check_parts(entry)
+                    self.line("check ", *head, Kept(outcome), style="green" if entry.passed else "red")
                 case BrowserCall():
-                    self.line(f"  {browser_call_text(entry.as_json())}", style=None if entry.ok else "red")
+                    self.line("  ", *browser_call_parts(entry.as_json()), style=None if entry.ok else "red")
                 case SignIn():
                     self.line(f"  {sign_in_text(entry.as_json())}",
                               style="green" if entry.outcome == "submitted" else "yellow")
@@ -225,7 +323,7 @@ class RunPrinter:
         held, self._network = self._network, {}
         for (decision, origin, reason), count in held.items():
             times = f" (x{count})" if count > 1 else ""
-            self.line(f"network {decision} {origin} {reason}{times}", style="red" if decision != "allow" else None)
+            self.line(f"network {decision} ", origin, f" {reason}", times, style="red" if decision != "allow" else None)
 
     def _on_network_log(self, e: NetworkLog) -> None:
         if not e.complete:
@@ -257,25 +355,25 @@ class RunPrinter:
     def _on_computer_call(self, e: ComputerCall) -> None:
         text = "; ".join(summarize_action(a) for a in e.actions) or "(no actions)"
         checks = [c for c in e.pending_checks if isinstance(c, dict)]
-        if checks:
-            text += f" [safety checks: {', '.join(clean(c.get('code') or '(no code)', 40) for c in checks)}]"
-        self.line(f"  call {_short_id(e.call_id, 20)}: {text}")  # 20: whole call_0001_wait_001
+        codes = ", ".join(clean(c.get("code") or "(no code)", 40) for c in checks)
+        codes = f" [safety checks: {codes}]" if checks else ""
+        self.line(f"  call {_short_id(e.call_id, 20)}: ", text, codes)  # 20: whole call_0001_wait_001
 
     def _on_approval(self, e: Approval) -> None:
         decision, by = clean(e.decision, 20), clean(e.by, 20)
         style = "green" if decision == "approved" else "red"
         if e.what == "opt-in" and e.origin:
-            self.line(f"opt-in: origin requests for {clean(e.origin, 300)} are approved unattended (--approve-origin)")
+            self.line("opt-in: origin requests for ", clean(e.origin, 300),
+                      " are approved unattended (--approve-origin)")
         elif e.what == "opt-in":
             codes = ", ".join(clean(c, 40) for c in e.codes)
             self.line(f"opt-in: safety checks with code {codes} are approved unattended (--approve-safety-check)")
         elif e.what == "origin_access":
-            self.line(f"  origin request {clean(e.origin or '?', 300)}: {decision} ({by})", style=style)
+            self.line("  origin request ", clean(e.origin or '?', 300), f": {decision} ({by})", style=style)
         elif e.what == "safety_check":
             codes = ", ".join(clean(c or "(no code)", 40) for c in e.codes) or "(none)"
-            self.line(f"  approval: safety check {codes} on {_short_id(e.call_id)} {decision} ({by})",
-                      style=style)
+            self.line("  approval: safety check ", codes, f" on {_short_id(e.call_id)} {decision} ({by})", style=style)
         else:
-            self.line(f"  approval: action {clean(e.action or '?', 80)} {decision} ({by})", style=style)
+            self.line("  approval: action ", clean(e.action or '?', 80), f" {decision} ({by})", style=style)
         if e.latency_ms is not None and e.by in ("terminal", "console"):
             self.line(f"    answered in {e.latency_ms / 1000:.1f}s")

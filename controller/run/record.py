@@ -27,10 +27,11 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.run.entries import (
-    ENTRY_TYPES, FORMAT, Action, Approval, BrowserCall, Check, ComputerCall, EntryError, Expectation, ModelResponse,
-    Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
+    ENTRY_TYPES, FORMAT, REPLAY_RUNNER, Action, Approval, BrowserCall, Check, ComputerCall, EntryError, Expectation,
+    ModelResponse, Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
 )
-from controller.run.progress import expectation_text, observed_text
+from controller.offline.call_ids import SCRIPT_CALL
+from controller.run.progress import Fitted, Kept, check_parts, expectation_text, fitted, print_fitted
 from controller import json_semantics
 from controller.validation import read_input_file
 from controller.text import clean
@@ -308,12 +309,9 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     if wall is None and started and last and started[0].ts and last.ts:
         wall = (_parse_ts(last.ts) - _parse_ts(started[0].ts)).total_seconds()
     unmet = [e for e in expectations if not e.met]
-    from controller.run.replay import RUNNER, SCRIPT_CALL  # replay.py reads records: imported here, not above
-
     runner = started[0].runner if started else None
     replayed = None
-    if runner == RUNNER:
-
+    if runner == REPLAY_RUNNER:
         sent = {c.call_id for c in by(ComputerCall) if SCRIPT_CALL.match(c.call_id or "")}
         replayed = {"steps": len(sent), "performed": len(sent & {a.call_id for a in inputs}),
                     "matched": len([e for e in expectations if e.met]), "diverged": len(unmet)}
@@ -368,7 +366,12 @@ def _count(n: int, noun: str) -> str:
 def summary_table(entries: Iterable[Any], record_path: str | Path | None = None) -> Table:
     """The summary table printed at the end of a run (and by ``desktop-sandbox report``); ``entries``
     as :func:`summarize` takes them. Every cell is rendered here, without emoji codes, so the table
-    reads the same on any console."""
+    reads the same on any console.
+
+    Each row is one line however narrow the console: a value too long for it (a check's SQL, a task
+    name, a reason) is shortened with an ellipsis, and a check's line gives way part by part (target,
+    rule, what was observed: :func:`controller.run.progress.fitted`). Only the record path folds onto
+    more lines, to stay whole. ``report --json`` and the HTML report show every value whole."""
     entries = [as_entry(e) for e in entries]
     s = summarize(entries)
     # Names, reasons and observed values come from tasks, models and the guest: shown literally (no
@@ -379,23 +382,27 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     replayed = s["replay"]  # a replay's record: no model took part, so no model figures
     what = f"replay of {s['task'] or ''}" if replayed else f"run {s['task'] or ''} ({s['mode'] or '?'})"
     title = Text.from_markup(shown(what, 200), style="table.title", emoji=False)
-    table = Table(title=title, show_header=False)
-    table.add_column("what", style="bold", overflow="fold")
-    table.add_column("value", overflow="fold")
+    title.no_wrap, title.overflow = True, "ellipsis"
+    table = Table(title=title, show_header=False, title_justify="default")
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value")
 
-    def row(what: str, value: str) -> None:
-        table.add_row(Text.from_markup(what, emoji=False), Text.from_markup(value, emoji=False))
+    def row(what: str, value: str | Fitted, whole: bool = False) -> None:
+        cell = Text.from_markup(value, emoji=False) if isinstance(value, str) else value
+        if isinstance(cell, Text):
+            cell.no_wrap, cell.overflow = (False, "fold") if whole else (True, "ellipsis")
+        table.add_row(Text.from_markup(what, emoji=False), cell)
 
     if replayed:
         row("steps replayed", f"{_count(replayed['steps'], 'recorded call')} sent again: {replayed['matched']} matched "
                               f"the recorded screen, {replayed['diverged']} diverged; {replayed['performed']} performed")
     else:
-        row("steps (model responses)", str(s["steps"]))
+        row("steps", _count(s["steps"], "model response"))
     shots = _count(s["screenshot_actions"], "screenshot action")
     if s["screenshot_actions_failed"]:
         shots += f" ({s['screenshot_actions_failed']} failed)"
-    row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed), not counting "
-                   f"{shots}; {_count(s['screenshots'], 'screenshot')} sent")
+    row("actions", f"{_count(s['actions'], 'input action')} ({s['actions_failed']} failed) and {shots}")
+    row("screenshots", f"{s['screenshots']} sent")
     if s["browser_calls"]:
         row("browser calls", f"{_count(s['browser_calls'], 'call')} of the browser tools "
                              f"({s['browser_calls_failed']} failed)")
@@ -418,19 +425,16 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     if not replayed:
         row("usage", usage)
     for c in (e for e in entries if isinstance(e, Check)):
-        mark = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
-        detail = f"{c.rule}"
-        if not c.passed:
-            observed = observed_text(c) if c.observed is None else f"observed {c.observed!r}"
-            detail += f": expected {c.expected!r}, {observed}"
-        # a short label keeps the value column wide: paths and the record path stay on one line
-        row("check", f"{mark} {shown(c.kind, 20)} {shown(c.target)} {shown(detail, 800)}")
+        mark = Text("pass", style="green") if c.passed else Text("FAIL", style="red")
+        _, target, rule, outcome = check_parts(c, limit=300)
+        # a short label keeps the value column wide; the parts give way widest first (fitted)
+        row("check", fitted(mark, f" {clean(c.kind, 20)} ", target, rule, Kept("" if c.passed else outcome)))
     if s["checks_total"] == 0 and s["status"] in ("cancelled", "error"):
         row("checks", f"not run ({shown(s['status'], 20)})")
     else:
         row("checks", f"{s['checks_passed']}/{s['checks_total']} passed")
     if (s["expectations_met"] or s["expectations_unmet"]) and not replayed:
-        row("screen expectations",
+        row("expectations",
             f"{_count(s['expectations_met'], 'turn')} met, {s['expectations_unmet']} unmet "
             f"({_count(s['expectation_waits'], 'wait')} inserted)")
     for failure in (e for e in entries if isinstance(e, Expectation) and not e.met):
@@ -440,16 +444,16 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     reason = f" ({shown(s['reason'], 800)})" if s["reason"] else ""
     row("verdict", f"[{color}]{shown(verdict, 20)}[/]{reason}")
     if s["wall_s"] is not None:
-        t = f"{s['wall_s']:.1f} s"
-        if s["timings"]:
-            t += " (" + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()) + ")"
-        row("time", shown(t))
+        row("time", f"{s['wall_s']:.1f} s")
+    if s["timings"]:
+        row("phases", shown(", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items())))
     if record_path:
-        row("record", shown(record_path, 500))
+        row("record", shown(record_path, 500), whole=True)
     return table
 
 
 def print_summary(entries: Iterable[Any], record_path: str | Path | None = None,
                   console: Console | None = None) -> None:
-    """Print :func:`summary_table` to ``console`` (a new one on stdout, without emoji codes, when None)."""
-    (console or Console(emoji=False)).print(summary_table(entries, record_path))
+    """Print :func:`summary_table` to ``console`` (a new one on stdout, without emoji codes, when None)
+    in at most :data:`controller.run.progress.WIDTH` columns."""
+    print_fitted(console or Console(emoji=False), summary_table(entries, record_path))

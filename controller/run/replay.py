@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,8 @@ from typing import Any, Iterable
 from PIL import Image
 
 from controller.offline.script import ScriptError, load_script, validate_first_turn, validate_turn
+from controller.offline.call_ids import SCRIPT_CALL, SCRIPTED_WAIT, STEP_OF_CALL
+from controller.run.entries import REPLAY_RUNNER
 from controller.run.live import HUMAN_ACTIONS
 from controller.run.record import read_record
 from controller.run.registry import ORIGIN, SIGN_IN, ApprovalRegistry, AnswerRefused, Request
@@ -52,23 +53,13 @@ from controller.text import clean
 from wire.actions import ACTION_TYPES, ActionInvalid, first_outside, parse_action
 from wire.screen_match import MatchRule, encode_crop, regions_for
 
-SCRIPTED_WAIT = re.compile(r"^call_\d{4}_(wait|read)_\d+$")
-"""Call ids of the scripted model's own waits (contract 3): not steps of the run, unless they carry a
-turn's ``expect_retry`` actions."""
-SCRIPT_CALL = re.compile(r"^call_(\d{4})$")
-"""A scripted model's call id for script turn ``NNNN``."""
-STEP_OF_CALL = re.compile(r"^call_(\d{4})(?:_(?:wait|read)_\d+)?$")
-"""A replay's call id and the step it belongs to: step NNNN's own call, or one of the scripted model's
-waits for that step's screen (which come before it)."""
-RUNNER = "replay"
-"""``run_started.runner`` of a replay's run (its summary then shows steps replayed, not model figures)."""
 BY_REPLAY = "replay"
 """``by`` of an answer the replay gives itself (a refusal the recorded run had): in ``approval`` and
 ``sign_in`` lines, and the reason of a run it cancels (``cancelled by replay``)."""
 GRANTED = {"safety_check": "approved", "action": "approved", ORIGIN: "approved", SIGN_IN: "submitted"}
 """Per kind of question, the one recorded answer a replay asks about again; every other (denied,
 withdrawn, cancelled, timeout, expired, screen_changed, no answer at all...) is a refusal it repeats."""
-DEFAULT_STEP_TIMEOUT_S = 30.0
+DEFAULT_STEP_TIMEOUT_S = 30.0  # replay --step-timeout's help names it
 """Seconds a replayed step waits for the screen to match (times the sandbox's ``time_scale``)."""
 
 

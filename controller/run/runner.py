@@ -62,7 +62,7 @@ from controller.run.driver import SandboxDriver, ScreenChanged, ScreenshotPolicy
 from controller.run.replay import HumanReplayer
 from controller.run.entries import Approval, Check, HumanAction, Takeover
 from controller.run.model_client import live_client, offline_client
-from controller.run.progress import RunPrinter, clean, make_console
+from controller.run.progress import RunPrinter, clean, fitted, make_console, print_fitted
 from controller.run.record import RunRecord, new_run_id, print_summary, read_entries, recorded_action
 from controller.run.recording import (
     BodyMeter, DecisionTail, RecordingHooks, decision_reader, expectation_recorder, run_started_entry,
@@ -334,12 +334,17 @@ def _wait_ready(agent: Any, task: Task, home: str, timeout_s: float, time_scale:
     return observed
 
 
-def _ready_line(observed: dict[str, Any], took_s: float) -> str:
-    """``ready in 0.3s: /home/sandbox/.cache/terminal-ready 0.11s, screen stable 0.22s``."""
-    parts = [f"{path} {s:.2f}s" for path, s in observed.items() if path not in ("screen_stable", "screen_stable_s")]
+def _ready_line(observed: dict[str, Any], took_s: float, home: str = "") -> list[str]:
+    """``ready in 0.3s: ~/.cache/terminal-ready 0.11s, screen stable 0.22s`` in parts for
+    :func:`controller.run.progress.fitted` (a path apart from its time, so that a long path gives way
+    first); a path in the guest's ``home`` is shown from ``~``."""
+    parts = [f"ready in {took_s:.1f}s: "]
+    for path, s in observed.items():
+        if path not in ("screen_stable", "screen_stable_s"):
+            shown = "~" + path[len(home):] if home and path.startswith(home.rstrip("/") + "/") else path
+            parts += [clean(shown, 500), f" {s:.2f}s, "]
     stable = "screen stable" if observed.get("screen_stable") else "screen still changing"
-    parts.append(f"{stable} {observed.get('screen_stable_s', 0.0):.2f}s")
-    return f"ready in {took_s:.1f}s: " + ", ".join(parts)
+    return [*parts, f"{stable} {observed.get('screen_stable_s', 0.0):.2f}s"]
 
 
 def build_params(task: Task, model: str, first: SentScreenshot, legacy: bool) -> dict[str, Any]:
@@ -536,6 +541,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
     origins: OriginAccess | None = None
     restore_agent: Callable[[], None] = lambda: None  # the agent's calls their own deadlines again
     mode = "live" if live else "offline"
+    # printed whole, however wide: run-suite reads the record's folder from this line (controller.suite)
     console.print(f"[bold]run-task[/] {escape(clean(f'{task.name} ({mode}) -> {record.dir}', 500))}", emoji=False)
 
     def phase(name: str, started: float) -> None:
@@ -605,12 +611,10 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                 agent.browser_rule(rules.guest_rule())
             for launch in task.launch:
                 pid = agent.launch(launch.app, launch.args)
-                console.print(f"launched {clean(launch.app, 80)} (pid {pid})", markup=False, emoji=False,
-                              highlight=False)
+                print_fitted(console, fitted(f"launched {clean(launch.app, 80)} (pid {pid})"))
             ready = _wait_ready(agent, task, home, options.ready_timeout_s, time_scale, cancel)
             phase("launch_ready", t)
-            console.print(clean(_ready_line(ready, timings["launch_ready"]), 2000), markup=False, emoji=False,
-                          highlight=False)
+            print_fitted(console, fitted(*_ready_line(ready, timings["launch_ready"], home)))
             network.poll()
             if cancel():
                 raise _Cancelled()
@@ -728,7 +732,7 @@ def _run_task(task: Task, open_sandbox: Callable[[Task], Any], options: RunOptio
                     driver.release()
             status, reason = _expectation_verdict(scripted, status, reason)
             said = f"; model said: {clean(repr(final_message), 200)}" if final_message else ""
-            console.print(f"{clean(reason, 400)}{said}", markup=False, emoji=False, highlight=False)
+            print_fitted(console, fitted(clean(reason, 400), said))
             if cancel():
                 raise _Cancelled()
             t = time.monotonic()
@@ -903,7 +907,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
         if origins is not None:
             origins.reconcile(record, network)
         if not netlog.complete:
-            console.print(f"[yellow]gateway decision log: {escape(clean(netlog.error, 500))}[/]", emoji=False)
+            print_fitted(console, fitted(f"gateway decision log: {clean(netlog.error, 500)}", style="yellow"))
         flush = getattr(record.on_entry, "flush", None)
         if flush is not None:
             flush()  # the decisions, deduplicated, before any teardown message
@@ -915,7 +919,7 @@ def _finish(record: RunRecord, sandbox: Any, server: ScriptedServer | None, clie
                 closer()
             except Exception as exc:  # noqa: BLE001 - teardown goes on
                 # the error may quote the guest's or a container's output
-                console.print(f"[yellow]teardown: {escape(clean(exc, 1000))}[/]", emoji=False)
+                print_fitted(console, fitted(f"teardown: {clean(exc, 1000)}", style="yellow"))
     timings["teardown"] = round(time.monotonic() - t, 3)
     if cancel is not None and cancel() and cancel.signal is not None and status != "cancelled":
         status, reason = "cancelled", f"cancelled by {cancel.signal} after the run had {status}: {reason}"

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import pytest
 
 from controller.audit import DENIED_NAME, DENY_BODY, FIXTURE_ORIGIN, TARGET_HTTP_PORT, audit
 from controller.audit.console import audit_console
 from controller.gateway.policy import NetworkPolicy
+from controller.sandbox import LABEL_OWNER
 from tests.require import unavailable
 
 from .report_shape import check_console_probes, check_report, console_port, expected_probe_names, record_probe_list
@@ -23,6 +25,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 IMAGE = os.environ.get("DESKTOP_SANDBOX_IMAGE", "desktop-sandbox:latest")
 REQUIRED_CATEGORIES = {"direct", "dns", "doh-dot", "proxy-metadata", "proxy-private", "proxy-loopback",
                        "proxy-connect", "gateway", "docker-host", "console", "origins", "host-header", "summary"}
+
+
+OURS = f"{LABEL_OWNER}={socket.gethostname()}:{os.getpid()}"
+"""The label of what an audit run by this process starts (another process may audit at the same time)."""
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +45,7 @@ def docker_client():
     except Exception:  # noqa: BLE001
         unavailable("IMAGE", f"image {IMAGE} missing; run `make desktop`")
     yield client
-    from controller.sandbox import LABEL_SANDBOX
-
-    leftovers = [c.name for c in client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL_SANDBOX})
+    leftovers = [c.name for c in client.containers.list(all=True, ignore_removed=True, filters={"label": OURS})
                  if c.name.startswith("ds-audit-")]
     assert leftovers == [], f"audit left containers behind: {leftovers}"
 
@@ -52,7 +56,7 @@ def _failures(report) -> list[str]:
 
 
 def _no_audit_networks(client) -> None:
-    left = [n.name for n in client.networks.list() if n.name.startswith("ds-audit-")]
+    left = [n.name for n in client.networks.list(filters={"label": OURS}) if n.name.startswith("ds-audit-")]
     assert left == [], left
 
 

@@ -81,6 +81,41 @@ def test_login_sets_a_strict_httponly_cookie_and_the_token_is_spent(console):
     assert httpx.get(console.base + "/login").status_code == 403
 
 
+def test_the_login_url_of_a_run_opens_the_run_s_page(console, live):
+    url = console.url_for_run(LIVE_ID)
+    assert url == f"{console.url}&next=/runs/{LIVE_ID}"
+    page = f"{console.auth.base}/runs/{LIVE_ID}"
+    with httpx.Client(base_url=console.base) as client:
+        resp = client.get(url)
+        assert resp.status_code == 303 and resp.headers["location"] == page and "set-cookie" in resp.headers
+        assert client.get(page[len(console.auth.base):]).status_code == 200
+        again = client.get(url)  # this browser is logged in: the link still leads to the run
+        assert again.status_code == 303 and again.headers["location"] == page and "set-cookie" not in again.headers
+
+
+OFF_THE_CONSOLE = [
+    "//evil.example/", "https://x", "http://evil.example/runs/x", "javascript:alert(1)", "/\\evil.example",
+    "\\\\evil.example/runs/x", "/s/other/..", "/s/other/runs/x", "/runs/..", "/runs/.", "/runs/x/../../..",
+    "/runs/x/shots/y", "/runs/x?y", "/runs/x#y", " /runs/x", "/runs/x\r\nSet-Cookie: a=b", "/runs/x\x00",
+    "/runs/x\u202e", "/runs/%2e%2e", "/runs/" + "a" * 201, "runs/x", "",
+]
+"""``next`` values a hostile login link may carry (sent percent-encoded): none may lead anywhere but
+the runs list."""
+
+
+@pytest.mark.parametrize("next_page", OFF_THE_CONSOLE)
+def test_a_login_link_never_leads_off_the_console_or_out_of_its_base(console, next_page):
+    resp = httpx.get(console.base + "/login", params={"t": console.auth.login_token, "next": next_page})
+    assert resp.status_code == 303 and resp.headers["location"] == console.auth.base + "/", resp.headers
+
+
+@pytest.mark.parametrize("raw", ["%2F%2Fevil.example%2F", "/runs/%2e%2e", "/runs/x%0d%0aLocation:%20//evil.example",
+                                 "/runs/x%00", "%5C%5Cevil.example"])
+def test_a_login_link_s_next_is_read_after_percent_decoding_and_still_stays_home(console, raw):
+    resp = httpx.get(f"{console.url}&next={raw}")
+    assert resp.status_code == 303 and resp.headers["location"] == console.auth.base + "/", resp.headers
+
+
 def test_a_wrong_token_does_not_spend_the_right_one(console):
     assert httpx.get(console.base + "/login?t=guess").status_code == 403
     Session(console).close()  # still logs in

@@ -4,9 +4,9 @@ and a real browser (Debian's chromium through Playwright) doing what a person do
 * **Approve** in the page: the call's actions run and the task passes; the record says ``by: console``.
 * **Deny** in the page: not one input event of that call reaches the desktop (the event-logging probe
   window covers the screen and logs what X delivers).
-* **Cancel run** through the real CLI on Docker (``run-task --ui`` with stdin not a terminal): the card
-  goes, the command exits 130, the record ends ``cancelled`` with the approval ``withdrawn`` and nothing
-  of the sandbox remains.
+* **Cancel run** through the real CLI on Docker (``run-task --ui`` with stdin not a terminal): the URL
+  it prints opens the run's page, the card goes, the command exits 130, the record ends ``cancelled``
+  with the approval ``withdrawn`` and nothing of the sandbox remains.
 * **Take over, click, Resume**: the person's click on the live screen lands at the scaled spot, is
   recorded between the two ``takeover`` lines, and the model's next screenshot shows it.
 
@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from PIL import Image
@@ -398,11 +399,10 @@ def test_cancel_run_with_a_card_open_through_the_cli_on_docker(tmp_path, page):
     cli = Cli("run-task", "tasks/approval-demo.toml", "--ui", "--offline", "--runs-dir", str(runs))
     try:
         url = cli.console_url()
-        cli.wait_line("run-task approval-demo")  # printed once the run is in the console's list
-        page.goto(url)
-        link = page.locator("#runs a").first
-        expect(link).to_have_count(1)
-        link.click()
+        run_id = parse_qs(urlsplit(url).query)["next"][0].removeprefix("/runs/")
+        cli.wait_line("run-task approval-demo")  # printed once the run is in the console
+        page.goto(url)  # the login leads to the run's page itself, not to the runs list
+        expect(page).to_have_url(re.compile(rf"/runs/{re.escape(run_id)}$"))
         card = wait_card(page)
         expect(card.locator(".checks .code")).to_have_text("sensitive_action")
         page.once("dialog", lambda dialog: dialog.accept())  # "Cancel this run?"
@@ -417,6 +417,7 @@ def test_cancel_run_with_a_card_open_through_the_cli_on_docker(tmp_path, page):
         cli.stop()
     stderr = "\n".join(cli.stderr)
     assert code == 130, stderr
+    assert Path(out.strip()).parent.name == run_id
     entries = read_record(Path(out.strip()))
     assert (entries[-1]["type"], entries[-1]["status"]) == ("run_finished", "cancelled"), stderr
     (approval,) = [e for e in entries if e["type"] == "approval"]

@@ -99,7 +99,7 @@ def test_summary_counts_decisions_apart_from_opt_ins_and_explains_a_missing_file
     console.print(summary_table(entries, rec.path))
     text = console.export_text()
     assert "1 approved, 0 denied; opt-in: --approve-safety-check sensitive_action" in text
-    assert "1 input action (0 failed), not counting 1 screenshot action; 0 screenshots sent" in text
+    assert "1 input action (0 failed) and 1 screenshot action" in text and "│ 0 sent " in text
     assert "FAIL file /home/sandbox/gone text: expected 'x', file missing" in text
     assert "observed None" not in text
     assert "failed (1 of 3 checks failed)" in text

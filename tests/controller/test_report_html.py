@@ -202,7 +202,7 @@ def test_actions_are_drawn_at_their_model_px(hostile):
     diamond = [tuple(map(float, p.split(","))) for p in attrs(move, "polygon", "ring")[0]["points"].split()]
     assert sum(x for x, _ in diamond) / 4 == 130 and sum(y for _, y in diamond) / 4 == 140
     assert "5 move +shift" in move["text"]
-    notes = [e["text"] for e in page.find("text", within=page.step(1), class_="note")]
+    notes = [e["text"] for e in page.find("li", within=page.step(1), class_="note")]
     assert notes == ["6 typed 7 chars", "7 keys ctrl+c", "8 wait", "9 typed ? chars"]
     assert "typed" not in page.mark(1, "click", step=3)["text"] and page.mark(1, "click", step=3)
     assert not page.find("g", within=page.step(4))
@@ -487,3 +487,50 @@ def test_a_step_without_a_screenshot_is_flagged_only_when_the_model_should_have_
     page = Page(render_report(rec.dir))
     flagged = page.find("div", within=page.step(1), class_="noshot")
     assert flagged and "plain" not in flagged[0]["attrs"]["class"] and "browser" not in flagged[0]["text"]
+
+
+def test_the_typing_and_keys_labels_cover_at_most_a_strip_of_the_screenshot(tmp_path):
+    """In chromium, at a wide and a narrow window: the labels of a step's actions without a point
+    (typing, keys, waits; as many as a step lists, some long), with their backdrop, cover no more of
+    the screenshot than a strip along one edge: where their box overlaps the image it is at most 15% of
+    the image's height tall or 15% of its width wide. They are shown all the same."""
+    from playwright.sync_api import sync_playwright
+
+    from controller.chromium import launch as launch_chromium
+    from controller.report.marks import MAX_NOTES
+    from tests.require import require_browser
+
+    require_browser()
+    size = (1280, 800)
+    rec = RunRecord(tmp_path / "runs", "run-notes")
+    rec.write("run_started", task={"name": "notes"}, mode="offline", model="scripted", image="local")
+    rec.save_screenshot(_png((40, 90, 160), size), "image/png", image_size=size, frame=(0, 0, *size))
+    rec.write("model_response", response_id="resp_1", http_status=200)
+    actions = [{"type": "click", "x": 640, "y": 400, "button": "left"}]
+    for i in range(MAX_NOTES + 3):
+        actions.append({"type": "type", "text_length": 12} if i % 2 else
+                       {"type": "keypress", "keys": ["ctrl", "alt", "shift", "super", "F12"] * 3})
+    rec.write("computer_call", call_id="call_1", form="actions", actions=actions)
+    for action in actions:
+        rec.write("action", call_id="call_1", action=action["type"], duration_ms=1.0)
+    rec.finish("passed", "ok")
+    rec.close()
+    html = render_report(rec.dir)
+
+    with sync_playwright() as pw:  # leaving it closes the browser
+        page = launch_chromium(pw).new_page(viewport={"width": 1280, "height": 900})
+        page.set_content(html)
+        for width in (1280, 700):  # the step's details beside the image, and below it
+            page.set_viewport_size({"width": width, "height": 900})
+            image = page.locator("#step-1 img").bounding_box()
+            labels = page.locator("#step-1 .note")
+            assert labels.count() == MAX_NOTES, width
+            assert labels.first.is_visible() and labels.last.is_visible()
+            boxes = [b for b in (el.bounding_box() for el in page.locator("#step-1 .note, #step-1 .notes").all())
+                     if b and b["width"] and b["height"]]
+            left, top = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
+            right = max(b["x"] + b["width"] for b in boxes)
+            bottom = max(b["y"] + b["height"] for b in boxes)
+            wide = max(0.0, min(right, image["x"] + image["width"]) - max(left, image["x"]))
+            tall = max(0.0, min(bottom, image["y"] + image["height"]) - max(top, image["y"]))
+            assert wide <= 0.15 * image["width"] or tall <= 0.15 * image["height"], (width, image, boxes)

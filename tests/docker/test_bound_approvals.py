@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "tasks" / "bound-approval-demo.toml"
 COST_SAMPLES = 40
 """Requests of each kind (with and without ``expect_screen``) for the cost."""
-APPROVALS = 50
+APPROVALS = 25
 """Bound clicks on each page for the false-refusal rate."""
 READY_S = 60.0
 """Longest wait for a page to show (seconds)."""

@@ -88,7 +88,7 @@ def test_a_changed_page_diverges_at_the_first_step_with_both_crops(task_sandbox,
     changed = text.replace('args = ["http://127.0.0.1:8080/"]', 'args = ["http://127.0.0.1:8080/?shift=80"]')
     assert changed != text
     task_file.write_text(changed)
-    done = replay(outcome.record_dir, desktop_image, tmp_path / "replays")
+    done = replay(outcome.record_dir, desktop_image, tmp_path / "replays", "--step-timeout", "3")
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     assert "changed since the run was recorded" in done.stderr
@@ -96,6 +96,7 @@ def test_a_changed_page_diverges_at_the_first_step_with_both_crops(task_sandbox,
     record = Path(done.stdout.strip().splitlines()[-1])
     [exp] = [e for e in read_record(record) if e["type"] == "expectation"]
     assert not exp["met"] and "matches" in [u["kind"] for u in exp["unmet"]]
+    assert exp["timeout_s"] < 30, exp  # the step gave up after --step-timeout (times the slowness factor)
     report = subprocess.run([sys.executable, "-m", "controller.cli", "report", str(record.parent), "--html"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     page = Path(report.stdout.strip().splitlines()[-1]).read_text()

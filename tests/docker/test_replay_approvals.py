@@ -46,13 +46,15 @@ def replay_cli(record_dir: Path, desktop_image: str, runs: Path, *extra: str) ->
 
 
 def rows(output: str) -> list[tuple[str, str]]:
-    """(state, detail) of each row of the per-step table."""
-    found = []
+    """(state, detail) of each row of the per-step table (a detail wrapped onto more lines joined)."""
+    found: list[tuple[str, str]] = []
     for line in output.splitlines():
         cells = [c.strip() for c in line.split("│")]
         cells = cells[1:-1] if len(cells) > 2 else cells
         if len(cells) >= 4 and cells[0].isdigit() and cells[2] in ("matched", "diverged", "denied", "not reached"):
             found.append((cells[2], cells[3]))
+        elif found and len(cells) >= 4 and not any(cells[:3]) and cells[3]:
+            found[-1] = (found[-1][0], f"{found[-1][1]} {cells[3]}")
     return found
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.cells import cell_len
 
 from controller.run.record import read_record
 from tests.loop.conftest import interrupt_after_first_action
@@ -85,21 +86,23 @@ def test_run_task_prints_each_step_its_actions_approvals_checks_and_verdict(tmp_
     assert any(l.startswith("sandbox local-") and " started in " in l for l in lines), err
     assert any(l.startswith("step 1 resp_") and "tokens (in " in l for l in lines), err
     assert any(l.startswith("step 2 resp_") for l in lines), err
-    call_1 = [l for l in lines if l.strip().startswith("call call_0000:")]
-    assert call_1 == [f"  call call_0000: click (640,250) left; type <{len(SECRET)} chars>; keypress CTRL+C "
-                      "[safety checks: sensitive_action]"], err
+    # a line longer than 100 columns gives way in its longest part (the actions), not in the checks
+    (call_1,) = [l for l in lines if l.strip().startswith("call call_0000:")]
+    assert call_1.startswith(f"  call call_0000: click (640,250) left; type <{len(SECRET)} chars>; key"), err
+    assert call_1.endswith("… [safety checks: sensitive_action]"), err
     assert "  call call_0001: scroll (300,400) 0,-300; move (5,6)" in lines, err
     assert any("opt-in: safety checks with code sensitive_action" in l for l in lines), err
     assert "  approval: safety check sensitive_action on call_0000 approved (opt-in)" in lines, err
     assert any(l.startswith("check pass file ") and l.endswith("seed.txt text: observed 'seed\\n'") for l in lines), err
     # the summary: decisions counted apart from the opt-in, actions say what they count, verdict wording
     assert "1 approved, 0 denied; opt-in: --approve-safety-check sensitive_action" in err
-    assert "5 input actions (0 failed), not counting 2 screenshot actions; 3 screenshots sent" in err
+    assert "5 input actions (0 failed) and 2 screenshot actions" in err and "│ 3 sent " in err
     assert "passed (1 of 1 checks)" in err
-    # piped output is not wrapped: the record path stands whole on one line, and is on stdout
+    # piped output fits 100 columns, but for the first line, which names the record's folder whole (run-suite
+    # reads it); the record path stands whole on stdout
+    assert max(cell_len(l) for l in lines[1:]) <= 100 and lines[0].startswith("run-task console (offline) -> "), err
     record = Path(done.stdout.strip())
     assert record.is_file() and record.parent.parent == runs
-    assert any(str(record) in l for l in lines), err
     # the typed text is nowhere: not on the console, not in the record
     assert SECRET not in err and SECRET not in done.stdout
     assert SECRET not in record.read_text()
