@@ -670,9 +670,21 @@ class BrowserHost:
                 return self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("loaderId") != loader
             except ChannelError:
                 return False
+        def parsed() -> bool:
+            # the new document's form is there to read once it is parsed: the next sign-in step (a
+            # second form) is then seen by whoever asks for the page right after the fill
+            try:
+                state = self._evaluate(pipe, session, "document.readyState", timeout=SHORT_TIMEOUT_S,
+                                       frame=self._frame(pipe, session, timeout=SHORT_TIMEOUT_S))
+            except (ChannelError, BrowserError):
+                return False
+            return state in ("interactive", "complete")
+
         navigated = bool(wait_until(moved, NAVIGATION_WAIT_S))
         if not navigated:
             self._clear(pipe, session, typed)
+        else:
+            wait_until(parsed, NAVIGATION_WAIT_S)  # a page that never finishes parsing: read as it is
         try:
             after = str(self._frame(pipe, session, timeout=SHORT_TIMEOUT_S).get("securityOrigin") or "null")
         except ChannelError:

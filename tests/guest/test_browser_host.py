@@ -468,3 +468,68 @@ def test_going_back_after_a_sign_in_shows_no_value(host, site):
         assert wait_until(lambda: host.signin_page().url == base + page, 10, 0.05), host.signin_page().url
         assert wait_until(lambda: page_world(host, "document.readyState") == "complete", 10, 0.05)
         assert page_world(host, TYPED) == "", f"the {field} page came back holding its value"
+
+
+SLOW_FIRST_PAGE = ('<!doctype html><html><head><meta charset="utf-8"><title>Sign in</title></head><body>'
+                   '<form method="post" action="/next"><label for="email">E-mail</label>'
+                   '<input type="email" id="email" name="email" autocomplete="username" required>'
+                   '<button type="submit">Next</button></form></body></html>')
+SLOW_HEAD = '<!doctype html><html><head><meta charset="utf-8"><title>Password</title></head><body><h1>Password</h1>'
+SLOW_REST = ('<form method="post" action="/done"><label for="password">Password</label>'
+             '<input type="password" id="password" name="password" autocomplete="current-password" required>'
+             '<button type="submit">Sign in</button></form></body></html>')
+
+
+@contextmanager
+def slow_second_step(parse_after_s: float) -> Iterator[str]:
+    """A two-step sign-in on 127.0.0.1 whose second page sends its head at once and its form
+    ``parse_after_s`` later: the new document is there (committed) well before its form."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import threading
+
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = SLOW_FIRST_PAGE.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(SLOW_HEAD.encode() + b" " * 2048)  # past the parser's first chunk
+            self.wfile.flush()
+            stop.wait(parse_after_s)  # the server's pacing: the rest of the page comes later
+            self.wfile.write(SLOW_REST.encode())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_next_steps_form_is_read_right_after_a_fill_that_navigated(shared):
+    """A fill that navigated returns once the new document is parsed, so the page read right after it
+    (the next request of a multi-step sign-in) shows the next step's form, not a document still loading."""
+    with slow_second_step(1.5) as base:
+        page = goto(shared, base + "/")
+        assert [f.id for f in page.form.fields] == ["email"]
+        result = shared.fill(FillRequest(credential_origin=base, fields=[{"field_id": "email", "value": EMAIL}]))
+        assert (result.outcome, result.navigated) == ("submitted", True)
+        page = shared.signin_page()
+        assert page.form is not None and [f.id for f in page.form.fields] == ["password"], page
