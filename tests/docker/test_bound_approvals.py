@@ -175,11 +175,34 @@ def bound_click(driver: SandboxDriver, point: tuple[int, int], change: Any = Non
     return None
 
 
-def approve_clicks(drivers: dict[str, SandboxDriver], points: list[tuple[int, int]]) -> dict[str, list[str]]:
-    """A bound click (:func:`bound_click`) per point and driver, the drivers in turn; each driver's refusals."""
+STILL_S = 5.0
+"""Longest wait for the square around a click's point to be drawn the same twice in a row (seconds)."""
+
+
+def wait_still(agent: Any, point: tuple[int, int]) -> None:
+    """Grab the screen until two grabs in a row show the same square around ``point`` (the rule's
+    margin, screen px): what the click before drew there (a focus ring, a radio's dot) is drawn. A caret
+    blinking there may keep it from ever holding: then after :data:`STILL_S` as it is."""
+    x, y = point
+    box = (x - 24, y - 24, x + 25, y + 25)
+    deadline = time.monotonic() + STILL_S
+    last = grab(agent).crop(box)
+    while time.monotonic() < deadline:
+        now = grab(agent).crop(box)
+        if changed_share(last, now, 0) == 0:
+            return
+        last = now
+
+
+def approve_clicks(agent: Any, drivers: dict[str, SandboxDriver],
+                   points: list[tuple[int, int]]) -> dict[str, list[str]]:
+    """A bound click (:func:`bound_click`) per point and driver, the drivers in turn, each on a screen
+    where nothing moves at the point (:func:`wait_still`: a false refusal is one where nothing moved);
+    each driver's refusals."""
     refused: dict[str, list[str]] = {name: [] for name in drivers}
     for point in points:
         for name, driver in drivers.items():
+            wait_still(agent, point)
             error = bound_click(driver, point)
             if error is not None:
                 refused[name].append(error)
@@ -226,7 +249,7 @@ def test_no_false_refusals_on_the_clock_page_and_the_pickup_form(sandbox):
 
     # the clock page: every click on the button, the clock redrawing far from it
     before = len(page_call(sandbox, "GET", "/api/pay/clicks")["clicks"])
-    clock = approve_clicks(drivers, [BUTTON] * APPROVALS)
+    clock = approve_clicks(agent, drivers, [BUTTON] * APPROVALS)
     state = page_call(sandbox, "GET", "/api/pay/clicks")
     pressed = sum(c["on_button"] for c in state["clicks"][before:])
 
@@ -239,7 +262,7 @@ def test_no_false_refusals_on_the_clock_page_and_the_pickup_form(sandbox):
     agent.actions([{"type": "click", "x": 640, "y": 63, "button": "left"}, {"type": "keypress", "keys": ["CTRL", "a"]},
                    {"type": "type", "text": "127.0.0.1:8080/"}, {"type": "keypress", "keys": ["Return"]}])
     wait_screen(agent, lambda img: share(img, NAME_FIELD, (255, 255, 255), 8) >= 0.95, "the pickup form")
-    form = approve_clicks(drivers, [FORM_CLICKS[i % len(FORM_CLICKS)] for i in range(APPROVALS)])
+    form = approve_clicks(agent, drivers, [FORM_CLICKS[i % len(FORM_CLICKS)] for i in range(APPROVALS)])
 
     def type_name() -> None:  # control: text typed into the Name field where the click lands
         agent.actions([{"type": "type", "text": "Ada Lovelace"}])
