@@ -136,7 +136,10 @@ script = "takeover.offline.jsonl"
 TAKEOVER_SCRIPT = (
     '{"expect": [{"kind": "not_color", "x": 3, "y": 603, "w": 150, "h": 16, "rgb": "#ffffff", "tolerance": 48, '
     '"fraction": 0.1}], "actions": [{"type": "click", "x": 640, "y": 590, "button": "left"}]}\n'
-    '{"message": "the terminal has the focus"}\n')
+    '{"expect": [{"kind": "color", "x": 3, "y": 603, "w": 150, "h": 16, "rgb": "#00cd00", "tolerance": 60, '
+    '"fraction": 0.3}], "message": "the terminal has the focus"}\n')
+"""The model's second turn waits until the person's command has run: it ends by painting the terminal
+green (\\e[42m, then clear), so the checks never race the shell."""
 
 
 def test_a_takeover_replays_the_persons_actions(task_sandbox, desktop_image, tmp_path):
@@ -144,7 +147,7 @@ def test_a_takeover_replays_the_persons_actions(task_sandbox, desktop_image, tmp
     folder.mkdir()
     (folder / "takeover.toml").write_text(TAKEOVER_TASK)
     (folder / "takeover.offline.jsonl").write_text(TAKEOVER_SCRIPT)
-    command = "mkdir -p ~/Documents && echo typed by a person > ~/Documents/human.txt\n"
+    command = "mkdir -p ~/Documents && echo typed by a person > ~/Documents/human.txt && printf '\\e[42m' && clear\n"
     problems: list[str] = []
 
     def person(view) -> None:
