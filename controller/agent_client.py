@@ -39,6 +39,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httpx
 
 from controller.agent_transport import AgentTransport, TransportError
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 from guest.files import DEFAULT_MAX_BYTES as _AGENT_FILE_MAX_BYTES
@@ -73,7 +74,7 @@ _CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _COUNT = re.compile(r"([0-9]{1,6})")
 
 
-class AgentError(RuntimeError):
+class AgentError(DesktopSandboxError, RuntimeError):
     """A failed agent call: ``status`` (HTTP), ``code`` (e.g. ``unknown_key``), ``message``,
     ``index`` (the failing action's position, when the agent names one), ``body`` (parsed JSON).
 

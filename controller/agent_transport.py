@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 
 import httpcore
 
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 HEAD_MAX_BYTES = 100 * 1024
@@ -54,7 +55,7 @@ _EOL = (b"\r\n", b"\n")
 _NO_BODY = (204, 304)
 
 
-class TransportError(Exception):
+class TransportError(DesktopSandboxError):
     """A call that got no usable answer. ``code``: ``unreachable`` (no connection, or it broke),
     ``deadline`` (no complete answer before the call's deadline), ``too_large`` (over the call's size
     cap), ``bad_response`` (not well-framed HTTP/1.1, or a ``Content-Encoding``) or ``interrupted``

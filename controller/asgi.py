@@ -13,11 +13,12 @@ import uvicorn
 from starlette.requests import Request
 
 from controller import json_semantics
+from controller.model.errors import DesktopSandboxError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(DesktopSandboxError):
     """A request body over the cap (declared in ``Content-Length``, or counted while it arrives)."""
 
 

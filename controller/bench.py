@@ -109,6 +109,7 @@ from controller.bench_console import checks as console_checks, render_lines as c
 from controller.chromium import APPS_JSON, CHROMIUM, channel_app
 from controller.text import clean, clean_lines
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
+from controller.sandbox.guest import GUEST_HOME, GUEST_PYTHON
 from guest.actions import WAIT_CAP_S, WAIT_QUIET_S
 from guest.localrun import AgentProcess, Xvfb
 
@@ -122,7 +123,6 @@ TARGET_RATIO = 10.0
 TARGET_SETTLED_MS = 150.0
 TARGET_PATH_MS = 1.5
 DEFAULT_IMAGE = "desktop-sandbox:latest"
-GUEST_PYTHON = "/opt/desktop-sandbox/bin/python"
 SETTLE_RULE = (f"wait settles once the X server reported no drawing for {WAIT_QUIET_S * 1000:g} ms "
                f"(DAMAGE; frame comparison only without it), capped at {WAIT_CAP_S:g} s")
 
@@ -428,7 +428,7 @@ def run_sandbox(backend: str, image: str | None, iterations: int = 50, rounds: i
     spec = SandboxSpec(ready_timeout=cls.default_ready_timeout)
     with cls.start(spec, options) as sandbox:
         agent = sandbox.agent
-        home = "/home/sandbox"
+        home = GUEST_HOME
         agent.launch("terminal", TERMINAL_ARGS)
         agent.launch("browser", [DEMO_URL])
         _ready(agent, PAGE_LOADED.replace("~", home, 1), 90 * sandbox.time_scale)

@@ -54,6 +54,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 REPORT_FORMAT = 1
@@ -71,7 +72,7 @@ POLL_S = 0.2
 EXIT_PASSED, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
 
 
-class SuiteError(ValueError):
+class SuiteError(DesktopSandboxError, ValueError):
     """Bad input to a suite (no task files, an unreadable path): a one-line message."""
 
 

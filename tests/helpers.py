@@ -175,3 +175,34 @@ def probe_desktop(display: str, work: Path, extra_args: tuple[str, ...] = ()) ->
                 desktop.close()
     finally:
         agent.stop()
+
+
+class FnSeam:
+    """A driver seam (``controller.run.driver.DriverSeam``) made of plain callables, for tests of the
+    driver alone: ``forward(actions)``, ``capture_wait()`` (None: nothing waits before a capture, so
+    the settle wait and the capture may go in one request), ``gate(screenshot)``, ``sent(shot)``.
+    Attributes may be swapped between calls."""
+
+    def __init__(self, forward=None, capture_wait=None, gate=None, sent=None, rebind=None):
+        self.forward, self.capture_wait, self.gate, self.sent, self.rebind = forward, capture_wait, gate, sent, rebind
+
+    @property
+    def waits_before_capture(self):
+        return self.capture_wait is not None
+
+    def step_boundary(self, screenshot):
+        return bool(self.gate(screenshot)) if self.gate is not None else False
+
+    def forwarding(self, actions):
+        if self.forward is not None:
+            self.forward(actions)
+
+    def before_capture(self):
+        return bool(self.capture_wait()) if self.capture_wait is not None else False
+
+    def screen_changed(self, error):
+        return self.rebind(error) if self.rebind is not None else False
+
+    def screenshot_sent(self, shot):
+        if self.sent is not None:
+            self.sent(shot)

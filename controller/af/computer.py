@@ -20,12 +20,14 @@ from rich.console import Console
 
 from controller.af.executor import ComputerCallExecutor
 from controller.run.approvals import ActionGate, SafetyCheckApprover, terminal_asker
+from controller.run.bus import follow_entries
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from controller.run.entries import RunStarted, TaskRef
 from controller.run.progress import RunPrinter, make_console
 from controller.run.record import RunRecord, new_run_id
 from controller.run.recording import RecordingHooks
 from controller.run.registry import ApprovalRegistry
+from controller.run.seam import RunSeam
 
 _TERMINAL: Any = object()
 
@@ -52,15 +54,17 @@ class SandboxComputer:
                  console: Console | None = None) -> None:
         self.console = console or make_console(stderr=True)
         asker = terminal_asker(self.console) if asker is _TERMINAL else asker
-        self.registry = ApprovalRegistry(approval_timeout_s)
         Path(runs_dir).mkdir(parents=True, exist_ok=True)
-        self.record = RunRecord(runs_dir, new_run_id(name), on_entry=RunPrinter(self.console))
+        self.record = RunRecord(runs_dir, new_run_id(name))
+        self.registry = ApprovalRegistry(approval_timeout_s, bus=self.record.bus)
+        follow_entries(self.record.bus, RunPrinter(self.console), name="terminal")
         self.record.write(RunStarted(task=TaskRef(name=name), mode="live",
                                      sandbox=sandbox_id or getattr(agent, "base_url", None) or "external"))
         self.record.started = True
-        self.driver = SandboxDriver(agent, policy or ScreenshotPolicy())
+        seam = RunSeam(self.record.bus)
+        self.driver = SandboxDriver(agent, policy or ScreenshotPolicy(), seam=seam)
         self.hooks = RecordingHooks(self.record, self.driver)
-        self.driver.on_screenshot = self.hooks.on_screenshot
+        seam.on_screenshot = self.hooks.on_screenshot
         self._cancelled = threading.Event()
         shown = lambda: self.hooks.last_screenshot  # noqa: E731
         self.approver = SafetyCheckApprover(asker=asker, auto_codes=approve_codes, console=self.console,

@@ -53,10 +53,12 @@ from openai.types.responses import ResponseComputerToolCall
 from pydantic import ValidationError
 from rich.console import Console
 
+from controller.model.steps import steps
 from controller.run.approvals import ActionGate, Decision, SafetyCheckApprover, describe_action
 from controller.run.driver import SandboxDriver, driver_actions
+from controller.model.errors import DesktopSandboxError
 from controller.run.entries import ComputerCall, problem
-from controller.run.record import read_record, redact_action
+from controller.run.record import read_entries, redact_action
 from controller.run.recording import RecordingHooks
 from controller.text import clean
 
@@ -71,7 +73,7 @@ LOOK_AGAIN = ("its actions were already attempted (the run record has them): it 
 """What the person is told, and the record says, about a call that was already attempted."""
 
 
-class AcknowledgementError(ValueError):
+class AcknowledgementError(DesktopSandboxError, ValueError):
     """A computer result that does not acknowledge exactly its call's pending safety checks, was not
     approved, or has no valid screenshot: it is never sent."""
 
@@ -169,24 +171,16 @@ def computer_result(call: ResponseComputerToolCall, output: dict[str, Any], *, a
 
 def attempted_calls(records: Iterable[str | Path]) -> set[str]:
     """The call ids that ``records`` (run records: ``record.jsonl`` files or run directories) show as
-    attempted: a call with an ``action`` line (a driver call was made for it) or an approved
-    ``safety_check`` decision (its actions were released to run). Raises OSError or ValueError (as
-    :func:`controller.run.record.read_record`) when a record cannot be read: then nothing may run."""
-    seen: set[str] = set()
-    for path in records:
-        for entry in read_record(path):
-            kind, call_id = entry.get("type"), entry.get("call_id")
-            if not isinstance(call_id, str):
-                continue
-            if kind == "action" or (kind == "approval" and entry.get("what") == "safety_check"
-                                    and entry.get("decision") == "approved"):
-                seen.add(call_id)
-    return seen
+    attempted: those their steps show attempted (:attr:`controller.model.steps.Step.attempted`: a call
+    with an ``action`` line, a driver call was made for it, or an approved ``safety_check`` decision, its
+    actions were released to run). Raises OSError or ValueError (as
+    :func:`controller.run.record.read_entries`) when a record cannot be read: then nothing may run."""
+    return {call_id for path in records for step in steps(read_entries(path)) for call_id in step.attempted}
 
 
 def _recorded_calls(records: Iterable[str | Path]) -> set[str]:
-    return {e["call_id"] for path in records for e in read_record(path)
-            if e.get("type") == "computer_call" and isinstance(e.get("call_id"), str)}
+    """The call ids of the ``computer_call`` lines of ``records``."""
+    return {call_id for path in records for step in steps(read_entries(path)) for call_id in step.call_ids}
 
 
 def _invoke(callback: Callable[..., Any], arg: Any, cancelled: Callable[[], bool] | None) -> Any:

@@ -24,10 +24,11 @@ from typing import Any
 from agent_framework import Content, Message
 
 from controller.af.executor import COMPUTER_CALL, BatchOutcome, ComputerCallExecutor
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 
-class UnansweredRequest(RuntimeError):
+class UnansweredRequest(DesktopSandboxError, RuntimeError):
     """The agent asked for input this module does not answer (anything but a computer call, e.g. a
     function approval): ``requests`` holds those Contents."""
 
@@ -50,7 +51,7 @@ class Turn:
     stopped: BatchOutcome | None = None
 
 
-class StepLimit(RuntimeError):
+class StepLimit(DesktopSandboxError, RuntimeError):
     """The model still asked for computer calls after the turn's limit of responses."""
 
 

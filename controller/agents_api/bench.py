@@ -132,7 +132,7 @@ def direct(task: Path, image: str, runs_dir: Path) -> dict[str, Any]:
         return DockerSandbox.start(t.sandbox_spec(), DockerOptions(image=image))
 
     with open(os.devnull, "w") as quiet:
-        outcome = run_task(loaded, open_, RunOptions(runs_dir=runs_dir, live=False, asker=None),
+        outcome = run_task(loaded, open_, RunOptions(runs_dir=runs_dir, live=False, terminal=False),
                            console=Console(file=quiet))
     return {"record": outcome.record_dir / "record.jsonl", "status": outcome.status}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
@@ -13,7 +14,7 @@ TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "inval
          422: "invalid_request_error", 500: "server_error", 502: "server_error", 503: "server_error"}
 
 
-class ApiError(Exception):
+class ApiError(DesktopSandboxError):
     """A refusal: ``status`` (HTTP), ``code`` (machine-readable), ``message`` (one line, escaped here),
     ``param`` (the request field at fault, or None)."""
 

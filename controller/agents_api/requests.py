@@ -1,27 +1,32 @@
-"""What a request may say: the subset of the Agents API's request bodies this server honours, each
-checked field by field (the SDK's ``session_create_params`` and ``agent_session_input_param``).
+"""What a request may say: the subset of the Agents API's request bodies this server honours, as
+pydantic models of the SDK's own request shapes (``openai.types.beta.agents.session_create_params``,
+``openai.types.beta.agent_session_input_param``) narrowed to that subset.
 
 Anything outside the subset is refused with 400 ``unsupported`` naming it, never ignored; a body of
-the wrong shape is 400 ``invalid_request`` naming the field. The subset:
+the wrong shape is 400 ``invalid_request`` naming the field (``param``: ``events[0].input[1].content[0].text``).
+The models are strict (no coercion: ``"1"`` is no number, ``1`` no string) and forbid keys they do not
+know, except that null counts as absent for every key. The subset:
 
-* session create: ``agent`` (``model``; ``instructions``; ``tools``: ``[{"type": "computer_use",
-  "include_screenshots": bool}]`` only), ``environment`` (``type: "openai_hosted"``, ``desktop:
-  {"enabled": true}``, ``network.access``: ``disabled`` | ``enabled`` | ``restricted`` with
-  ``allowed_domains``), ``metadata`` (at most 16
+* session create (:class:`CreateBody`): ``agent`` (``model``; ``instructions``; ``tools``:
+  ``[{"type": "computer_use", "include_screenshots": bool}]`` only), ``environment`` (``type:
+  "openai_hosted"``, ``desktop: {"enabled": true}``, ``network.access``: ``disabled`` | ``enabled`` |
+  ``restricted`` with ``allowed_domains``, ``container_size: "medium"``), ``metadata`` (at most 16
   string pairs, keys 1-64 and values up to 512 characters), ``input`` (a string or user messages:
-  the first turn), ``review: "none"``, ``stream: false``; null counts as absent for optional fields;
-* events: ``agent.session.input.message`` (user messages of ``input_text`` parts),
-  ``agent.session.input.computer_use_approval_request_result`` (``request_id`` and a ``response`` of
-  ``{"type": "browser_origin_access", "decision": approve | deny | cancel}``, for a safety check
-  ``{"type": "safety_check", "decision": approve | deny}``, or for a sign-in request
-  ``{"type": "browser_authentication", "action": "submit", "fields": [{"field_id", "value"}],
+  the first turn), ``review: "none"``, ``stream: false``;
+* events (:class:`EventsBody`): ``agent.session.input.message`` (user messages of ``input_text``
+  parts), ``agent.session.input.computer_use_approval_request_result`` (``request_id`` and a
+  ``response`` of ``{"type": TYPE, "decision": ...}`` with a type and a decision of the approval
+  request kinds' table (:mod:`controller.model.requests`: ``browser_origin_access`` approve | deny |
+  cancel, ``safety_check`` approve | deny), or for a sign-in request ``{"type":
+  "browser_authentication", "action": "submit", "fields": [{"field_id", "value"}],
   "selected_option"?}`` | ``{"type": "browser_authentication", "action": "cancel"}``),
   ``agent.session.input.cancel``.
 
-A sign-in submit's values are credentials: they are checked here for shape only (the registry checks
-them against the request, :meth:`controller.run.registry.ApprovalRegistry.answer_signin`), every
-refusal names the field (``events[0].response.fields[1].value``) and never holds a value, and
-:class:`InputEvent` keeps them out of its ``repr``. Input events are not stored: they are applied.
+A refusal is built from the first error pydantic reports (one outside the subset before a malformed
+one), in the terms of :func:`_refusal`: never with the value that was sent. A sign-in submit's values
+are credentials: they are checked here for shape only (the registry checks them against the request,
+:meth:`controller.run.registry.ApprovalRegistry.answer_signin`), and :class:`InputEvent` keeps them
+out of its ``repr``. Input events are not stored: they are applied.
 """
 
 from __future__ import annotations
@@ -30,15 +35,26 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Union
 
-from controller.agents_api.errors import invalid, unsupported
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from controller.agents_api.errors import ApiError, invalid, unsupported
+from controller.model.requests import SIGN_IN as SIGN_IN_KIND
+from controller.model.requests import api_answers, api_types, request_kind
 
 MAX_TEXT = 100_000
 """Longest user message text (characters)."""
 MAX_EVENTS = 16
-"""Most input events in one request."""
+"""Most input events in one request (and most fields in a sign-in submit)."""
 OFFLINE_PREFIX = "offline:"
+SIGN_IN = request_kind(SIGN_IN_KIND).api_type
+"""The response type of an answer to a sign-in request."""
+INVALID, UNSUPPORTED = "invalid_request", "unsupported"
+"""The error codes of a refusal: the error ``type`` a model's own checks raise
+(:class:`PydanticCustomError`) to choose one; every other error is :data:`INVALID`."""
 
 
 @dataclass
@@ -73,236 +89,420 @@ class InputEvent:
     selected_option: str | None = None
 
 
-def _obj(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise invalid(f"{param} must be an object", param)
-    return value
+# -- the models ----------------------------------------------------------------------------------------
+
+def _refuse(code: str, message: str, at: str | None = None, **context: Any) -> PydanticCustomError:
+    """A model's own refusal: ``code`` (:data:`INVALID` | :data:`UNSUPPORTED`), ``message`` said after
+    the field's name (a template over ``context``), ``at`` a key below the field it is raised on (the
+    field the refusal names)."""
+    return PydanticCustomError(code, message, {**context, "at": at} if at else context)
 
 
-def _only(obj: dict[str, Any], allowed: set[str], param: str) -> None:
-    """Refuse every key of ``obj`` outside ``allowed`` whose value is not null."""
-    for key, value in obj.items():
-        if key not in allowed and value is not None:
-            raise unsupported(f"{param}.{key}" if param else str(key), f"{param}.{key}" if param else str(key))
+def _text(limit: int, *, empty: bool = False) -> Any:
+    """A string of at most ``limit`` characters, without NUL, not blank unless ``empty``."""
+
+    def check(value: str) -> str:
+        if len(value) > limit:
+            raise _refuse(INVALID, "is longer than {limit} characters", limit=limit)
+        if not empty and not value.strip():
+            raise _refuse(INVALID, "must not be empty")
+        if "\x00" in value:
+            raise _refuse(INVALID, "must not contain NUL")
+        return value
+
+    return Annotated[str, AfterValidator(check)]
 
 
-def _str(value: Any, param: str, *, limit: int, empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise invalid(f"{param} must be a string", param)
-    if len(value) > limit:
-        raise invalid(f"{param} is longer than {limit} characters", param)
-    if not empty and not value.strip():
-        raise invalid(f"{param} must not be empty", param)
-    if "\x00" in value:
-        raise invalid(f"{param} must not contain NUL", param)
-    return value
+class _Subset(BaseModel):
+    """A part of a request body: strict, keys outside the model refused (``unsupported``), except null
+    ones (null counts as absent)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+        return data
 
 
-def messages_text(value: Any, param: str) -> str:
-    """A string, or a list of user messages of ``input_text`` parts, as one text (parts joined by
-    blank lines)."""
-    if isinstance(value, str):
-        return _str(value, param, limit=MAX_TEXT)
-    if not isinstance(value, list) or not value:
-        raise invalid(f"{param} must be a string or a non-empty list of messages", param)
-    parts: list[str] = []
-    for i, message in enumerate(value):
-        where = f"{param}[{i}]"
-        message = _obj(message, where)
-        _only(message, {"role", "content", "type"}, where)
-        if message.get("type", "message") != "message":
-            raise invalid(f"{where}.type must be \"message\"", f"{where}.type")
-        if message.get("role") != "user":
-            raise invalid(f"{where}.role must be \"user\"", f"{where}.role")
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(_str(content, f"{where}.content", limit=MAX_TEXT))
-            continue
-        if not isinstance(content, list) or not content:
-            raise invalid(f"{where}.content must be a non-empty list", f"{where}.content")
-        for j, part in enumerate(content):
-            at = f"{where}.content[{j}]"
-            part = _obj(part, at)
-            if part.get("type") != "input_text":
-                raise unsupported(f"{at}.type {part.get('type')!r} (only input_text)", f"{at}.type")
-            _only(part, {"type", "text"}, at)
-            parts.append(_str(part.get("text"), f"{at}.text", limit=MAX_TEXT))
-    text = "\n\n".join(parts)
+class _Tool(_Subset):
+    """``{"type": "computer_use", "include_screenshots": bool}`` (the SDK's ``AgentToolParam``)."""
+
+    type: Literal["computer_use"]
+    include_screenshots: Optional[bool] = None
+
+
+class _Agent(_Subset):
+    """``agent`` (the SDK's ``session_create_params.Agent``): ``model``, ``instructions``, ``tools``."""
+
+    model: _text(4096)
+    instructions: Optional[_text(MAX_TEXT, empty=True)] = None
+    tools: Optional[list[_Tool]] = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _computer_use_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            others = sorted({str(t.get("type")) if isinstance(t, dict) else "?" for t in value} - {"computer_use"})
+            if others:
+                raise _refuse(UNSUPPORTED, "types {types} (only computer_use)", types=", ".join(others))
+        return value
+
+
+class _Desktop(_Subset):
+    enabled: Optional[bool] = Field(None, validate_default=True)
+
+    @field_validator("enabled")
+    @classmethod
+    def _a_desktop(cls, value: Optional[bool]) -> bool:
+        if value is not True:
+            raise _refuse(UNSUPPORTED, "other than true (every session here is a desktop)")
+        return value
+
+
+class _Network(_Subset):
+    """``environment.network``: ``access``, ``allowed_domains`` (``restricted`` only: 1 to 100)."""
+
+    access: Literal["disabled", "enabled", "restricted"]
+    allowed_domains: Optional[list[_text(253)]] = None
+    blocked_domains: Optional[list[Any]] = None
+
+    @field_validator("blocked_domains")
+    @classmethod
+    def _none_blocked(cls, value: Optional[list[Any]]) -> Optional[list[Any]]:
+        if value:
+            raise _refuse(UNSUPPORTED, "(only allowed_domains)")
+        return value
+
+    @model_validator(mode="after")
+    def _domains_fit_access(self) -> "_Network":
+        domains = self.allowed_domains or []
+        if self.access != "restricted" and domains:
+            raise _refuse(INVALID, "needs access \"restricted\"", at="allowed_domains")
+        if self.access == "restricted" and not 1 <= len(domains) <= 100:
+            raise _refuse(INVALID, "needs 1 to 100 domains with access \"restricted\"", at="allowed_domains")
+        return self
+
+
+class _Environment(_Subset):
+    """``environment`` (the SDK's ``EnvironmentParam``, its ``openai_hosted`` desktop only)."""
+
+    type: Optional[str] = Field(None, validate_default=True)
+    desktop: Optional[_Desktop] = None
+    network: Optional[_Network] = None
+    container_size: Optional[str] = None
+
+    @field_validator("type")
+    @classmethod
+    def _hosted(cls, value: Optional[str]) -> str:
+        if value != "openai_hosted":
+            raise _refuse(UNSUPPORTED, "{value} (only openai_hosted: a desktop sandbox)", value=repr(value)[:80])
+        return value
+
+    @field_validator("container_size")
+    @classmethod
+    def _one_size(cls, value: Optional[str]) -> Optional[str]:
+        if value not in (None, "medium"):
+            raise _refuse(UNSUPPORTED, "{value} (the sandbox has one size)", value=repr(value)[:80])
+        return value
+
+
+class _TextPart(_Subset):
+    type: Literal["input_text"]
+    text: _text(MAX_TEXT)
+
+
+class _OtherPart(_Subset):
+    """A content part of another type: outside the subset."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        kind = data.get("type") if isinstance(data, dict) else None
+        raise _refuse(UNSUPPORTED, "{kind} (only input_text)", at="type", kind=repr(kind)[:80])
+
+
+def _tag_of(key: str, tags: dict[Any, str], other: str | None) -> Any:
+    """A callable discriminator: the tag of ``tags`` for the value's ``key`` (``other`` for another
+    value; None, a refusal, when ``other`` is None); a value that is no object goes to the first tag's
+    model, which says it must be one."""
+
+    def tag(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return next(iter(tags.values()))
+        found = value.get(key)
+        return tags.get(found, other) if isinstance(found, str) else other
+
+    return tag
+
+
+_Part = Annotated[Union[Annotated[_TextPart, Tag("~input_text")], Annotated[_OtherPart, Tag("~other")]],
+                  Discriminator(_tag_of("type", {"input_text": "~input_text"}, "~other"))]
+
+
+def _string_or_list(value: Any) -> str | None:
+    return "~string" if isinstance(value, str) else "~list" if isinstance(value, list) else None
+
+
+class _Message(_Subset):
+    """A user message (the SDK's ``AgentSessionInputMessageParam``; its ``content`` may also be a string)."""
+
+    role: Literal["user"]
+    type: Optional[Literal["message"]] = None
+    content: Annotated[Union[Annotated[_text(MAX_TEXT), Tag("~string")],
+                             Annotated[list[_Part], Field(min_length=1), Tag("~list")]],
+                       Discriminator(_string_or_list, custom_error_type=INVALID,
+                                     custom_error_message="must be a string or a non-empty list")]
+
+    def texts(self) -> list[str]:
+        return [self.content] if isinstance(self.content, str) else [part.text for part in self.content]
+
+
+_Messages = Annotated[Union[Annotated[_text(MAX_TEXT), Tag("~string")],
+                            Annotated[list[_Message], Field(min_length=1), Tag("~list")]],
+                      Discriminator(_string_or_list, custom_error_type=INVALID,
+                                    custom_error_message="must be a string or a non-empty list of messages")]
+"""A turn's input: a string, or user messages (the SDK's ``input``)."""
+
+
+class CreateBody(_Subset):
+    """A ``sessions.create`` body (the SDK's ``SessionCreateParamsNonStreaming``, narrowed)."""
+
+    agent: Optional[_Agent] = Field(None, validate_default=True)
+    environment: _Environment
+    metadata: Optional[dict[str, _text(512, empty=True)]] = None
+    input: Optional[_Messages] = None
+    review: Optional[str] = None
+    stream: Optional[Any] = None
+
+    @field_validator("agent")
+    @classmethod
+    def _given(cls, value: Optional[_Agent]) -> _Agent:
+        if value is None:
+            raise _refuse(INVALID, "is required (agent_id, saved agents, are not supported)")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _pairs(cls, value: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        if value is not None and len(value) > 16:
+            raise _refuse(INVALID, "has more than 16 keys")
+        if value is not None and not all(1 <= len(key) <= 64 for key in value):
+            raise _refuse(INVALID, "keys must be 1 to 64 characters")
+        return value
+
+    @field_validator("review")
+    @classmethod
+    def _no_review(cls, value: Optional[str]) -> Optional[str]:
+        if value not in (None, "none"):
+            raise _refuse(UNSUPPORTED, "{value} (only \"none\")", value=repr(value)[:80])
+        return value
+
+    @field_validator("stream")
+    @classmethod
+    def _not_streamed(cls, value: Any) -> Any:
+        if value is not None and value is not False:
+            raise _refuse(UNSUPPORTED, "true on create (open GET /v1/agents/sessions/{id}/events instead)")
+        return value
+
+
+class _SignInField(_Subset):
+    field_id: _text(200)
+    value: str = Field(repr=False)
+
+
+class _SignInSubmit(_Subset):
+    """A sign-in submit (the SDK's ``AgentBrowserAuthenticationSubmitParamParam``)."""
+
+    type: str
+    action: Literal["submit"]
+    fields: list[_SignInField] = Field(repr=False, max_length=MAX_EVENTS)  # the registry holds the real limit
+    selected_option: Optional[_text(200)] = None
+
+
+class _SignInCancel(_Subset):
+    """A sign-in cancel (the SDK's ``AgentBrowserAuthenticationCancelParamParam``)."""
+
+    type: str
+    action: Literal["cancel"]
+    fields: Optional[Any] = Field(None, repr=False)
+    selected_option: Optional[Any] = Field(None, repr=False)
+
+    @field_validator("fields", "selected_option")
+    @classmethod
+    def _left_out(cls, value: Any) -> Any:
+        if value is not None:
+            raise _refuse(INVALID, "is not part of a cancel (leave it out)")
+        return value
+
+
+class _Decision(_Subset):
+    """An answer by decision word (the SDK's ``AgentBrowserOriginAccessParamParam``; this server's
+    ``safety_check``): a ``type`` and a ``decision`` of the approval request kinds' table."""
+
+    type: str
+    decision: str
+
+    @model_validator(mode="after")
+    def _known(self) -> "_Decision":
+        decisions = api_answers(self.type)
+        if decisions is None or "submit" in decisions:
+            raise _refuse(INVALID, "must be one of {types}", at="type", types=", ".join(api_types()))
+        if self.decision not in decisions:
+            raise _refuse(INVALID, "must be one of {decisions}", at="decision", decisions=", ".join(decisions))
+        return self
+
+
+def _response_tag(value: Any) -> str | None:
+    """The answer's model: a sign-in submit or cancel (by ``action``; None, a refusal, for another
+    action), else an answer by decision word (:class:`_Decision` checks its ``type``)."""
+    if isinstance(value, dict) and value.get("type") == SIGN_IN:
+        action = value.get("action")
+        return {"submit": "~submit", "cancel": "~cancel"}.get(action) if isinstance(action, str) else None
+    return "~decision"
+
+
+_Response = Annotated[Union[Annotated[_SignInSubmit, Tag("~submit")], Annotated[_SignInCancel, Tag("~cancel")],
+                            Annotated[_Decision, Tag("~decision")]],
+                      Discriminator(_response_tag, custom_error_type=INVALID, custom_error_message="must be submit or cancel",
+                                    custom_error_context={"at": "action"})]
+
+
+class _MessageEvent(_Subset):
+    type: Literal["agent.session.input.message"]
+    input: _Messages
+
+
+class _CancelEvent(_Subset):
+    type: Literal["agent.session.input.cancel"]
+
+
+class _AnswerEvent(_Subset):
+    type: Literal["agent.session.input.computer_use_approval_request_result"]
+    request_id: _text(200)
+    response: _Response
+
+
+class _ToolEvent(_Subset):
+    """A function or MCP result: outside the subset."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        raise _refuse(UNSUPPORTED, "{kind} (no function or MCP tools here)", at="type", kind=data.get("type"))
+
+
+_EVENT_TAGS = {"agent.session.input.message": "~message", "agent.session.input.cancel": "~cancel",
+               "agent.session.input.computer_use_approval_request_result": "~answer",
+               "agent.session.input.tool_result": "~tool", "agent.session.input.mcp_approval_request_result": "~tool"}
+_Event = Annotated[Union[Annotated[_MessageEvent, Tag("~message")], Annotated[_CancelEvent, Tag("~cancel")],
+                         Annotated[_AnswerEvent, Tag("~answer")], Annotated[_ToolEvent, Tag("~tool")]],
+                   Discriminator(_tag_of("type", _EVENT_TAGS, None), custom_error_type=INVALID,
+                                 custom_error_message="is not an input event type", custom_error_context={"at": "type"})]
+
+
+class EventsBody(_Subset):
+    """A ``sessions.events.create`` body: ``{"events": [...]}``, 1 to :data:`MAX_EVENTS` input events
+    (the SDK's ``AgentSessionInputParam``, narrowed)."""
+
+    events: list[_Event] = Field(min_length=1, max_length=MAX_EVENTS)
+
+
+# -- from a body to what the server applies ------------------------------------------------------------
+
+_TAGS = frozenset({"~input_text", "~other", "~string", "~list", "~submit", "~cancel", "~decision",
+                   "~message", "~answer", "~tool"})
+"""The tags the models' discriminators put into an error's location: not fields, left out of ``param``."""
+_SAID = {"missing": "is required", "string_type": "must be a string", "bool_type": "must be a boolean",
+         "list_type": "must be a list", "dict_type": "must be an object", "model_type": "must be an object",
+         "model_attributes_type": "must be an object"}
+"""How a refusal says pydantic's own error types (after the field's name)."""
+
+
+def _refusal(exc: ValidationError) -> ApiError:
+    """The 400 for the first error of ``exc`` (one outside the subset first): ``unsupported`` for a key
+    outside the models or a model's own :data:`UNSUPPORTED`, else ``invalid_request``; ``param`` the
+    field (``events[0].response.decision``, ``body`` for the whole body). The message names the field and
+    what is wrong, from this module's words only: never the value sent (a sign-in value is a
+    credential)."""
+    errors = exc.errors(include_url=False, include_input=False)
+    error = next((e for e in errors if e["type"] in (UNSUPPORTED, "extra_forbidden")), errors[0])
+    context = error.get("ctx") or {}
+    param = ""
+    for part in [*error["loc"], *([context["at"]] if context.get("at") else [])]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part not in _TAGS:
+            param += f".{part}" if param else str(part)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return unsupported(param, param)
+    if kind == UNSUPPORTED:
+        return unsupported(f"{param} {error['msg']}", param)
+    if kind == INVALID:
+        said = error["msg"]
+    elif kind == "literal_error":
+        said = f"must be {context.get('expected', 'one of the listed values')}"
+    elif kind == "too_short":
+        least = context.get("min_length", 1)
+        said = "must not be empty" if least == 1 else f"must have at least {least} entries"
+    elif kind == "too_long":
+        said = f"has more than {context.get('max_length', MAX_EVENTS)} entries"
+    else:
+        said = _SAID.get(kind, "is not valid")
+    return invalid(f"{param or 'body'} {said}", param or "body")
+
+
+def _validated(model: type[_Subset], body: Any) -> Any:
+    """``body`` as ``model``; :class:`ApiError` 400 (:func:`_refusal`) otherwise."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _refusal(exc) from None
+
+
+def _joined(value: Any, param: str) -> str:
+    """A turn's input (:data:`_Messages`, validated) as one text: the parts joined by blank lines, at
+    most :data:`MAX_TEXT` characters (:class:`ApiError` 400 naming ``param`` otherwise)."""
+    text = value if isinstance(value, str) else "\n\n".join(t for message in value for t in message.texts())
     if len(text) > MAX_TEXT:
         raise invalid(f"{param} is longer than {MAX_TEXT} characters", param)
     return text
 
 
-def parse_metadata(value: Any, param: str = "metadata") -> dict[str, str]:
-    """At most 16 string pairs, keys 1-64 characters, values up to 512 (the API's limits)."""
-    if value is None:
-        return {}
-    value = _obj(value, param)
-    if len(value) > 16:
-        raise invalid(f"{param} has more than 16 keys", param)
-    out: dict[str, str] = {}
-    for key, text in value.items():
-        if not 1 <= len(key) <= 64:
-            raise invalid(f"{param} keys must be 1 to 64 characters", param)
-        out[key] = _str(text, f"{param}.{key}", limit=512, empty=True)
-    return out
-
-
 def parse_create(body: Any) -> SessionParams:
     """A create body as :class:`SessionParams`; :class:`ApiError` 400 otherwise."""
-    body = _obj(body, "body")
-    _only(body, {"agent", "environment", "metadata", "input", "review", "stream"}, "")
-    if body.get("stream") not in (None, False):
-        raise unsupported("stream: true on create (open GET /v1/agents/sessions/{id}/events instead)", "stream")
-    if body.get("review") not in (None, "none"):
-        raise unsupported(f"review {body.get('review')!r} (only \"none\")", "review")
-    agent = _obj(body.get("agent"), "agent") if body.get("agent") is not None else None
-    if agent is None:
-        raise invalid("agent is required (agent_id, saved agents, are not supported)", "agent")
-    _only(agent, {"model", "instructions", "tools"}, "agent")
-    model = _str(agent.get("model"), "agent.model", limit=4096)
-    instructions = agent.get("instructions")
-    if instructions is not None:
-        instructions = _str(instructions, "agent.instructions", limit=MAX_TEXT, empty=True)
-    tools = agent.get("tools") or []
-    if not isinstance(tools, list):
-        raise invalid("agent.tools must be a list", "agent.tools")
-    include = False
-    kinds = [t.get("type") if isinstance(t, dict) else None for t in tools]
-    others = sorted({str(k) for k in kinds if k != "computer_use"})
-    if others:
-        raise unsupported(f"tool types {', '.join(others)} (only computer_use)", "agent.tools")
-    for i, tool in enumerate(tools):
-        _only(tool, {"type", "include_screenshots"}, f"agent.tools[{i}]")
-        shots = tool.get("include_screenshots", False)
-        if not isinstance(shots, bool):
-            raise invalid(f"agent.tools[{i}].include_screenshots must be a boolean", f"agent.tools[{i}].include_screenshots")
-        include = include or shots
-    env = _obj(body.get("environment"), "environment")
-    if env.get("type") != "openai_hosted":
-        raise unsupported(f"environment.type {env.get('type')!r} (only openai_hosted: a desktop sandbox)",
-                          "environment.type")
-    _only(env, {"type", "desktop", "network", "container_size"}, "environment")
-    desktop = env.get("desktop")
-    if desktop is not None:
-        desktop = _obj(desktop, "environment.desktop")
-        _only(desktop, {"enabled"}, "environment.desktop")
-        if desktop.get("enabled") is not True:
-            raise unsupported("environment.desktop.enabled false (every session here is a desktop)",
-                              "environment.desktop.enabled")
-    network = env.get("network")
-    access = "disabled"
-    domains: list[str] = []
-    if network is not None:
-        network = _obj(network, "environment.network")
-        _only(network, {"access", "allowed_domains", "blocked_domains"}, "environment.network")
-        access = network.get("access")
-        if access not in ("disabled", "enabled", "restricted"):
-            raise invalid("environment.network.access must be disabled, enabled or restricted",
-                          "environment.network.access")
-        if network.get("blocked_domains"):
-            raise unsupported("environment.network.blocked_domains", "environment.network.blocked_domains")
-        allowed = network.get("allowed_domains") or []
-        if access != "restricted" and allowed:
-            raise invalid("environment.network.allowed_domains needs access \"restricted\"",
-                          "environment.network.allowed_domains")
-        if access == "restricted":
-            if not isinstance(allowed, list) or not allowed or len(allowed) > 100:
-                raise invalid("access \"restricted\" needs 1 to 100 allowed_domains",
-                              "environment.network.allowed_domains")
-            domains = [_str(d, "environment.network.allowed_domains[]", limit=253) for d in allowed]
-    size = env.get("container_size")
-    if size not in (None, "medium"):
-        raise unsupported(f"environment.container_size {size!r} (the sandbox has one size)", "environment.container_size")
-    text = None if body.get("input") is None else messages_text(body.get("input"), "input")
-    return SessionParams(model=model, instructions=instructions, include_screenshots=include, network=access,
-                         metadata=parse_metadata(body.get("metadata")), input=text, domains=domains)
-
-
-DECISIONS = {"browser_origin_access": ("approve", "deny", "cancel"), "safety_check": ("approve", "deny")}
-SIGN_IN = "browser_authentication"
-"""The response type of an answer to a sign-in request."""
-
-
-def _signin_response(response: dict[str, Any], where: str) -> tuple[str, list[dict[str, str]], str | None]:
-    """A ``browser_authentication`` response's ``(action, fields, selected_option)``, checked for shape
-    only (the SDK's ``AgentBrowserAuthenticationSubmitParam`` / ``...CancelParam``): a submit has a
-    ``fields`` list of ``{"field_id": str, "value": str}`` and an optional ``selected_option`` string; a
-    cancel has neither. :class:`ApiError` 400 naming the field otherwise -- never a value."""
-    _only(response, {"type", "action", "fields", "selected_option"}, where)
-    action = response.get("action")
-    if action == "cancel":
-        for key in ("fields", "selected_option"):
-            if response.get(key) is not None:
-                raise invalid(f"{where}.{key} is not part of a cancel (leave it out)", f"{where}.{key}")
-        return "cancel", [], None
-    if action != "submit":
-        raise invalid(f"{where}.action must be submit or cancel", f"{where}.action")
-    raw = response.get("fields")
-    if not isinstance(raw, list):
-        raise invalid(f"{where}.fields must be a list of {{field_id, value}} (empty: [])", f"{where}.fields")
-    if len(raw) > MAX_EVENTS:  # the registry holds the real limit; this only bounds the work here
-        raise invalid(f"{where}.fields has more than {MAX_EVENTS} entries", f"{where}.fields")
-    fields: list[dict[str, str]] = []
-    for j, entry in enumerate(raw):
-        at = f"{where}.fields[{j}]"
-        entry = _obj(entry, at)
-        _only(entry, {"field_id", "value"}, at)
-        field_id = _str(entry.get("field_id"), f"{at}.field_id", limit=200)
-        value = entry.get("value")
-        if not isinstance(value, str):
-            raise invalid(f"{at}.value must be a string", f"{at}.value")
-        fields.append({"field_id": field_id, "value": value})
-    option = response.get("selected_option")
-    if option is not None:
-        option = _str(option, f"{where}.selected_option", limit=200)
-    return "submit", fields, option
+    create: CreateBody = _validated(CreateBody, body)
+    agent, env = create.agent, create.environment
+    network = env.network
+    return SessionParams(model=agent.model, instructions=agent.instructions,
+                         include_screenshots=any(t.include_screenshots for t in agent.tools or []),
+                         network=network.access if network else "disabled", metadata=dict(create.metadata or {}),
+                         input=None if create.input is None else _joined(create.input, "input"),
+                         domains=list(network.allowed_domains or []) if network and network.access == "restricted" else [])
 
 
 def parse_events(body: Any) -> list[InputEvent]:
     """An events body (``{"events": [...]}``) as :class:`InputEvent` s, every one checked before any
-    is applied; :class:`ApiError` 400 otherwise."""
-    body = _obj(body, "body")
-    _only(body, {"events"}, "")
-    events = body.get("events")
-    if not isinstance(events, list) or not events:
-        raise invalid("events must be a non-empty list", "events")
-    if len(events) > MAX_EVENTS:
-        raise invalid(f"at most {MAX_EVENTS} events a request", "events")
+    is applied; :class:`ApiError` 400 otherwise (more than one message: ``unsupported``)."""
+    checked: EventsBody = _validated(EventsBody, body)
     out: list[InputEvent] = []
-    for i, event in enumerate(events):
-        where = f"events[{i}]"
-        event = _obj(event, where)
-        kind = event.get("type")
-        if kind == "agent.session.input.message":
-            _only(event, {"type", "input"}, where)
-            out.append(InputEvent("message", text=messages_text(event.get("input"), f"{where}.input")))
-        elif kind == "agent.session.input.cancel":
-            _only(event, {"type"}, where)
+    for i, event in enumerate(checked.events):
+        if isinstance(event, _MessageEvent):
+            out.append(InputEvent("message", text=_joined(event.input, f"events[{i}].input")))
+        elif isinstance(event, _CancelEvent):
             out.append(InputEvent("cancel"))
-        elif kind == "agent.session.input.computer_use_approval_request_result":
-            _only(event, {"type", "request_id", "response"}, where)
-            request_id = _str(event.get("request_id"), f"{where}.request_id", limit=200)
-            response = _obj(event.get("response"), f"{where}.response")
-            rtype = response.get("type")
-            if rtype == SIGN_IN:
-                action, fields, option = _signin_response(response, f"{where}.response")
-                out.append(InputEvent("approval", request_id=request_id, response_type=rtype, action=action,
-                                      fields=fields, selected_option=option))
-                continue
-            if rtype not in DECISIONS:
-                raise invalid(f"{where}.response.type must be browser_origin_access, browser_authentication "
-                              "or safety_check", f"{where}.response.type")
-            _only(response, {"type", "decision"}, f"{where}.response")
-            decision = response.get("decision")
-            if decision not in DECISIONS[rtype]:
-                raise invalid(f"{where}.response.decision must be one of {', '.join(DECISIONS[rtype])}",
-                              f"{where}.response.decision")
-            out.append(InputEvent("approval", request_id=request_id, response_type=rtype, decision=decision))
-        elif kind in ("agent.session.input.tool_result", "agent.session.input.mcp_approval_request_result"):
-            raise unsupported(f"{where}.type {kind} (no function or MCP tools here)", f"{where}.type")
+        elif isinstance(event.response, _Decision):
+            out.append(InputEvent("approval", request_id=event.request_id, response_type=event.response.type,
+                                  decision=event.response.decision))
         else:
-            raise invalid(f"{where}.type is not an input event type", f"{where}.type")
+            answer = event.response
+            submitted = answer.fields if isinstance(answer, _SignInSubmit) else []
+            out.append(InputEvent("approval", request_id=event.request_id, response_type=SIGN_IN,
+                                  action=answer.action, selected_option=getattr(answer, "selected_option", None),
+                                  fields=[{"field_id": f.field_id, "value": f.value} for f in submitted]))
     if sum(1 for e in out if e.type == "message") > 1:
         raise unsupported("more than one message in a request (one turn at a time)", "events")
     return out

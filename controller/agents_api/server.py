@@ -28,6 +28,7 @@ from controller.agents_api.errors import ApiError
 from controller.asgi import ThreadedUvicorn
 from controller.agents_api.sessions import HubOptions, SessionHub
 from controller.agents_api.store import Store
+from controller.model.errors import DesktopSandboxError
 from wire.connections import ConnectionGuard, listen, uvicorn_config
 
 HOST = "127.0.0.1"
@@ -35,7 +36,7 @@ START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
 
 
-class KeyFileError(ValueError):
+class KeyFileError(DesktopSandboxError, ValueError):
     """A key file that cannot be used (see :func:`load_or_make_key`); its message says why."""
 
 

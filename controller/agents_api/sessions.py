@@ -9,12 +9,17 @@
   policy, checks, offline script); otherwise a desktop with the browser, its network from
   ``environment.network.access`` (``disabled``: the gateway's deny-all; ``enabled``: mode ``ask`` with
   every origin in the ask tier, so each new origin becomes a ``browser_origin_access`` request).
-* **a user message** queues a turn; the session's thread runs turns one at a time with
-  :func:`controller.run.runner.run_task` on the session's sandbox (held by the session: the runner's
-  teardown leaves it alone; the task's apps are launched on the first turn only), the live model with
-  ``OPENAI_API_KEY`` or the task's offline script. Each turn writes its own run record
-  (``runs/<id>/record.jsonl``, named in the session's metadata); what the record gains while the turn
-  goes on becomes events (:class:`_TurnPump`): screenshots and computer calls as ``computer_use_call``
+* **a user message** queues a turn; the session's thread runs turns one at a time, each a
+  :class:`controller.run.runner.Run` on the session's sandbox (the session owns it: a run never removes
+  it; the task's apps are launched on the first turn only), the live model with
+  ``OPENAI_API_KEY`` or the task's offline script. A session is one model conversation: the first
+  turn's run starts with the session's instructions and the message, each later one with the
+  conversation the turn before left (:attr:`LiveSession.conversation`, Responses items, its older
+  screenshots left out) and its own message (:meth:`LiveSession._carry` says what a cancelled or
+  failed turn leaves). Each turn writes its own run record
+  (``runs/<id>/record.jsonl``, named in the session's metadata); what the run publishes on its bus
+  becomes events as it happens (:class:`_TurnEvents`, a subscriber of the run's bus: no polling, and a
+  screenshot's bytes go to the event without being read back from disk): screenshots and computer calls as ``computer_use_call``
   items, approvals as ``agent.session.requires_action``, a sign-in request also as its history items
   (``computer_use_approval_request`` when it opens, ``computer_use_approval_request_result`` once it is
   submitted or cancelled: ids and the chosen option, never a value); the end as the answer's text
@@ -32,7 +37,7 @@
   with the session (:data:`LABEL_SESSION`) and this database (:data:`LABEL_STORE`), so a sandbox a
   killed server was still starting is found by its labels, not by an id the server never stored.
 
-Threads: one per session (sandbox start, then its turns), one pump per turn; routes call in from
+Threads: one per session (sandbox start, then its turns), the bus's one for each turn's events; routes call in from
 uvicorn's threads. Events are stored, then announced (:class:`Notifier`).
 """
 
@@ -41,11 +46,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import os
 import queue
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,17 +61,17 @@ from controller.agents_api.errors import ApiError, invalid
 from controller.agents_api.requests import SessionParams, confined_task_file, offline_task_path
 from controller.agents_api.store import Store, now, owner_label
 from controller.run.live import LiveRun
+from controller.model.requests import request_kind
 from controller.run.registry import SIGN_IN, AnswerRefused
 from controller.run.shots import decode_shot, read_shot, shot_name, shot_type
 from controller.text import clean
 
 BY = "agents-api"
 """Who decided, in the registry and the record, for an answer that came through this API."""
-ANSWER_KIND = {"origin_access": "browser_origin_access", "safety_check": "safety_check", "action": "safety_check",
-               "browser_authentication": "browser_authentication"}
-"""The response ``type`` an answer to each kind of registry request must carry."""
 MAX_SHOT_BYTES = 16 * 1024 * 1024
 """Largest screenshot file read back from a run record for an event (bytes)."""
+MAX_SHOTS_KEPT = 32
+"""Screenshots kept in memory for the event streams (the latest ones, all sessions together)."""
 DEFAULT_APPS = [{"app": "browser", "args": ["about:blank"]}]
 LABEL_SESSION = "desktop-sandbox.agents-session"
 """Label on every part of a session's sandbox (containers, networks, a VM's owner record): the session id."""
@@ -124,25 +127,11 @@ class Notifier:
                 self._waiters.get(session_id, set()).discard(key)
 
 
-class _Held:
-    """The session's sandbox as a run sees it: everything but ``close`` (the session removes it)."""
-
-    def __init__(self, sandbox: Any) -> None:
-        self._sandbox = sandbox
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sandbox, name)
-
-    def close(self) -> None:
-        """Nothing: the sandbox outlives the turn."""
-
-
 @dataclass
 class Turn:
     """One user message and its run: ``id``, ``text``, ``status`` (the ``Turn`` statuses), times,
-    ``view`` (the run's LiveRun while it goes on), ``cancelled`` (asked before it started), ``record``
-    (the run's record), ``before`` (the events sent for it before its run began: they land in the record
-    when it does), ``ended`` (its last event was sent)."""
+    ``run`` (its :class:`controller.run.runner.Run` while it goes on), ``cancelled`` (asked before it
+    started), ``record`` (the run's record), ``ended`` (its last event was sent)."""
 
     id: str
     text: str
@@ -151,10 +140,9 @@ class Turn:
     started_at: int | None = None
     completed_at: int | None = None
     error: dict[str, str] | None = None
-    view: LiveRun | None = None
+    run: Any = None
     cancelled: bool = False
     record: Any = None
-    before: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     ended: bool = False
 
     def as_json(self, session_id: str) -> dict[str, Any]:
@@ -211,11 +199,21 @@ class SessionHub:
         self.notifier.notify(session_id)
         return seq
 
+    def remember_shot(self, path: str, data: bytes, mime: str) -> None:
+        """Keep a screenshot the model was just sent (its bytes from the run's bus) for the events that
+        carry it: the stream sends it from memory, not read back from the record (:meth:`screenshot_url`)."""
+        url = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+        with self._shots_lock:
+            self._shots[path] = url
+            while len(self._shots) > MAX_SHOTS_KEPT:
+                self._shots.popitem(last=False)
+
     def screenshot_url(self, path: str) -> str | None:
-        """A record's screenshot as ``data:image/jpeg;base64,…`` (PNG re-encoded; a few kept in memory);
-        None when the file is gone, too large or refused by the rule every reader of a record's
-        screenshots follows (:mod:`controller.run.shots`: ``path`` is the run directory and a
-        ``shot-NNNN.png|jpg`` name in it)."""
+        """A record's screenshot as a ``data:`` URL, as the model got it (PNG or JPEG): from memory when
+        the turn's events kept it (:meth:`remember_shot`), else read from the run record (a stream
+        reading older events) under the rule every reader of a record's screenshots follows
+        (:mod:`controller.run.shots`: ``path`` is the run directory and a ``shot-NNNN.png|jpg`` name in
+        it); None when the file is gone, too large or refused."""
         with self._shots_lock:
             if path in self._shots:
                 return self._shots[path]
@@ -224,17 +222,13 @@ class SessionHub:
         data, _why = read_shot(os.path.dirname(path), os.path.basename(path), MAX_SHOT_BYTES)
         if data is None:
             return None
-        if shot_type(os.path.basename(path)) != "image/jpeg":
-            image, _why = decode_shot(data)
-            if image is None:
-                return None
-            out = io.BytesIO()
-            image.save(out, format="JPEG", quality=80)
-            data = out.getvalue()
-        url = "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
+        image, _why = decode_shot(data)  # what the name says it is, within the pixel cap
+        if image is None:
+            return None
+        url = f"data:{shot_type(os.path.basename(path))};base64," + base64.b64encode(data).decode("ascii")
         with self._shots_lock:
             self._shots[path] = url
-            while len(self._shots) > 8:
+            while len(self._shots) > MAX_SHOTS_KEPT:
                 self._shots.popitem(last=False)
         return url
 
@@ -451,7 +445,9 @@ class LiveSession:
         self._thread = threading.Thread(target=self._main, name=f"agents-{session_id}", daemon=True)
         self._stopped = threading.Event()
         self._turns_run = 0
-        self._record: Any = None  # the run record of the turn under way, while its run goes on
+        self.conversation: list[dict[str, Any]] = []
+        """The model conversation the next turn continues (Responses input items; see :meth:`_carry`);
+        read and written by the session's thread only."""
         self.started = False
         self._ended = False  # the session's thread has ended: no sandbox start is under way
         self._released = False  # its place under max_sessions is given back
@@ -486,9 +482,7 @@ class LiveSession:
         self.hub.store.update_session(self.id, status=self.status, data=self.settings())
 
     def _emit(self, event: dict[str, Any]) -> int:
-        seq = self.hub.emit(self.id, event)
-        self._land(seq, event)
-        return seq
+        return self.hub.emit(self.id, event)
 
     def _session_event(self, kind: str) -> None:
         if self.deleted and kind == "agent.session.idle":
@@ -514,7 +508,7 @@ class LiveSession:
                        "item": shapes.user_message(shapes.new_id("msg"), turn.id, clean(text, 20000))}):
             if "item" in event:
                 self.hub.store.put_item(self.id, event["item"])
-            turn.before.append((self.hub.emit(self.id, event), event))
+            self.hub.emit(self.id, event)
         self._save()
         self._queue.put(turn)
         return turn
@@ -527,10 +521,9 @@ class LiveSession:
             if turn is None:
                 raise ApiError(409, "no_turn", "no turn is in progress")
             turn.cancelled = True
-            view = turn.view
-        if view is not None:
-            with contextlib.suppress(Exception):
-                view.cancel(BY)
+            run = turn.run
+        if run is not None:
+            run.cancel_by_view(BY)
 
     def _registry_for(self, request_id: str, response_type: str) -> Any:
         """The registry holding this session's request ``request_id``; 404 ``unknown_request`` (also for
@@ -542,7 +535,7 @@ class LiveSession:
                            "request_id")
         registry, _turn_id = known
         request = registry.get(request_id)
-        wanted = ANSWER_KIND.get(request.kind)
+        wanted = request_kind(request.kind).api_type  # the response type an answer to its kind carries
         if wanted != response_type:
             raise invalid(f"request {request_id} is a {wanted} request: answer with response.type {wanted}",
                           "response.type")
@@ -685,7 +678,7 @@ class LiveSession:
                 self.current = None
 
     def _run_turn(self, turn: Turn) -> None:
-        from controller.run.runner import RunOptions, run_task
+        from controller.run.runner import Run, RunOptions
 
         if turn.cancelled or self.sandbox is None:
             self._end_turn(turn, "cancelled")
@@ -694,78 +687,62 @@ class LiveSession:
                 self._save()
                 self._session_event("agent.session.idle")
             return
-        task = self.task
-        if self.task_file is None:
-            text = f"{self.params.instructions}\n\n{turn.text}" if self.params.instructions else turn.text
-            task = task.model_copy(update={"instructions": text})
+        task = self.task.model_copy(update={"instructions": self._turn_text(turn)})
         if self._turns_run:
             task = task.model_copy(update={"launch": [], "ready": []})  # the desktop is up from the first turn
         self._turns_run += 1
-        pump = _TurnPump(self, turn)
-
-        def on_live(view: LiveRun) -> None:
-            turn.view = view
-            pump.start(view)
+        options = RunOptions(runs_dir=self.hub.options.runs_dir, live=self.task_file is None,
+                             model=self.params.model if self.task_file is None else None, terminal=False,
+                             approval_timeout_s=self.hub.options.approval_timeout_s, conversation=self.conversation)
+        quiet = Console(file=open(os.devnull, "w"), force_terminal=False)  # noqa: SIM115 - the record says it all
+        events: _TurnEvents | None = None
+        try:
+            run = Run(task, options, quiet)
+            view = run.watch()  # the console's, when the server has one; this API follows the bus itself
+            events = _TurnEvents(self, turn, run)
+            with self._lock:
+                turn.run, turn.record = run, run.record
+                cancelled = turn.cancelled
+            if cancelled:
+                run.cancel_by_view(BY)
             if self.hub.options.on_live is not None:
                 with contextlib.suppress(Exception):
                     self.hub.options.on_live(view)
-            if turn.cancelled:
-                view.cancel(BY)
-
-        def on_record(record: Any) -> None:  # the run began: the turn's events land in its record from now
-            turn.record = record
-            with self._lock:
-                self._record = record
-            for seq, event in turn.before:
-                self._land(seq, event)
-            turn.status, turn.started_at = "in_progress", now()
-            self._emit({"type": "agent.session.turn.in_progress", "turn": turn.as_json(self.id), "turn_id": turn.id})
-            self._session_event("agent.session.in_progress")
-
-        def before_finish(status: str, reason: str, final_message: str | None, checks: list[dict[str, Any]]) -> None:
-            if turn.view is not None:
-                pump.drain(turn.view.last_seq)  # every call and screenshot of the run first
-            try:
-                self._finish_turn(turn, status, reason, final_message, checks, pump.outputs)
-            finally:
-                with self._lock:
-                    self._record = None
-
-        options = RunOptions(runs_dir=self.hub.options.runs_dir, live=self.task_file is None,
-                             model=self.params.model if self.task_file is None else None, asker=None,
-                             approval_timeout_s=self.hub.options.approval_timeout_s, on_live=on_live,
-                             on_record=on_record, before_finish=before_finish)
-        quiet = Console(file=open(os.devnull, "w"), force_terminal=False)  # noqa: SIM115 - the record says it all
-        failure = None
-        try:
-            run_task(task, lambda _t: _Held(self.sandbox), options, console=quiet)
-        except Exception as exc:  # noqa: BLE001 - run_task returns its outcome; anything else fails the turn
+            outcome = run.execute(lambda _t: self.sandbox, own=False)  # its bus drained: every event sent
+            self._carry(outcome.conversation)
+            self._finish_turn(turn, outcome.status, outcome.reason, outcome.final_message, outcome.checks,
+                              events.outputs)
+        except Exception as exc:  # noqa: BLE001 - execute returns its outcome; anything else fails the turn
             failure = f"{type(exc).__name__}: {clean(exc, 500)}"
+            if not turn.ended:  # the run never reached its end: the turn fails here
+                self._finish_turn(turn, "error", failure, None, [], events.outputs if events else 0)
         finally:
             quiet.file.close()
             with self._lock:
-                self._record = None
-        pump.finish()
-        if not turn.ended:  # the run never reached its end (it raised): the turn fails here
-            self._finish_turn(turn, "error", failure or "the run ended without an outcome", None, [], pump.outputs)
+                turn.run = None
 
-    def _land(self, seq: int, event: dict[str, Any]) -> None:
-        """Write the event sent as ``seq`` into the run record of the turn under way (if one is open)."""
-        from controller.run.entries import AgentsEvent
-        from controller.agents_api.store import event_id
+    def _turn_text(self, turn: Turn) -> str:
+        """What the turn's run says to the model before its first screenshot: the turn's text, after the
+        session's instructions (``agent.instructions``, or an offline task's ``instructions``) when the
+        run starts the conversation (:attr:`conversation` is empty: the first turn, or every turn
+        before it left nothing)."""
+        if self.conversation:
+            return turn.text
+        instructions = self.params.instructions if self.task_file is None else self.task.instructions
+        instructions = (instructions or "").strip()
+        return f"{instructions}\n\n{turn.text}" if instructions else turn.text
 
-        with self._lock:
-            record = self._record
-        if record is None:
-            return
-        item = event.get("item") if isinstance(event.get("item"), dict) else {}
-        turn = event.get("turn") if isinstance(event.get("turn"), dict) else {}
-        try:
-            record.write(AgentsEvent(event_id=event_id(seq), event=event["type"], session_id=self.id,
-                                     turn_id=event.get("turn_id") or turn.get("id"),
-                                     item_id=item.get("id") or event.get("item_id")))
-        except ValueError:  # the record was closed meanwhile
-            pass
+    def _carry(self, items: list[dict[str, Any]]) -> None:
+        """Keep the conversation a turn's run left (:attr:`controller.run.runner.RunOutcome.conversation`)
+        for the next turn: a call no output answered cut (:func:`controller.run.conversation.continuable`),
+        the screenshots of all but the last :data:`controller.run.conversation.KEEP_IMAGE_TURNS` turns
+        left out (:func:`controller.run.conversation.bound_images`). A run that left none (cancelled or
+        failed before the model answered) changes nothing: the next turn continues from the one before."""
+        from controller.run.conversation import bound_images, continuable
+
+        items = bound_images(continuable(list(items)))
+        if items:
+            self.conversation = items
 
     def _finish_turn(self, turn: Turn, status: str, reason: str, final_message: str | None,
                      checks: list[dict[str, Any]], index: int) -> None:
@@ -826,11 +803,12 @@ class LiveSession:
         with self._lock:
             self.deleted = not fail
             turn = self.current
-        if turn is not None:
-            turn.cancelled = True
-            if turn.view is not None:
-                with contextlib.suppress(Exception):
-                    turn.view.cancel(BY)
+            run = turn.run if turn is not None else None
+            if turn is not None:
+                turn.cancelled = True
+        if run is not None:
+            with contextlib.suppress(Exception):
+                run.cancel_by_view(BY)
         self._stopped.set()
         self._queue.put(None)
         if self._thread.is_alive():
@@ -845,105 +823,81 @@ def clean_text(text: str) -> str:
     return "\n".join(clean(line, 20000) for line in text.split("\n"))[:40000]
 
 
-class _TurnPump:
-    """Turns what a run's :class:`LiveRun` reports into the session's events, on a thread of its own:
-    each record entry as it is written (screenshots and computer calls become ``computer_use_call``
-    items) and each change of the approval registry (``agent.session.requires_action`` while
-    something is pending, ``agent.session.in_progress`` once nothing is)."""
+class _TurnEvents:
+    """What a turn's run publishes on its bus, as the session's events, on the bus's thread for this
+    subscriber (queued: the run never waits for it): the run's start (``agent.session.turn.in_progress``),
+    each computer call and screenshot as a ``computer_use_call`` item (the screenshot's image from the
+    event itself, kept in memory for the stream: :meth:`SessionHub.remember_shot`), each change of the
+    approval registry (``agent.session.requires_action`` while something is pending,
+    ``agent.session.in_progress`` once nothing is) and a sign-in request's history items. The run's
+    bus is drained when the run returns: every event of the turn is sent by then."""
 
-    def __init__(self, session: LiveSession, turn: Turn) -> None:
-        self.session, self.turn = session, turn
-        self.view: LiveRun | None = None
-        self._thread: threading.Thread | None = None
+    def __init__(self, session: "LiveSession", turn: Turn, run: Any) -> None:
+        from controller.run.bus import ApprovalChanged, EntryWritten
+
+        self.session, self.turn, self.run = session, turn, run
         self._calls: dict[str, dict[str, Any]] = {}
         self.outputs = 0
         self._waiting = False
         self._signin_items: set[str] = set()  # sign-in requests whose request item was written
         self._signin_results: set[str] = set()  # ... and whose result item was
-        self._seq_done = 0
-        self._done = threading.Condition()
+        self._entry, self._approval = EntryWritten, ApprovalChanged
+        run.bus.subscribe(self._handle, name=f"agents-api {session.id}",
+                          accepts=lambda event: isinstance(event, (EntryWritten, ApprovalChanged)))
 
-    def start(self, view: LiveRun) -> None:
-        self.view = view
-        self._thread = threading.Thread(target=self._pump, name=f"agents-pump-{self.turn.id}", daemon=True)
-        self._thread.start()
+    def _handle(self, published: Any) -> None:
+        event = published.event
+        try:
+            if isinstance(event, self._approval):
+                self._approval_changed(event.request)
+            else:
+                self._entry_written(event)
+        except Exception:  # noqa: BLE001 - one odd event never stops the ones that follow
+            pass
 
-    def finish(self) -> None:
-        """Wait for the pump to end (the run has finished by then)."""
-        if self._thread is not None:
-            self._thread.join(60)
-
-    def drain(self, seq: int, timeout: float = 30.0) -> None:
-        """Wait (at most ``timeout`` seconds) until the pump has handled the view's events up to ``seq``."""
-        deadline = time.monotonic() + timeout
-        with self._done:
-            while self._seq_done < seq and self._thread is not None and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._done.wait(left)
-
-    def _pump(self) -> None:
-        assert self.view is not None
-        seq = 0
-        while True:
-            events = self.view.events_after(seq, timeout=1.0)
-            for event in events:
-                seq = event["seq"]
-                try:
-                    self._handle(event)
-                except Exception:  # noqa: BLE001 - one odd entry never stops the events that follow
-                    pass
-                with self._done:
-                    self._seq_done = seq
-                    self._done.notify_all()
-            if not events and self.view.state == "finished" and self.view.last_seq <= seq:
-                return
-
-    def _handle(self, event: dict[str, Any]) -> None:
-        kind = event["kind"]
+    def _approval_changed(self, request: Any) -> None:
         session, turn_id = self.session, self.turn.id
-        if kind == "approvals":
-            changed = event["changed"]
-            registry = self.view.registry if self.view is not None else None
-            if registry is not None and changed.get("id"):
-                with session._lock:
-                    session.requests.setdefault(changed["id"], (registry, turn_id))
-                if changed.get("kind") == SIGN_IN:
-                    self._signin_history(registry.get(changed["id"]))
-            pending = session.required_actions()
-            if pending:
-                self._waiting = True
-                session._session_event("agent.session.requires_action")
-            elif self._waiting:
-                self._waiting = False
-                session._session_event("agent.session.in_progress")
-            return
-        if kind != "record":
-            return
-        entry = event["entry"]
-        etype = entry.get("type")
-        if etype == "computer_call":
-            item = shapes.computer_call(shapes.new_id("cu"), turn_id, title=call_title(entry.get("actions") or []),
+        with session._lock:
+            session.requests.setdefault(request.id, (self.run.registry, turn_id))
+        if request.kind == SIGN_IN:
+            self._signin_history(request)
+        pending = session.required_actions()
+        if pending:
+            self._waiting = True
+            session._session_event("agent.session.requires_action")
+        elif self._waiting:
+            self._waiting = False
+            session._session_event("agent.session.in_progress")
+
+    def _entry_written(self, written: Any) -> None:
+        entry, session, turn = written.entry, self.session, self.turn
+        if entry.type == "run_started":
+            turn.status, turn.started_at = "in_progress", now()
+            session._emit({"type": "agent.session.turn.in_progress", "turn": turn.as_json(session.id),
+                           "turn_id": turn.id})
+            session._session_event("agent.session.in_progress")
+        elif entry.type == "computer_call":
+            item = shapes.computer_call(shapes.new_id("cu"), turn.id, title=call_title(entry.actions),
                                         status="in_progress")
-            self._calls[entry.get("call_id") or ""] = item
+            self._calls[entry.call_id or ""] = item
             session.hub.store.put_item(session.id, item)
             session._emit({"type": "agent.session.turn.item.added", "item": item, "output_index": self.outputs,
-                           "turn_id": turn_id})
-        elif etype == "screenshot":
-            call_id = entry.get("call_id")
-            item = self._calls.pop(call_id or "", None)
+                           "turn_id": turn.id})
+        elif entry.type == "screenshot":
+            item = self._calls.pop(entry.call_id or "", None)
             if item is None:  # the first look at the screen, before any call
-                item = shapes.computer_call(shapes.new_id("cu"), turn_id, title="screenshot", status="completed")
+                item = shapes.computer_call(shapes.new_id("cu"), turn.id, title="screenshot", status="completed")
             item = dict(item, status="completed")
             session.hub.store.put_item(session.id, item)
             shot = None
-            if self.view and entry.get("file") and session.params.include_screenshots:
-                name = shot_name(entry["file"])  # "": a name no reader opens, sent without its image
-                shot = str(self.view.record_dir / name) if name else ""
+            if session.params.include_screenshots:
+                name = shot_name(entry.file)  # "": a name no reader opens, sent without its image
+                shot = str(self.run.record.dir / name) if name else ""
+                if name and written.image is not None:
+                    session.hub.remember_shot(shot, written.image, written.mime or shot_type(name))
             event_item = dict(item, _shot=shot) if shot is not None else item
             session._emit({"type": "agent.session.turn.item.done", "item": event_item, "output_index": self.outputs,
-                           "turn_id": turn_id})
+                           "turn_id": turn.id})
             self.outputs += 1
 
     def _signin_history(self, request: Any) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from controller.model.requests import SIGN_IN, request_kind
+
 AGENT_ID = "agent_desktop_sandbox"
 """The one agent id this server reports (there are no saved agents)."""
 
@@ -72,20 +74,17 @@ def computer_call(item_id: str, turn_id: str, *, title: str | None, status: str,
 
 def approval_action(request: Any, turn_id: str) -> dict[str, Any]:
     """A registry request (:class:`controller.run.registry.Request`, strings escaped there) as a
-    ``computer_use_approval_request`` required action. An origin request is the hosted API's
+    ``computer_use_approval_request`` required action: ``{"type", "request_id", "turn_id", "request":
+    {"type": <its kind's api_type>, ...}}``, the ``request`` built by its kind's entry in
+    :data:`controller.model.requests.REQUEST_KINDS`. An origin request is the hosted API's
     ``browser_origin_access``; a sign-in request its ``browser_authentication`` (:func:`signin_request`);
-    a safety check is ``safety_check`` (this server's own kind: ``checks``, ``actions``, ``call_id``),
-    answered with ``{"type": "safety_check", "decision": ...}``."""
-    if request.kind == "origin_access":
-        inner: dict[str, Any] = {"type": "browser_origin_access", "origin": request.origin,
-                                 "reason": request.origin_reason or None}
-    elif request.kind == "browser_authentication":
-        inner = signin_request(request)
-    else:
-        inner = {"type": "safety_check", "checks": request.checks, "actions": request.actions,
-                 "call_id": request.call_id, "question": request.question}
+    a safety check or an action is ``safety_check`` (this server's own kind: ``checks``, ``actions``,
+    ``call_id``, ``question``), answered with ``{"type": "safety_check", "decision": ...}``. A request of
+    a kind outside the table is :class:`controller.model.errors.UnknownKind` (naming it), never shown
+    as another kind."""
+    kind = request_kind(request.kind)
     return {"type": "computer_use_approval_request", "request_id": request.id, "turn_id": turn_id,
-            "request": inner}
+            "request": {"type": kind.api_type, **kind.api_request(request)}}
 
 
 def signin_request(request: Any) -> dict[str, Any]:
@@ -93,12 +92,8 @@ def signin_request(request: Any) -> dict[str, Any]:
     ``BrowserAuthenticationRequestItemResourceRequest``): ``{"type": "browser_authentication",
     "reason", "credential_origin", "fields": [{id, label, type, required}], "options": [{id, label,
     field_ids}]}`` -- the registry's field ``kind`` left out; never a value (a request has none)."""
-    return {"type": "browser_authentication", "reason": request.question or None,
-            "credential_origin": request.credential_origin or None,
-            "fields": [{"id": f["id"], "label": f["label"], "type": f["type"], "required": bool(f["required"])}
-                       for f in request.fields],
-            "options": [{"id": o["id"], "label": o["label"], "field_ids": list(o["field_ids"])}
-                        for o in request.options]}
+    kind = request_kind(SIGN_IN)
+    return {"type": kind.api_type, **kind.api_request(request)}
 
 
 def signin_request_item(item_id: str, request: Any, turn_id: str) -> dict[str, Any]:
@@ -115,11 +110,11 @@ def signin_result_item(item_id: str, request: Any, turn_id: str) -> dict[str, An
     "computer_use_approval_request_result", "request_id", "turn_id", "response": {"type":
     "browser_authentication", "action": "submit", "selected_option"} | {"type": "browser_authentication",
     "action": "cancel"}}`` for a request ``submitted`` | ``cancelled``."""
+    api_type = request_kind(SIGN_IN).api_type
     if request.state == "submitted":
-        response: dict[str, Any] = {"type": "browser_authentication", "action": "submit",
-                                    "selected_option": request.selected_option}
+        response: dict[str, Any] = {"type": api_type, "action": "submit", "selected_option": request.selected_option}
     else:
-        response = {"type": "browser_authentication", "action": "cancel"}
+        response = {"type": api_type, "action": "cancel"}
     return {"id": item_id, "type": "computer_use_approval_request_result", "request_id": request.id,
             "turn_id": turn_id, "response": response}
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 SCHEMA = """
@@ -63,7 +64,7 @@ LOCK_HOLDER_MAX = 256
 """Most bytes read from the lock file for the holder's name."""
 
 
-class StoreError(RuntimeError):
+class StoreError(DesktopSandboxError, RuntimeError):
     """The database cannot be served from (its message says why and what to do)."""
 
 

@@ -8,11 +8,12 @@ does the same on the VM backend, without targets (its gateway is a host process)
 console (controller.console) on the host's loopback for the audit's duration and prove the guest cannot
 reach it while the host can.
 
-Modules: ``topology`` (what the audit knows of a sandbox, per backend), ``probes`` (the one probe list)
-and ``judges`` (its verdict parts), ``targets`` (the target containers; ``target_server.py`` runs in
-them), ``canary`` (the host canary), ``console`` (the host's web console as a target: its probes and
-the host's positive control), ``runner`` (running and judging), ``report`` (JSON model and text
-table), ``errors``.
+Modules: ``backends`` (each backend's audit by its registry name; not imported here, it imports this
+package), ``topology`` (what the audit knows of a sandbox, per backend), ``probes`` (the one probe
+list) and ``judges`` (its verdict parts), ``targets`` (the target containers; ``target_server.py``
+runs in them), ``canary`` (the host canary), ``console`` (the host's web console as a target: its
+probes and the host's positive control), ``runner`` (running and judging), ``report`` (JSON model and
+text table), ``errors``.
 
 Rules come from ARCHITECTURE.md (isolation model) and docs/audit.md, which also documents the JSON report.
 """

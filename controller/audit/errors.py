@@ -6,8 +6,10 @@ match the subclass, never the message text.
 
 from __future__ import annotations
 
+from controller.model.errors import DesktopSandboxError
 
-class AuditError(RuntimeError):
+
+class AuditError(DesktopSandboxError, RuntimeError):
     """The audit could not run (image missing, targets did not start, gateway or guest probe failed)."""
 
 

@@ -22,14 +22,15 @@ def audit(policy: Optional[Path], task: Optional[Path], *, json_out: Optional[Pa
     from pydantic import ValidationError
 
     from controller.audit import AuditError, render_table
+    from controller.audit.backends import audit_function
     from controller.gateway.policy import NetworkPolicy
     from controller.run.tasks import TaskError, load_task
-    from controller.sandbox import SandboxError, registry
+    from controller.sandbox import SandboxError
     from controller.validation import describe_validation_error
 
     backend_cls = backend_class(backend)
     try:
-        audit_backend = registry.audit_function(backend)
+        audit_backend = audit_function(backend)
     except KeyError:
         refuse(f"the {backend} backend has no network audit (audit runs on the docker and vm backends)")
     if policy is not None and task is not None:

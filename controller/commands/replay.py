@@ -155,9 +155,10 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     one did included), 2 when the record cannot be replayed or an option is refused, 130 cancelled."""
     from controller.offline.script import ScriptError, load_task_script
     from controller.run.entries import Approval
-    from controller.run.record import read_record
+    from controller.run.record import read_entries
     from controller.run.entries import REPLAY_RUNNER
     from controller.run.replay import ReplayAnswers, ReplayError, build
+    from controller.run.bus import follow_entries
     from controller.run.runner import RunOptions, run_task
     from controller.run.tasks import TaskError, load_task
 
@@ -200,10 +201,14 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
         answerers.append(ReplayAnswers(replay, registry, cancel_run, approve_codes=approve_safety_check))
         return answerers[-1]
 
-    def opt_ins(run_record: Any) -> None:  # the opt-in lines run-task writes for its own codes
-        for code in approve_safety_check:
-            run_record.write(Approval(what="opt-in", decision="approved", by="command line", codes=[code],
-                                      message=f"--approve-safety-check {code}"))
+    def opt_ins(run: Any) -> None:  # the opt-in lines run-task writes for its own codes, after run_started
+        def after_start(entry: Any) -> None:
+            if entry.type == "run_started":
+                for code in approve_safety_check:
+                    run.record.write(Approval(what="opt-in", decision="approved", by="command line", codes=[code],
+                                              message=f"--approve-safety-check {code}"))
+
+        follow_entries(run.bus, after_start, name="replay-opt-ins")
 
     with tempfile.TemporaryDirectory(prefix="ds-replay-") as tmp:
         script = replay.write_script(Path(tmp) / "replay.offline.jsonl")
@@ -223,10 +228,10 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
         open_sandbox = opener(backend, image_tag, **({"attach_networks": list(attach_network)} if attach_network else {}))
         options = RunOptions(runs_dir=runs_dir, live=False, script=script, human_actions=replay.human,
                              approval_timeout_s=approval_timeout, confirm_actions=sorted(replay.confirmed),
-                             sign_in_file=sign_in, runner=REPLAY_RUNNER, answerers=[answer_as_recorded],
-                             on_record=opt_ins, **({} if terminal else {"asker": None}))
-        outcome = run_task(task, open_sandbox, options, console=console)
-    entries = read_record(outcome.record_dir / "record.jsonl")
+                             sign_in_file=sign_in, runner=REPLAY_RUNNER, terminal=None if terminal else False)
+        outcome = run_task(task, open_sandbox, options, console=console,
+                           views=[lambda run: run.answered_by(answer_as_recorded), opt_ins])
+    entries = [e.as_json() for e in read_entries(outcome.record_dir / "record.jsonl")]  # step_states reads JSON
     states = step_states(replay, entries)
     table = Table(title=f"replay of {clean(str(replay.record_dir), 200)}", show_lines=False)
     for column in ("step", "recorded call", "state", "detail"):

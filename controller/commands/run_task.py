@@ -30,7 +30,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
     (``arch=`` added when given; :func:`sandbox_opener` unless replaced). Prints the record path on stdout
     and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
     from controller.offline.script import ScriptError, load_task_script
-    from controller.run.runner import RunOptions
+    from controller.run.runner import RunOptions, watching
     from controller.run.runner import run_task as run
     from controller.run.tasks import TaskError, load_task
     from controller.sandbox import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals, signals_deferred
@@ -82,17 +82,18 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
         options = RunOptions(
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
             approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
-            confirm_actions=confirm, step=step, signals_before=noted, runner=runner, loop=loop, sign_in_file=sign_in,
+            confirm_actions=confirm, step=step, signals_before=noted, runner=runner, sign_in_file=sign_in,
             record_typed_text=record_typed_text,
         )
         server = None
+        views = []
         if ui and not noted:
             from controller.console.server import ConsoleServer
 
             server = ConsoleServer(runs_dir).start()
-            options.on_live = _follow_in(server)
+            views.append(watching(_follow_in(server)))
         try:
-            outcome = run(task, open_sandbox, options, console=console)
+            outcome = run(task, open_sandbox, options, console=console, views=views, loop=loop)
             if server is not None and sys.stdin.isatty():
                 _keep_serving(server, noted, outcome.record_dir.name)
         finally:
@@ -103,7 +104,7 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
 
 
 def runner_loop(runner: str) -> Any:
-    """The ``RunOptions.loop`` for ``--runner``: None for ``sdk``, :func:`controller.af.run_loop` for
+    """The model loop for ``--runner`` (``run_task(..., loop=)``): None for ``sdk``, :func:`controller.af.run_loop` for
     ``agent-framework``; refuses (exit 2) another name, or ``agent-framework`` without the ``[af]`` extra."""
     if runner not in RUNNERS:
         refuse(f"--runner: unknown runner {runner!r} (one of {', '.join(RUNNERS)})")
@@ -133,7 +134,7 @@ def approve_origins(given: list[str]) -> list[Any]:
 
 
 def _follow_in(server: Any) -> Callable[[Any], None]:
-    """``RunOptions.on_live`` for ``--ui``: the run goes into the console, and the console's one-time
+    """What ``--ui`` does with the run's console view (:func:`controller.run.runner.watching`): the run goes into the console, and the console's one-time
     login URL is printed (``console: URL``, stderr) as soon as the run has its id; it opens that run's
     page."""
     def follow(live: Any) -> None:

@@ -65,7 +65,9 @@ from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOv
 from controller.report.html import render_report
 from controller.run.shots import read_shot
 from controller.run.record import read_entries, summarize
-from controller.run.registry import SIGN_IN, AnswerRefused
+from controller.model.errors import DesktopSandboxError
+from controller.model.requests import request_kind
+from controller.run.registry import AnswerRefused
 from controller.text import clean
 
 log = logging.getLogger("controller.console")
@@ -79,7 +81,7 @@ WAIT_THREADS = 16
 """Threads for the event streams' waits (streams beyond take turns, see controller.console.streams)."""
 
 
-class ApiError(Exception):
+class ApiError(DesktopSandboxError):
     """A route's refusal: ``status``, ``code``, ``message``."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
@@ -280,7 +282,7 @@ def create_app(state: ConsoleState) -> FastAPI:
             kind = live.registry.get(request_id).kind
         except AnswerRefused as refused:
             return JSONResponse(refused.as_json(), status_code=refused.status)
-        if kind == SIGN_IN:
+        if request_kind(kind).form:  # a sign-in request: answered with its filled form
             return await answer_signin(request, live, request_id)
         body = await read_json(request)
         if not isinstance(body, dict) or "answer" not in body:

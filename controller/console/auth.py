@@ -61,6 +61,7 @@ from urllib.parse import quote
 from starlette.datastructures import Headers, MutableHeaders
 
 from controller.console.runs import valid_run_id
+from controller.model.errors import DesktopSandboxError
 from wire.connections import HOST_REFUSED, scope_host_refusal
 
 Scope = dict[str, Any]
@@ -112,7 +113,7 @@ def landing(next_page: str | None) -> str:
     return "/"
 
 
-class Refused(Exception):
+class Refused(DesktopSandboxError):
     """A request the console does not serve: ``status`` (401, 403), ``code`` and ``message``."""
 
     def __init__(self, status: int, code: str, message: str) -> None:

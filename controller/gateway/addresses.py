@@ -11,13 +11,15 @@ import ipaddress
 import re
 from typing import Optional, Union
 
+from controller.model.errors import DesktopSandboxError
+
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 _NUMERIC_PART_RE = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
 
 
-class PolicyError(ValueError):
+class PolicyError(DesktopSandboxError, ValueError):
     """A policy file, origin or address rule is malformed. The message says which entry and why."""
 
 METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(

@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Iterator, Optional, Sequence
 
 from controller.gateway.addresses import IPNetwork, _unmapped
 from controller.gateway.holds import AnswerRefused, OriginRequests
+from controller.model.errors import DesktopSandboxError
 from controller import json_semantics
 from wire.connections import HOST_REFUSED, governed, mark_authenticated, scope_host_refusal, uvicorn_config
 
@@ -53,7 +54,7 @@ MAX_BY_CHARS = 64
 """Longest ``by`` label (characters)."""
 
 
-class ControlConfigError(ValueError):
+class ControlConfigError(DesktopSandboxError, ValueError):
     """The control API cannot be set up as asked (bad token file, nothing to listen on)."""
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from controller.gateway.policy import Origin
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 State = Literal["pending", "approved", "denied", "cancelled", "timeout"]
@@ -61,7 +62,7 @@ def utc_text(moment: _dt.datetime) -> str:
     return moment.astimezone(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-class AnswerRefused(Exception):
+class AnswerRefused(DesktopSandboxError):
     """An answer that cannot be applied: ``code`` ``unknown_request`` | ``already_decided`` | ``expired``."""
 
     def __init__(self, code: str, message: str) -> None:

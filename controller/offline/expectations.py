@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from PIL import Image, ImageChops
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.text import clean
 from controller.validation import describe_validation_error
 from wire.screen_match import MAX_REGION_PNG_BYTES, MatchRule, changed_share, decode_crop
 
@@ -151,9 +152,61 @@ class TurnTimeout(_Strict):
 
 
 TURN_FIELDS = frozenset(TurnExpectations.model_fields)
-"""The turn keys this module owns: ``expect``, ``expect_timeout_s``, ``expect_retry``."""
+"""The turn keys of the screen expectations: ``expect``, ``expect_timeout_s``, ``expect_retry``."""
 
-_KNOWN_KEYS = {name for model in (TurnExpectations, Retry, *KINDS) for name in model.model_fields}
+
+# -- expectations on the request's input: what the conversation carries from earlier turns -----------
+
+MAX_INPUT_TEXT = 4096
+"""Longest ``text`` of an input expectation (characters)."""
+
+
+class UserMessageExpectation(_Strict):
+    """An earlier user message of the request's input (one before its last user message: a message of an
+    earlier turn of the conversation) has a text part holding `text`."""
+
+    kind: Literal["user_message"]
+    text: str = Field(min_length=1, max_length=MAX_INPUT_TEXT,
+                      description="the text to find, a substring (case-sensitive)")
+
+
+class AssistantMessageExpectation(_Strict):
+    """An assistant message of the request's input (an earlier answer of the model) has an `output_text`
+    part holding `text`."""
+
+    kind: Literal["assistant_message"]
+    text: str = Field(min_length=1, max_length=MAX_INPUT_TEXT,
+                      description="the text to find, a substring (case-sensitive)")
+
+
+class CallExpectation(_Strict):
+    """The request's input has the call `call_id` (a `computer_call` or `function_call`, e.g. `call_0001`
+    of an earlier turn) and its output (`computer_call_output` or `function_call_output`)."""
+
+    kind: Literal["call"]
+    call_id: str = Field(min_length=1, max_length=200, description="the call's id")
+
+
+InputExpectation = Annotated[Union[UserMessageExpectation, AssistantMessageExpectation, CallExpectation],
+                             Field(discriminator="kind")]
+INPUT_KINDS = (UserMessageExpectation, AssistantMessageExpectation, CallExpectation)
+
+
+class TurnInput(_Strict):
+    """The input expectations of one script turn."""
+
+    expect_input: list[InputExpectation] = Field(
+        min_length=1, max_length=32,
+        description="conditions on the request's input items (the conversation so far), checked before the turn is "
+                    "answered; one that does not hold ends the run `failed` at once (waiting cannot add an earlier "
+                    "item)")
+
+
+INPUT_FIELD = "expect_input"
+"""The turn key of the input expectations."""
+
+_KNOWN_KEYS = {name for model in (TurnExpectations, Retry, *KINDS, TurnInput, *INPUT_KINDS)
+               for name in model.model_fields}
 
 
 def parse_turn(turn: dict[str, Any]) -> TurnExpectations | None:
@@ -179,6 +232,19 @@ def parse_turn(turn: dict[str, Any]) -> TurnExpectations | None:
     return parsed
 
 
+def parse_input(turn: dict[str, Any]) -> list[UserMessageExpectation | AssistantMessageExpectation
+                                                 | CallExpectation] | None:
+    """The turn's input expectations (``expect_input``), or None without them. Raises ValueError with one
+    line naming the field (``expect_input[0].text: ...``) as :func:`parse_turn` does."""
+    if INPUT_FIELD not in turn:
+        return None
+    try:
+        return TurnInput.model_validate({INPUT_FIELD: turn[INPUT_FIELD]}).expect_input
+    except ValidationError as exc:
+        tags = {INPUT_FIELD: tuple(m.model_fields["kind"].annotation.__args__[0] for m in INPUT_KINDS)}
+        raise ValueError(describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags=tags)) from None
+
+
 def timeout_s(turn: dict[str, Any]) -> float:
     """The turn's ``expect_timeout_s`` (seconds, before the sandbox's ``time_scale``), its default when
     left out. Raises ValueError (one line naming the field) when it is not valid."""
@@ -198,6 +264,53 @@ def describe(exp: ColorExpectation | NotColorExpectation | ChangedExpectation | 
     if exp.kind == "matches":
         return f"matches the recorded screen +-{exp.tolerance} in {share} of {where}"
     return f"{exp.kind} {exp.rgb.lower()} +-{exp.tolerance} in {share} of {where}"
+
+
+def describe_input(exp: UserMessageExpectation | AssistantMessageExpectation | CallExpectation) -> str:
+    """What ``exp`` asks for, one line: ``an earlier user message holds 'first'`` (escaped, cut)."""
+    if exp.kind == "call":
+        return f"call {clean(exp.call_id, 200)} and its output in the input"
+    who = "an earlier user message" if exp.kind == "user_message" else "an assistant message"
+    return f"{who} holds {clean(exp.text, 200)!r}"
+
+
+def _texts(item: dict[str, Any], part_type: str) -> list[str]:
+    """The texts of a message item: its ``content`` when a string, else its parts of ``part_type``."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [part["text"] for part in content if isinstance(part, dict) and part.get("type") == part_type
+            and isinstance(part.get("text"), str)]
+
+
+def _is_message(item: Any, role: str) -> bool:
+    return isinstance(item, dict) and item.get("role") == role and item.get("type", "message") == "message"
+
+
+def check_input(exp: UserMessageExpectation | AssistantMessageExpectation | CallExpectation,
+                items: list[Any]) -> Outcome:
+    """Check ``exp`` on a request's ``input`` items (Responses input items, as sent). ``observed`` says
+    what the input holds instead (texts escaped and cut to 80 characters each, at most 8 of them)."""
+    if exp.kind == "call":
+        calls = [str(item.get("call_id")) for item in items if isinstance(item, dict)
+                 and item.get("type") in ("computer_call", "function_call")]
+        outputs = {str(item.get("call_id")) for item in items if isinstance(item, dict)
+                   and item.get("type") in ("computer_call_output", "function_call_output")}
+        held = exp.call_id in calls and exp.call_id in outputs
+        seen = [f"{clean(c, 40)}{'' if c in outputs else ' (no output)'}" for c in calls[-8:]]
+        return Outcome(held, None, f"calls: {', '.join(seen) or 'none'}")
+    if exp.kind == "user_message":
+        users = [item for item in items if _is_message(item, "user")]
+        texts = [text for item in users[:-1] for text in _texts(item, "input_text")]
+        where = "earlier user messages"
+    else:
+        texts = [text for item in items if _is_message(item, "assistant") for text in _texts(item, "output_text")]
+        where = "assistant messages"
+    held = any(exp.text in text for text in texts)
+    seen = [repr(clean(text, 80)) for text in texts[-8:]]
+    return Outcome(held, None, f"{where}: {', '.join(seen) or 'none'}")
 
 
 @dataclass(frozen=True)
@@ -296,8 +409,9 @@ def _default(field: Any) -> str:
 
 
 def reference_markdown() -> str:
-    """The expectation reference, rendered from the models above (markdown; docs/ARCHITECTURE.md
-    carries it between ``<!-- expect-reference -->`` markers)."""
+    """The expectation reference, rendered from the models above: the screen expectations, then the
+    input expectations (markdown; docs/ARCHITECTURE.md carries it between ``<!-- expect-reference -->``
+    markers)."""
     lines = ["| turn field | default | meaning |", "|---|---|---|"]
     for name, field in TurnExpectations.model_fields.items():
         lines.append(f"| `{name}` | {_default(field)} | {field.description} |")
@@ -320,6 +434,15 @@ def reference_markdown() -> str:
             defaults = [" / ".join(f"{_default(m.model_fields[name])} "
                                    f"(`{m.model_fields['kind'].annotation.__args__[0]}`)" for m in models)]
         lines.append(f"| `{name}` | {kinds} | {defaults[0]} | {models[0].model_fields[name].description} |")
+    field = TurnInput.model_fields[INPUT_FIELD]
+    lines += ["", "| turn field | default | meaning |", "|---|---|---|",
+              f"| `{INPUT_FIELD}` | {_default(field)} | {field.description} |",
+              "", "| input kind | fields | holds when |", "|---|---|---|"]
+    for model in INPUT_KINDS:
+        kind = model.model_fields["kind"].annotation.__args__[0]
+        fields = "; ".join(f"`{n}`: {model.model_fields[n].description}" for n in model.model_fields if n != "kind")
+        doc = " ".join((model.__doc__ or "").split())
+        lines.append(f"| `{kind}` | {fields} | {doc} |")
     return "\n".join(lines) + "\n"
 
 

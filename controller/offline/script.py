@@ -3,7 +3,10 @@ any sandbox starts, so a typo is reported with its file and line rather than as 
 
 Each turn is one of the four contract shapes (``actions``, the legacy single ``action``, ``browser``
 or ``message``), with the optional ``pending_safety_checks`` (computer turns), ``usage`` (null only),
-``comment`` (a string) and screen expectations (:mod:`controller.offline.expectations`). Actions follow
+``comment`` (a string), screen expectations and input expectations (``expect_input``), both in
+:mod:`controller.offline.expectations`. A script answers a conversation of several user messages (an
+Agents API session): the turns of the first message up to and including the first ``message`` turn,
+then those of the second message up to the next ``message`` turn, and so on. Actions follow
 the action schema in its model form (:func:`wire.actions.parse_action`) with no negative coordinate
 (model px); whether a point lies inside the model image is known only at run time. Browser calls
 follow the SDK's own tool schemas (:mod:`controller.offline.browser`). A script larger than
@@ -19,6 +22,7 @@ from typing import Any
 
 from controller.offline import browser as br
 from controller.offline import expectations as ex
+from controller.model.errors import DesktopSandboxError
 from controller.validation import lone_surrogate, read_input_or_raise
 from wire.actions import ActionInvalid, first_outside, parse_action
 
@@ -26,7 +30,7 @@ MAX_SCRIPT_BYTES = 16 * 1024 * 1024
 """Largest script file read (bytes)."""
 
 
-class ScriptError(ValueError):
+class ScriptError(DesktopSandboxError, ValueError):
     """A script line is not a valid model turn (contract 3)."""
 
 
@@ -104,12 +108,16 @@ def _check_declared(turn: dict[str, Any], where: str, tools: Sequence[str], memb
 
 
 def validate_first_turn(turn: dict[str, Any], where: str) -> None:
-    """Raise :class:`ScriptError` when the first turn expects a change: it has no earlier turn."""
+    """Raise :class:`ScriptError` when the first turn expects a change or earlier input: it has no
+    earlier turn."""
     parsed = ex.parse_turn(turn)
     for i, exp in enumerate(parsed.expect if parsed else []):
         if exp.kind == "changed":
             raise ScriptError(f"{where}: expect[{i}]: changed needs an earlier turn to compare with; "
                               "the first turn has none")
+    if ex.INPUT_FIELD in turn:
+        raise ScriptError(f"{where}: {ex.INPUT_FIELD}: the first turn's request holds no earlier turn to "
+                          "expect")
 
 
 def validate_turn(turn: Any, where: str = "turn") -> None:
@@ -123,11 +131,12 @@ def validate_turn(turn: Any, where: str = "turn") -> None:
         _validate_browser_turn(turn, where)
         return
     allowed = {kinds[0], "usage", "comment"} | ({"pending_safety_checks"} if kinds[0] != "message" else set())
-    extra = set(turn) - allowed - ex.TURN_FIELDS
+    extra = set(turn) - allowed - ex.TURN_FIELDS - {ex.INPUT_FIELD}
     if extra:
         raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
     try:
         expected = ex.parse_turn(turn)
+        ex.parse_input(turn)
     except ValueError as exc:
         raise ScriptError(f"{where}: {exc}") from None
     if expected is not None and expected.expect_retry is not None:
@@ -166,7 +175,7 @@ def _validate_browser_turn(turn: dict[str, Any], where: str) -> None:
     ``expect`` / ``expect_timeout_s``; ``expect_timeout_s`` alone only where a call's target is an element
     description (it bounds their re-reads). ``expect_retry`` and ``pending_safety_checks`` belong to
     computer turns."""
-    extra = set(turn) - {"browser", "usage", "comment"} - ex.TURN_FIELDS
+    extra = set(turn) - {"browser", "usage", "comment"} - ex.TURN_FIELDS - {ex.INPUT_FIELD}
     if extra:
         raise ScriptError(f"{where}: unknown fields {sorted(extra)}")
     if "expect_retry" in turn:
@@ -177,6 +186,7 @@ def _validate_browser_turn(turn: dict[str, Any], where: str) -> None:
         raise ScriptError(str(exc)) from None
     described = br.described_targets(turn["browser"])
     try:
+        ex.parse_input(turn)
         if "expect" in turn or not described:
             ex.parse_turn(turn)
         else:

@@ -43,11 +43,19 @@ request's tools (a computer turn: the computer tool; a browser turn: each ``brow
 ``browser_screenshot`` for expectations and ``browser_read_page`` for element descriptions), else 400
 ``invalid_tools``.
 
+Input expectations (``expect_input``, :mod:`controller.offline.expectations`): before answering a turn
+that has them, the server checks each against the request's input items (an earlier user message's
+text, an assistant message's text, a call and its output: what the conversation carried from earlier
+turns). One that does not hold gives up at once (the final message naming it, an ``unmet`` entry whose
+items have the input kind), as waiting cannot add an earlier item.
+
 Each line is checked when the script is loaded (:mod:`controller.offline.script`).
 
-The turn to answer is derived from the request's conversation (the number of ``computer_call_output``
-items in it that answer script turns, not waits, plus the number of browser turns that
-``function_call_output`` items answer), so the server is stateless across runs (except for
+The turn to answer is derived from the request's conversation: the request's last user message is the
+conversation's Nth (an Agents API session sends one a turn), which starts at the script turn after the
+(N-1)th ``message`` turn (the first at turn 0); to that come the ``computer_call_output`` items after
+that user message that answer script turns (not waits) and the browser turns that
+``function_call_output`` items after it answer. So the server is stateless across runs (except for
 the time each turn's first wait was answered, kept by that wait's item id, and the conversations
 below). A request may continue an earlier one with ``previous_response_id`` (as Agent Framework's
 Responses client does): the server keeps each answered request's new input and output under the
@@ -160,6 +168,11 @@ class ScriptedModel:
                         for turn in turns]
         self._targets = [br.described_targets(turn["browser"]) if "browser" in turn else [] for turn in turns]
         self._timeouts = [ex.timeout_s(turn) for turn in turns]
+        self._inputs = [ex.parse_input(turn) for turn in turns]
+        self._starts = [0] + [i + 1 for i, turn in enumerate(turns) if "message" in turn]
+        """The script turn each user message of a conversation starts at: the first at turn 0, each next
+        one after the ``message`` turn that answered the one before."""
+        self._inputs_met: set[int] = set()  # turns whose input expectations were recorded as met
         self._clock = clock
         self.time_scale = 1.0
         """Multiplies every turn's ``expect_timeout_s`` (the sandbox's ``time_scale``: a slower guest
@@ -234,9 +247,18 @@ class ScriptedModel:
             return status, payload
         items = body.get("input", [])
         items = items if isinstance(items, list) else []
-        index = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "computer_call_output"
-                    and not _WAIT_CALL.match(str(item.get("call_id", ""))))
-        index += len({match.group(1) for item in items if isinstance(item, dict)
+        users = [i for i, item in enumerate(items) if _is_user_message(item)]
+        message = max(len(users) - 1, 0)  # which user message of the conversation this request answers
+        answered = sum(1 for start in self._starts if start < len(self.turns))
+        if message >= answered:
+            return self._refuse("script_exhausted",
+                                f"the script answers {answered} user messages (the turns up to each message turn); "
+                                f"this request continues user message {message + 1}")
+        since = items[users[-1]:] if users else items
+        index = self._starts[message] + sum(
+            1 for item in since if isinstance(item, dict) and item.get("type") == "computer_call_output"
+            and not _WAIT_CALL.match(str(item.get("call_id", ""))))
+        index += len({match.group(1) for item in since if isinstance(item, dict)
                       and item.get("type") == "function_call_output"
                       and (match := br.BROWSER_CALL.match(str(item.get("call_id", ""))))})
         if index >= len(self.turns):
@@ -245,6 +267,10 @@ class ScriptedModel:
         missing = self._undeclared(index, body)
         if missing is not None:
             return self._refuse("invalid_tools", missing)
+        if self._inputs[index] is not None:
+            given_up = self._input_expectations(index, self._inputs[index], items, body)
+            if given_up is not None:
+                return 200, given_up
         expected = self._expect[index]
         reads = [item for item in items if isinstance(item, dict) and item.get("type") == "function_call"
                  and str(item.get("call_id", "")).startswith(f"call_{index:04d}_read_")]
@@ -340,6 +366,26 @@ class ScriptedModel:
                 self.on_expectation(entry)
             except Exception:  # noqa: BLE001 - recording must not break the model
                 pass
+
+    def _input_expectations(self, index: int, expected: list[Any], items: list[Any],
+                            body: dict[str, Any]) -> dict[str, Any] | None:
+        """None when turn ``index``'s input expectations hold on the request's ``items`` (recorded once as
+        met when the turn has no screen expectations of its own to record); else the final message that
+        gives up, at once: waiting cannot add an earlier item to the conversation."""
+        outcomes = [ex.check_input(e, items) for e in expected]
+        entry: dict[str, Any] = {"turn": index, "call_id": f"call_{index:04d}", "waits": 0, "waited_s": 0.0}
+        if all(o.held for o in outcomes):
+            with self._lock:
+                first = index not in self._inputs_met
+                self._inputs_met.add(index)
+            if first and self._expect[index] is None:
+                self._emit({**entry, "met": True, "expected": [ex.describe_input(e) for e in expected]})
+            return None
+        unmet = [{"index": i, "kind": e.kind, "expectation": e.model_dump(), "expected": ex.describe_input(e),
+                  "observed": o.observed} for i, (e, o) in enumerate(zip(expected, outcomes)) if not o.held]
+        return self._give_up(index, body, {**entry, "met": False, "reason": "the request's input does not hold it",
+                                           "unmet": unmet}, "at once",
+                             lambda u: f"{ex.INPUT_FIELD}[{u['index']}] {u['expected']}")
 
     def _expectations(self, index: int, expected: ex.TurnExpectations, items: list[Any],
                       body: dict[str, Any]) -> dict[str, Any] | None:
@@ -578,6 +624,11 @@ def _screenshots(items: list[Any]) -> tuple[list[str], dict[str, int]]:
             images += [part["image_url"] for part in item["content"] if isinstance(part, dict)
                        and part.get("type") == "input_image" and isinstance(part.get("image_url"), str)]
     return images, before_call
+
+
+def _is_user_message(item: Any) -> bool:
+    """Whether a request's input item is a user message (``role: user``; ``type`` message or left out)."""
+    return isinstance(item, dict) and item.get("role") == "user" and item.get("type", "message") == "message"
 
 
 def _function_item_problem(item: dict[str, Any], functions: set[str]) -> tuple[str, str] | None:

@@ -19,7 +19,7 @@ one plain dict (the template's only input; nothing in it is a raw record string)
   ``human`` (``human_action`` entries), ``browser`` (the step's ``browser_call`` entries: member,
   one line of text (:func:`controller.run.progress.browser_call_text`), ok, error, the image file a
   screenshot or zoom returned; the elements they acted on are the overlay's ``boxes``,
-  :func:`browser_boxes`) and ``other`` (entry types this report does not know);
+  :func:`browser_boxes`) and ``other`` (sign-ins, and entry types without a section of their own);
 * ``unshown``: screenshots no step shows (e.g. the screen after the last call of a cancelled run);
 * ``checks``: kind, target, rule, expected, observed (JSON text), passed, detail;
 * ``verdict``: status, reason, final message, whether the gateway's decision log was read in full;
@@ -29,11 +29,12 @@ Approvals of origin requests (``what`` origin_access: the gateway held a guest c
 person, ``--approve-origin`` or its deadline decided) carry ``origin``, ``request_id`` and
 ``latency_ms``; ``network`` items carry the ``request_id`` they waited on and ``held_ms``.
 
-Placement: approvals and failed driver calls go to the step whose call they name (``call_id``), an
-expectation to the step whose call it names or else to the next step (a script turn's expectations
-are resolved before the model answers), everything else to the step it was written in. Entries are
-read as their JSON dicts, so a type this code does not know (a newer record's ``human_action``) is
-still shown, generically.
+Placement: the steps are the record's (:func:`controller.model.steps.steps`, whose rule says what
+belongs to a step): approvals and failed driver calls go to the step whose call they name
+(``call_id``), an expectation to the step whose call it names or else to the next step (a script
+turn's expectations are resolved before the model answers), everything else to the step it was
+written in; ``before`` is the record's opening. An entry type without a section of its own (an
+``agents_event``) is shown generically, as its fields.
 
 Every string from the record comes from the model, a page or the guest: it is passed through
 :func:`controller.text.clean` (control and format characters escaped, cut to a length) here, and
@@ -50,6 +51,8 @@ from typing import Any
 
 from controller.report.marks import MAX_MARKS, num, overlay
 from controller.run.progress import browser_call_text, sign_in_text
+from controller.model.steps import Step, steps
+from controller.run.entries import as_entry
 from controller.run.record import summarize
 from controller.text import clean
 from wire.actions import describe
@@ -202,8 +205,8 @@ def _pending(check: Any) -> dict[str, Any]:
 
 def _new_step(n: int, d: dict[str, Any], shot: dict[str, Any] | None) -> dict[str, Any]:
     usage = d.get("usage") if isinstance(d.get("usage"), dict) else {}
-    said = d.get("text") if isinstance(d.get("text"), str) else d.get("output_text")
-    return {"n": n, "ts": text(d.get("ts"), SHORT), "shot_entry": shot, "calls": [], "call_ids": set(),
+    said = d.get("text")
+    return {"n": n, "ts": text(d.get("ts"), SHORT), "shot": shot, "calls": [],
             "response": {"id": text(d.get("response_id"), SHORT), "http_status": text(d.get("http_status"), SHORT),
                          "failed": isinstance(d.get("http_status"), int) and d["http_status"] >= 400,
                          "tokens": text(usage.get("total_tokens"), SHORT),
@@ -223,101 +226,46 @@ def _call(d: dict[str, Any], first: int) -> dict[str, Any]:
 
 
 def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
-    """The report's view of ``entries`` (entry models, in record order) of run ``run_id``; see the
-    module docstring for its shape."""
+    """The report's view of ``entries`` (entry models, in record order; JSON objects are validated as
+    entries, ValueError when one is not) of run ``run_id``; see the module docstring for its shape."""
+    entries = [as_entry(e) for e in entries]
     summary = summarize(entries)
-    dicts = [e.as_json() if hasattr(e, "as_json") else dict(e) for e in entries]
-    started = next((d for d in dicts if d.get("type") == "run_started"), {})
-    finished = next((d for d in reversed(dicts) if d.get("type") == "run_finished"), {})
+    started = next((e.as_json() for e in entries if e.type == "run_started"), {})
+    finished = next((e.as_json() for e in reversed(entries) if e.type == "run_finished"), {})
+    record_steps = steps(entries)
+    refs = {id(s): shot_ref(s.as_json()) for step in record_steps for s in step.screenshots}  # in record order
     before: dict[str, list[Any]] = {"approvals": [], "network": [], "other": []}
-    steps: list[dict[str, Any]] = []
-    shots: list[dict[str, Any]] = []
-    latest: dict[str, Any] | None = None
-    later: list[tuple[int, dict[str, Any]]] = []  # (entries' position as a step count, entry) to place by call_id
-    judged_on: dict[int, dict[str, Any] | None] = {}  # an expectation -> the screenshot before it
-    checks, network_logs = [], []
-    for d in dicts:
-        kind = d.get("type")
-        step = steps[-1] if steps else None
-        bucket = step if step is not None else before
-        if kind == "screenshot":
-            latest = shot_ref(d)
-            shots.append(latest)
-        elif kind == "model_response":
-            steps.append(_new_step(len(steps) + 1, d, latest))
-        elif kind == "computer_call" and step is not None:
-            if not step["calls"]:
-                step["shot_entry"] = latest
-            first = 1 + sum(len(c["raw_actions"]) for c in step["calls"])
-            step["calls"].append(_call(d, first))
-            step["call_ids"].add(d.get("call_id"))
-        elif kind in ("approval", "action", "expectation"):
-            later.append((len(steps), d))
-            judged_on[id(d)] = latest
-        elif kind == "network":
-            bucket["network"].append(_network(d))
-        elif kind == "human_action" and step is not None:
-            step["human"].append(_human(d))
-        elif kind == "takeover" and step is not None:  # who had the desktop, between the person's actions
-            step["human"].append({"by": text(d.get("by"), SHORT), "action": "took over the desktop (the model waits)"
-                                  if d.get("control") == "human" else "handed the desktop back to the model"})
-        elif kind == "check":
-            checks.append(d)
-        elif kind == "network_log":
-            network_logs.append(d)
-        elif kind == "browser_call" and step is not None:
-            step["browser"].append(_browser(d))
-            step["raw_browser"].append(d)
-        elif kind == "sign_in":
-            bucket["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
-        elif kind not in ("run_started", "run_finished"):
-            bucket["other"].append(_other(d))
-    by_call = {cid: s for s in steps for cid in s["call_ids"] if cid is not None}
-    for position, d in later:
-        kind = d.get("type")
-        if kind == "action" and not d.get("error"):
-            continue
-        step = by_call.get(d.get("call_id"))
-        if step is None and kind == "expectation" and position < len(steps):
-            step = steps[position]
-        if step is None and kind == "approval" and (d.get("what") == "opt-in" or not position):
-            before["approvals"].append(_approval(d))
-            continue
-        if step is None:
-            step = steps[position - 1] if position else None
-        if step is None:
-            before["other"].append(_other(d))
-        elif kind == "approval":
-            step["approvals"].append(_approval(d))
-        elif kind == "expectation":
-            step["expectations"].append(_expectation(d, judged_on.get(id(d))))
+    views: list[dict[str, Any]] = []
+    for step in record_steps:
+        if step.opening:
+            _fill_before(before, step)
         else:
-            step["failed"].append({"action": text(d.get("action"), SHORT), "error": text(d.get("error"))})
+            views.append(_step_view(step, refs))
     final = finished.get("final_message")
-    if steps and isinstance(final, str) and not steps[-1]["calls"] and steps[-1]["text"] is None:
-        steps[-1]["text"] = text(final, LONG)
+    if views and isinstance(final, str) and not views[-1]["calls"] and views[-1]["text"] is None:
+        views[-1]["text"] = text(final, LONG)
     shown = set()
     # a call none of whose actions reached the driver (denied, withdrawn, cancelled first) is listed
     # but not drawn: the picture shows only what was done
-    ran = {e.get("call_id") for e in (entry.as_json() for entry in entries) if e.get("type") == "action"}
-    for step in steps:
-        shot = step.pop("shot_entry")
-        step.pop("call_ids")
-        step["shot"] = shot
+    ran = {a.call_id for step in record_steps for a in step.actions}
+    for view in views:
+        shot = view["shot"]
         shown.add(id(shot))
-        for call in step["calls"]:
+        for call in view["calls"]:
             call["not_run"] = bool(call["raw_actions"]) and call.pop("raw_id") not in ran
             if call["not_run"]:
                 call["raw_actions"] = []
-        actions = [a for c in step["calls"] for a in c.pop("raw_actions")]
-        step["overlay"] = overlay(actions, shot["image_size"]) if shot and shot["image_size"] else None
-        boxes = browser_boxes(step.pop("raw_browser"), shot)
-        if step["overlay"] is not None:
-            step["overlay"]["boxes"] = boxes
+        actions = [a for c in view["calls"] for a in c.pop("raw_actions")]
+        view["overlay"] = overlay(actions, shot["image_size"]) if shot and shot["image_size"] else None
+        boxes = browser_boxes(view.pop("raw_browser"), shot)
+        if view["overlay"] is not None:
+            view["overlay"]["boxes"] = boxes
+    checks = [e.as_json() for e in entries if e.type == "check"]
+    network_logs = [e.as_json() for e in entries if e.type == "network_log"]
     return {
         "header": _header(started, finished, summary, run_id),
-        "before": before, "steps": steps,
-        "unshown": [s for s in shots if id(s) not in shown],
+        "before": before, "steps": views,
+        "unshown": [s for s in refs.values() if id(s) not in shown],
         "checks": [_check(c) for c in checks],
         "verdict": {"status": text(summary["status"], SHORT), "class": status_class(summary["status"]),
                     "reason": text(summary["reason"], LONG), "final_message": text(final, LONG),
@@ -326,6 +274,63 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
         "timings": [(text(k, SHORT), v) for k, v in (summary.get("timings") or {}).items()
                     if isinstance(v, (int, float))],
     }
+
+
+def _fill_before(before: dict[str, list[Any]], opening: Step) -> None:
+    """``before`` from the record's opening step: its approvals and network decisions; in ``other`` its
+    other entries (a computer call, a person's action or a browser call before any model response, a
+    sign-in, an entry type without a section of its own) in record order, then its failed driver calls
+    and its expectations (a record in which the model never answered)."""
+    later = []
+    for entry in opening.entries:
+        d = entry.as_json()
+        if entry.type == "approval":
+            before["approvals"].append(_approval(d))
+        elif entry.type == "network":
+            before["network"].append(_network(d))
+        elif entry.type == "sign_in":
+            before["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
+        elif entry.type in ("action", "expectation"):
+            if entry.type == "expectation" or entry.error:
+                later.append(_other(d))
+        elif entry.type != "screenshot":
+            before["other"].append(_other(d))
+    before["other"].extend(later)
+
+
+def _step_view(step: Step, refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One step of the page (see the module docstring) from a step of the record; ``refs``: each
+    screenshot entry's :func:`shot_ref` by the entry's identity. ``raw_browser`` (its browser calls as
+    JSON) and the calls' ``raw_actions`` / ``raw_id`` are for :func:`build_view` to draw and drop."""
+    shot = refs.get(id(step.shown)) if step.shown is not None else None
+    view = _new_step(step.n, step.response.as_json(), shot)
+    for entry, screen in step.screens():
+        d = entry.as_json()
+        kind = entry.type
+        if kind == "computer_call":
+            view["calls"].append(_call(d, 1 + sum(len(c["raw_actions"]) for c in view["calls"])))
+        elif kind == "approval":
+            view["approvals"].append(_approval(d))
+        elif kind == "action":
+            if entry.error:
+                view["failed"].append({"action": text(d.get("action"), SHORT), "error": text(d.get("error"))})
+        elif kind == "expectation":
+            view["expectations"].append(_expectation(d, refs.get(id(screen)) if screen is not None else None))
+        elif kind == "network":
+            view["network"].append(_network(d))
+        elif kind == "human_action":
+            view["human"].append(_human(d))
+        elif kind == "takeover":  # who had the desktop, between the person's actions
+            view["human"].append({"by": text(d.get("by"), SHORT), "action": "took over the desktop (the model waits)"
+                                  if d.get("control") == "human" else "handed the desktop back to the model"})
+        elif kind == "browser_call":
+            view["browser"].append(_browser(d))
+            view["raw_browser"].append(d)
+        elif kind == "sign_in":
+            view["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
+        elif kind != "screenshot":
+            view["other"].append(_other(d))
+    return view
 
 
 def _check(d: dict[str, Any]) -> dict[str, Any]:

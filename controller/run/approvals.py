@@ -22,6 +22,10 @@ Rules (from the SDK's computer-use contract):
   loop's own (the terminal's prompt lock), and gives up the prompt as soon as another view answered
   or the gateway decided; without a terminal nothing asks and the gateway's timeout denies.
 
+Each kind of question (safety check, action, origin request) is named on the terminal by its label in
+:data:`controller.model.requests.REQUEST_KINDS`; before a prompt the terminal shows that label and the
+request's id (the one the console and the Agents API show).
+
 Every decision is reported through ``on_decision`` (the run record's ``approval`` entries: who
 answered -- terminal, console, timeout, opt-in, no-approver, cancel --, the request id and how long it
 took). Text that comes from the model (call ids, check codes and messages, keys) is printed literally,
@@ -32,7 +36,6 @@ never as console markup or ``:emoji:`` codes, with control and format characters
 from __future__ import annotations
 
 import os
-import queue
 import select
 import termios
 import sys
@@ -43,7 +46,8 @@ from typing import Any, Callable, Iterable
 from rich.console import Console
 from rich.markup import escape
 
-from controller.run.registry import AnswerRefused, ApprovalRegistry, Request
+from controller.model.requests import ACTION, ORIGIN_ACCESS, SAFETY_CHECK, request_kind
+from controller.run.registry import AnswerRefused, ApprovalRegistry, Request, RequestWorker
 from controller.text import clean
 from wire.actions import describe
 
@@ -226,17 +230,26 @@ class _Asking:
             self.on_decision(decision)
 
     def ask(self, request: Request, question: str, cancelled: Callable[[], bool] | None) -> Request:
-        """Ask on the terminal (if any) while every view may answer; wait for the decision."""
+        """Ask on the terminal (if any) while every view may answer; wait for the decision. Before the
+        ``question [y/N]`` prompt the terminal shows ``  (<label>, request <id>)``: the label of the
+        request's kind (:data:`controller.model.requests.REQUEST_KINDS`) and the id the console and the
+        Agents API show."""
         registry = self.registry
         done = (lambda: not request.pending or (cancelled is not None and cancelled())
                 or request.seconds_left() == 0)
         if not request.pending:
             pass  # decided as it opened (an answerer of the run's, a closed registry): nobody is asked
         elif self.asker is not None:
+            lines = [f"  ({request_kind(request.kind).label}, request {clean(request.id, 140)})"]
             if registry.views:
-                _say(self.console, "  (the console can answer too: the first answer counts)")
+                lines.append("  (the console can answer too: the first answer counts)")
             ask_until = getattr(self.asker, "ask_until", None)
-            answer = ask_until(question, done) if ask_until is not None else self.asker(question)
+            if ask_until is not None:
+                answer = ask_until(question, done, lines=lines)
+            else:
+                for line in lines:
+                    _say(self.console, line)
+                answer = self.asker(question)
             if request.pending and (answer is not None or not (registry.views or done())):
                 approved = answer is not None and answer.strip().lower() in YES
                 try:
@@ -254,8 +267,17 @@ class _Asking:
         return request
 
     def open(self, kind: str, question: str, **fields: Any) -> Request:
+        """Open a pending request of ``kind`` (a name in :data:`controller.model.requests.REQUEST_KINDS`;
+        :class:`controller.model.errors.UnknownKind` otherwise) with the model's last screenshot."""
         shot = self.screenshot() if self.screenshot is not None else None
         return self.registry.open(kind, question, screenshot=shot, **fields)
+
+    def open_and_ask(self, kind: str, question: str, cancelled: Callable[[], bool] | None = None,
+                     **fields: Any) -> Request:
+        """Open a request of ``kind`` (:meth:`open`; ``fields``: ``call_id``, ``checks``, ``actions``) and
+        :meth:`ask` it: the request, decided. A question of any kind in the table is asked this way."""
+        request = self.open(kind, question, **fields)
+        return self.ask(request, question, cancelled)
 
 
 class SafetyCheckApprover(_Asking):
@@ -276,8 +298,9 @@ class SafetyCheckApprover(_Asking):
         checks = list(call.pending_safety_checks or [])
         codes = [c.code or "" for c in checks]
         ids = [c.id for c in checks]
-        _say(self.console, f"[bold yellow]Safety check[/] on computer_call {escape(clean(call.call_id, 80))}:",
-             markup=True)
+        label = request_kind(SAFETY_CHECK).label
+        _say(self.console, f"[bold yellow]{escape(label.capitalize())}[/] on computer_call "
+                           f"{escape(clean(call.call_id, 80))}:", markup=True)
         for check in checks:
             # Codes, ids and messages come from the model: escaped, so none can hide or rewrite what
             # the person is asked to approve.
@@ -291,13 +314,13 @@ class SafetyCheckApprover(_Asking):
         actions = _actions_of(call)
         for action in actions:
             _say(self.console, f"    {describe_action(action, redact=redact)}")
-        base = dict(what="safety_check", call_id=call.call_id, codes=codes, check_ids=ids)
+        base = dict(what=SAFETY_CHECK, call_id=call.call_id, codes=codes, check_ids=ids)
         if opted_in:
             shown = ",".join(clean(c, 80) for c in sorted(set(codes)))
             _say(self.console, f"  approved by opt-in (--approve-safety-check {shown})")
             self._emit(Decision(decision="approved", by="opt-in", **base))
             return True
-        request = self.open("safety_check", "Approve these safety checks and run the call's actions?",
+        request = self.open(SAFETY_CHECK, "Approve these safety checks and run the call's actions?",
                             call_id=call.call_id,
                             checks=[{"id": c.id, "code": c.code, "message": c.message} for c in checks],
                             actions=[describe_action(a) for a in actions])
@@ -348,11 +371,10 @@ class ActionGate(_Asking):
         if not self.anyone:
             msg = "denied: confirmation required but there is no terminal to ask"
             _say(self.console, f"[red]{escape(logged)}: {msg}[/]", markup=True)
-            self._emit(Decision(what="action", decision="denied", by="no-approver", action=logged, message=msg))
+            self._emit(Decision(what=ACTION, decision="denied", by="no-approver", action=logged, message=msg))
             return False
-        request = self.open("action", f"Run {text}?", actions=[text])
-        self.ask(request, f"Run {text}?", cancelled)
-        self._emit(Decision(what="action", decision=request.state, by=request.by or "terminal", action=logged,
+        request = self.open_and_ask(ACTION, f"Run {text}?", cancelled, actions=[text])
+        self._emit(Decision(what=ACTION, decision=request.state, by=request.by or "terminal", action=logged,
                             message=request.reason, request_id=request.id, latency_ms=request.latency_ms,
                             screenshot=request.screenshot))
         return True if request.approved else False
@@ -382,40 +404,25 @@ class OriginPrompter:
         self.registry = registry
         self.console = console or asker.console
         self.skip = skip
-        self._queue: queue.Queue[Request | None] = queue.Queue()
-        self._seen: set[str] = set()
+        self._worker: RequestWorker | None = None
         self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._unsubscribe = registry.subscribe(self._on_change)
-
-    def _on_change(self, request: Request) -> None:
-        if request.kind != "origin_access" or not request.pending or request.id in self._seen:
-            return
-        self._seen.add(request.id)
-        self._queue.put(request)
 
     def start(self) -> "OriginPrompter":
-        """Start asking (a daemon thread); returns self."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="origin-prompts", daemon=True)
-            self._thread.start()
+        """Start asking (the requests opened from now on); returns self."""
+        if self._worker is None:
+            self._worker = RequestWorker(self.registry, ORIGIN_ACCESS, self._take, name="origin-prompts")
+            self._stopped = self._worker.stopped
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop asking: a prompt on the terminal is given up; waits up to ``timeout_s`` for the thread."""
+        """Stop asking: a prompt on the terminal is given up; waits up to ``timeout_s`` for the one under way."""
         self._stopped.set()
-        self._unsubscribe()
-        self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._worker is not None:
+            self._worker.stop(timeout_s)
 
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            request = self._queue.get()
-            if request is None:
-                return
-            if request.pending and not (self.skip is not None and self.skip(request)):
-                self.ask(request)
+    def _take(self, request: Request) -> None:
+        if not (self.skip is not None and self.skip(request)):
+            self.ask(request)
 
     def ask(self, request: Request) -> str | None:
         """Ask about one origin request on the terminal; returns the answer given (approve | deny |
@@ -423,7 +430,8 @@ class OriginPrompter:
         if not request.pending:
             return None
         done = lambda: not request.pending or self._stopped.is_set()  # noqa: E731
-        lines = [f"Origin request: the guest asks to connect to {clean(request.origin or '?', 300)}",
+        label = request_kind(ORIGIN_ACCESS).label.capitalize()
+        lines = [f"{label}: the guest asks to connect to {clean(request.origin or '?', 300)}",
                  f"  reason: {clean(request.origin_reason or '(none given)', 500)}"]
         left = request.seconds_left()
         if left is not None:

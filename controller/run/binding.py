@@ -55,7 +55,6 @@ class BoundApprovals:
         self.write, self.save_image, self.override = write, save_image, shown_override
         self._subject: tuple[str, Any, list[Any]] | None = None
         self._asks = 0
-        driver.on_screen_changed = self.on_screen_changed
 
     @property
     def active(self) -> bool:

@@ -65,6 +65,7 @@ from openai.lib.browser import BrowserError, _browser_image, _read_result
 
 from controller.agent_client import AgentError
 from controller.gateway.origin import Origin, PolicyError
+from controller.model.errors import DesktopSandboxError
 from controller.run.approvals import ActionGate, Decision
 from controller.run.recording import BROWSER_ENDS
 from controller.text import clean
@@ -79,7 +80,7 @@ NAVIGATIONS = frozenset({"navigate", "new_tab"})
 """Members that load a URL (the SDK asks :meth:`GuestBrowserDriver.url_policy` first)."""
 
 
-class BrowserDriverError(RuntimeError):
+class BrowserDriverError(DesktopSandboxError, RuntimeError):
     """An answer of the agent the driver cannot hand to the SDK (a result of the wrong kind, an image
     that is not PNG or JPEG or over ``wire.browser_tools.MAX_IMAGE_BYTES``)."""
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from PIL import Image
 
+from controller.model.errors import DesktopSandboxError
 from controller.run.mapping import Frame, ModelSpace, fit_size
 from wire.actions import ActionInvalid, as_dict, parse_action
 from wire.screen_match import MatchRule, ScreenBinding, bind
@@ -36,7 +37,7 @@ except ImportError:  # pragma: no cover - the controller extra always has it
     _ComputerDriverBase = object  # type: ignore[misc,assignment]
 
 
-class DriverError(RuntimeError):
+class DriverError(DesktopSandboxError, RuntimeError):
     """The driver cannot carry out an action as asked (unsupported input, no model space yet)."""
 
 
@@ -126,12 +127,50 @@ def _as_dict(action: Any) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
+class DriverSeam:
+    """The one place a run hooks into the driver (``SandboxDriver(agent, policy, seam=...)``); this base
+    does nothing, a run's seam (:class:`controller.run.seam.RunSeam`) overrides what it needs.
+
+    Called on the loop's thread, in this order around a step: :meth:`step_boundary` before each action
+    and before each screenshot the SDK asks for; :meth:`forwarding` with the actions about to be sent;
+    :meth:`screen_changed` when the agent refused a bound action; :meth:`before_capture` before each
+    capture, after the settle ``wait``; :meth:`screenshot_sent` with each image the model gets.
+    """
+
+    waits_before_capture = False
+    """True when :meth:`before_capture` may wait (origin requests, a sign-in): the settle ``wait`` and
+    the capture are then sent apart, so that the wait can run between them."""
+
+    def step_boundary(self, screenshot: bool) -> bool:
+        """Before each action (``screenshot`` False) and each screenshot the SDK asks for (True): the
+        web console's take-over gate, a replay's person's actions. True when the desktop may have
+        changed meanwhile (the screen is then captured anew)."""
+        return False
+
+    def forwarding(self, actions: list[dict[str, Any]]) -> None:
+        """Actions about to be sent to the agent (screen px)."""
+
+    def before_capture(self) -> bool:
+        """Before each capture: True when it waited or asked (the screen is let settle and captured anew)."""
+        return False
+
+    def screen_changed(self, error: Any) -> bool:
+        """The agent refused a bound action (``screen_changed``, its error): True to send it again (the
+        approval was given anew), False to stop (:class:`ScreenChanged`)."""
+        return False
+
+    def screenshot_sent(self, shot: "SentScreenshot") -> None:
+        """An image the model gets (the run record saves it)."""
+
+
 class SandboxDriver(_ComputerDriverBase):
     """Drives the guest desktop through the agent API (``controller.agent_client.AgentClient``).
 
     ``agent``: the agent client; ``policy``: what screenshots look like (:class:`ScreenshotPolicy`);
-    ``on_screenshot``: called with each :class:`SentScreenshot` (the run record saves it);
-    ``on_forward``: called with each agent request's action list, in screen px (for logs/tests).
+    ``seam``: what the run adds around the calls (:class:`DriverSeam`; default: nothing);
+    ``bind_rule``: the comparison rule approvals are bound to the screen with (:mod:`wire.screen_match`;
+    None: approvals are not bound, the task's ``[approvals] bind_screen = false``);
+    ``capture_with_last_action``: see the attribute.
     """
 
     def __init__(
@@ -139,27 +178,18 @@ class SandboxDriver(_ComputerDriverBase):
         agent: AgentLike,
         policy: ScreenshotPolicy | None = None,
         *,
-        on_screenshot: Callable[[SentScreenshot], None] | None = None,
-        on_forward: Callable[[list[dict[str, Any]]], None] | None = None,
+        seam: DriverSeam | None = None,
+        bind_rule: MatchRule | None = None,
+        capture_with_last_action: bool = True,
     ) -> None:
         self.agent = agent
         self.policy = policy or ScreenshotPolicy()
-        self.on_screenshot = on_screenshot
-        self.on_forward = on_forward
+        self.seam = seam or DriverSeam()
         self.model_space: ModelSpace | None = None
         self.last_error: str | None = None
         self.screenshots_sent = 0
         self._input_since_capture = False
-        self.before_step: Callable[[bool], bool | None] | None = None
-        """Called before each action (``False``) and before each screenshot the SDK asks for
-        (``True``): the web console's take-over gate (:meth:`controller.run.live.LiveRun.checkpoint`);
-        True when it paused (a person had the desktop), so the screen must be captured anew."""
-        self.before_capture: Callable[[], bool] | None = None
-        """Called before each capture, after the settle ``wait``: the run's wait for pending origin
-        requests (:func:`controller.run.origins.wait_for_origins`). True when it waited: the screen is
-        then let settle once more, so the image shows the page after the decision (an image taken with
-        the call's last action is then dropped and a new one taken)."""
-        self.capture_with_last_action = True
+        self.capture_with_last_action = capture_with_last_action
         """Send the last action of a planned computer_call (:meth:`plan_calls`) together with the call's
         screenshot capture, in one request (``POST /v1/actions?screenshot=``: one round trip a step;
         the settle ``wait`` goes in it too): the action's method returns once it ran and the screen was
@@ -170,14 +200,7 @@ class SandboxDriver(_ComputerDriverBase):
         self._taken: tuple[ScreenshotPolicy, Any] | None = None  # the image taken with the last action
         self.last_shot: SentScreenshot | None = None
         """The last screenshot sent to the model (what a person approving a call is shown)."""
-        self.bind_rule: MatchRule | None = None
-        """The comparison rule approvals are bound to the screen with (:mod:`wire.screen_match`); None:
-        approvals are not bound (the task's ``[approvals] bind_screen = false``)."""
-        self.on_screen_changed: Callable[[Any], bool] | None = None
-        """Called when the agent refused a bound action (``screen_changed``) with the agent's error: the
-        run records the void approval and asks the person again on a new screenshot (binding the next
-        action anew through :meth:`bind_next`); True to send the action again, False to stop
-        (:class:`ScreenChanged`)."""
+        self.bind_rule = bind_rule
         self._binding: ScreenBinding | None = None
         self._last_point: tuple[int, int] | None = None  # model px of the last point acted on
 
@@ -189,8 +212,7 @@ class SandboxDriver(_ComputerDriverBase):
 
     def _send(self, actions: list[dict[str, Any]], **extra: Any) -> None:
         """Send mapped actions (screen px) in one request (``extra``: its ``expect_screen``)."""
-        if self.on_forward is not None:
-            self.on_forward(actions)
+        self.seam.forwarding(actions)
         self._input_since_capture = True
         try:
             self.agent.actions(actions, **extra)
@@ -300,8 +322,7 @@ class SandboxDriver(_ComputerDriverBase):
         when a step fails."""
         self.last_error = None
         self._taken = None  # an image taken before this action no longer shows the screen
-        if self.before_step is not None:
-            self.before_step(False)
+        self.seam.step_boundary(False)
         try:
             mapped = self.to_screen_action(action)
         except Exception as exc:
@@ -316,7 +337,7 @@ class SandboxDriver(_ComputerDriverBase):
             except Exception as exc:
                 if binding is None or getattr(exc, "code", None) != "screen_changed":
                     raise
-                if self.on_screen_changed is None or not self.on_screen_changed(exc):
+                if not self.seam.screen_changed(exc):
                     self.last_error = "screen_changed"
                     raise ScreenChanged("the screen changed where the approved action lands and the approval "
                                         "was not given again: nothing of it ran") from None
@@ -333,8 +354,7 @@ class SandboxDriver(_ComputerDriverBase):
         if not (last and self.capture_with_last_action and combined is not None):
             self._send([mapped], **extra)
             return
-        if self.on_forward is not None:
-            self.on_forward([mapped])
+        self.seam.forwarding([mapped])
         policy = self.policy
         actions = [mapped, {"type": "wait"}] if policy.settle else [mapped]
         try:
@@ -383,7 +403,7 @@ class SandboxDriver(_ComputerDriverBase):
 
         The model space is updated to the image actually sent.
         """
-        if self.before_step is not None and self.before_step(True):
+        if self.seam.step_boundary(True):
             self._taken = None  # a person had the desktop meanwhile: the image taken before is old
         shot = self.capture()
         return {"type": "computer_screenshot", "image_url": shot.data_url}
@@ -410,14 +430,14 @@ class SandboxDriver(_ComputerDriverBase):
         if raw is None:
             # The settle wait and the screenshot in one request when the agent client offers it
             # (AgentClient.actions_screenshot: one round trip, the image taken right after the wait).
-            combined = getattr(self.agent, "actions_screenshot", None) if self.before_capture is None else None
+            combined = None if self.seam.waits_before_capture else getattr(self.agent, "actions_screenshot", None)
             if combined is not None and p.settle and self._input_since_capture:
                 self._input_since_capture = False
                 raw = combined([{"type": "wait"}], **shot_args).screenshot
             elif p.settle and self._input_since_capture:
                 self.agent.actions([{"type": "wait"}])
         self._input_since_capture = False
-        if self.before_capture is not None and self.before_capture():
+        if self.seam.before_capture():
             raw = None  # an origin request was pending: the image must show the page after the answer
             if p.settle:
                 self.agent.actions([{"type": "wait"}])
@@ -438,8 +458,7 @@ class SandboxDriver(_ComputerDriverBase):
         self.model_space = ModelSpace(shot.image_size[0], shot.image_size[1], shot.frame)
         self.last_shot = shot
         self.screenshots_sent += 1
-        if self.on_screenshot is not None:
-            self.on_screenshot(shot)
+        self.seam.screenshot_sent(shot)
         return shot
 
     def _cap(self, shot: SentScreenshot) -> SentScreenshot:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
 FORMAT = 7
@@ -336,6 +337,16 @@ class AgentsEvent(_Entry):
     item_id: Optional[str] = None
 
 
+class ViewDropped(_Entry):
+    """A follower of the run (``view``: its name on the run's bus, e.g. the Agents API's session or a
+    console feed) fell behind by ``queued`` events and was dropped: it got nothing after this line, and
+    the run went on without waiting for it."""
+
+    type: Literal["view_dropped"] = "view_dropped"
+    view: str
+    queued: int
+
+
 class SignIn(_Entry):
     """One sign-in request of the agent's chromium (contract 8) and what came of it, never a value:
     ``request_id``, ``step`` (1 for the first request of a sign-in, then 2, 3 for the method, the e-mail,
@@ -434,7 +445,7 @@ class RunFinished(_Entry):
 
 Entry = Annotated[
     Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, AgentsEvent, SignIn, BrowserCall, RunFinished],
+          NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
@@ -442,11 +453,11 @@ Entry = Annotated[
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
     for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, AgentsEvent, SignIn, BrowserCall, RunFinished)
+                NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, RunFinished)
 }
 """Entry model per ``type``."""
 
-class EntryError(ValueError):
+class EntryError(DesktopSandboxError, ValueError):
     """A JSON object that is not a record entry; the message names the field and the problem."""
 
 
@@ -501,7 +512,7 @@ __all__ = [
     "ComputerCall", "browser_arguments", "Entry", "EntryError", "Expectation",
     "HumanAction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
-    "UnmetExpectation", "Usage", "as_entry", "entry_format", "problem", "reference_markdown",
+    "UnmetExpectation", "Usage", "ViewDropped", "as_entry", "entry_format", "problem", "reference_markdown",
 ]
 
 

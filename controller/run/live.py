@@ -23,7 +23,9 @@
     tab's viewport);
   - ``control``: ``{"state": ..., "by": ...}`` -- the run's state (:data:`STATES`).
 
-  A view reads them with :meth:`LiveRun.events_after` (blocking up to a timeout), so a view that
+  They are the run's bus (:class:`controller.run.bus.RunBus`) seen as JSON: ``seq`` is the bus's
+  sequence number (a number whose event a view does not show -- a ``wait`` action -- is skipped). A
+  view reads them with :meth:`LiveRun.events_after` (blocking up to a timeout), so a view that
   reconnects replays from the last ``seq`` it saw. At most :data:`MAX_EVENTS` are kept; a view that
   falls further behind gets the approvals snapshot again (``approvals`` events carry the full state).
 
@@ -45,8 +47,8 @@
   for a viewer only: frames never reach the model or the record. The bytes come from the guest: the
   agent client caps their size and time, and the result must start as a JPEG does.
 
-Threads: the runner's thread calls the ``on_*`` hooks and :meth:`checkpoint`; views call the rest
-from theirs. Everything is under one condition variable.
+Threads: the run's thread calls :meth:`checkpoint`; views call the rest from theirs. The state is
+under one condition variable; the events are the bus's.
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.run.bus import (
+    HISTORY, ActionSent, ApprovalChanged, ControlChanged, EntryWritten, Published, RunBus, follow_entries,
+)
+from controller.model.errors import DesktopSandboxError
 from controller.run.progress import browser_call_text
-from controller.run.registry import ApprovalRegistry, Request
+from controller.run.registry import ApprovalRegistry
 from controller.text import clean
 from wire.actions import ActionInvalid, describe, first_outside, parse_action
 
@@ -67,8 +72,8 @@ STATES = ("starting", "running", "pausing", "human", "finished")
 """``starting``: no sandbox yet; ``running``: the model drives; ``pausing``: take over asked, the loop
 has not reached a step boundary; ``human``: the loop waits and a person drives; ``finished``."""
 
-MAX_EVENTS = 5000
-"""Events kept for views that connect late or reconnect."""
+MAX_EVENTS = HISTORY
+"""Events kept for views that connect late or reconnect (the bus's history)."""
 
 HUMAN_ACTIONS = ("click", "double_click", "drag", "keypress", "move", "scroll", "type")
 """What a person may do from a view (no ``wait`` / ``screenshot``: those are the loop's)."""
@@ -76,15 +81,15 @@ HUMAN_ACTIONS = ("click", "double_click", "drag", "keypress", "move", "scroll", 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
 
-class NotInControl(Exception):
+class NotInControl(DesktopSandboxError):
     """A human action while the model has control (the view answers 409 ``not_in_control``)."""
 
 
-class RunOver(Exception):
+class RunOver(DesktopSandboxError):
     """Take over, resume, an action or a frame after the run finished (409 ``run_finished``)."""
 
 
-class HumanActionInvalid(ValueError):
+class HumanActionInvalid(DesktopSandboxError, ValueError):
     """A human action the schema or the screen refuses (the view answers 400 ``invalid_action``)."""
 
 
@@ -143,6 +148,7 @@ class LiveRun:
         self.run_id = run_id
         self.record_dir = Path(record_dir)
         self.registry = registry
+        self.bus: RunBus = registry.bus
         self.task_name: str | None = None
         self.state = "starting"
         self.status: str | None = None
@@ -152,37 +158,54 @@ class LiveRun:
         self._record_human: Callable[[dict[str, Any]], None] | None = None
         self._record_control: Callable[[str], None] | None = None
         self._cond = threading.Condition()
-        self._events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
-        self._seq = 0
         self._want_human = False
         self._human = False  # a person may act: set and read under _agent_lock
         self._agent_lock = threading.Lock()
         self._last_action: dict[str, Any] | None = None
-        registry.subscribe(self._on_request)
+        # a browser call the record got is also an action drawn on the live screen
+        follow_entries(self.bus, self._browser_action, name="live-browser-actions")
+        self.bus.subscribe(self._note_action, name="live-last-action", inline=True,
+                           accepts=lambda event: isinstance(event, ActionSent))
 
     # -- events ----------------------------------------------------------------------------------
-    def _emit(self, kind: str, **data: Any) -> None:
-        with self._cond:
-            self._seq += 1
-            self._events.append({"seq": self._seq, "kind": kind, **data})
-            self._cond.notify_all()
+    def view_event(self, published: Published) -> dict[str, Any] | None:
+        """One bus event as a view gets it (the module docstring), or None for one views do not show."""
+        event = published.event
+        if isinstance(event, EntryWritten):
+            data = event.entry.as_json() if hasattr(event.entry, "as_json") else dict(event.entry)
+            shown: dict[str, Any] = {"seq": published.seq, "kind": "record", "entry": clean_json(data)}
+            if data.get("type") == "browser_call":
+                shown["text"] = browser_call_text(data)
+            return shown
+        if isinstance(event, ApprovalChanged):
+            return {"seq": published.seq, "kind": "approvals", "snapshot": event.snapshot, "changed": event.changed}
+        if isinstance(event, ActionSent):
+            if event.action.get("type") in ("wait", "screenshot"):
+                return None
+            return {"seq": published.seq, "kind": "action", "by": event.by, "action": self._shown(event),
+                    "screen": list(self.screen or (0, 0))}
+        if isinstance(event, ControlChanged):
+            return {"seq": published.seq, "kind": "control", "state": event.state, "by": event.by}
+        return None
 
     def events_after(self, seq: int, timeout: float = 15.0) -> list[dict[str, Any]]:
         """Events numbered above ``seq``, waiting up to ``timeout`` seconds for one to come; [] when
-        none came. A ``seq`` older than what is kept returns everything kept."""
+        none came (at once when the run finished and none is left). A ``seq`` older than what is kept
+        returns everything kept."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while not self._events or self._events[-1]["seq"] <= seq:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.state == "finished" and self._events and self._events[-1]["seq"] <= seq:
-                    return []
-                self._cond.wait(left)
-            return [e for e in self._events if e["seq"] > seq]
+        while True:
+            shown = [e for e in map(self.view_event, self.bus.since(seq, max(0.0, deadline - time.monotonic())))
+                     if e is not None]
+            if shown:
+                return shown
+            last = self.bus.last_seq
+            if time.monotonic() >= deadline or self.bus.closed or (self.state == "finished" and last <= seq):
+                return []
+            seq = max(seq, last)
 
     @property
     def last_seq(self) -> int:
-        with self._cond:
-            return self._seq
+        return self.bus.last_seq
 
     @property
     def last_action(self) -> dict[str, Any] | None:
@@ -190,10 +213,25 @@ class LiveRun:
         with self._cond:
             return self._last_action
 
-    def _on_request(self, request: Request) -> None:
-        self._emit("approvals", snapshot=self.registry.snapshot(),
-                   changed={"id": request.id, "kind": request.kind, "state": request.state, "by": request.by,
-                            "origin": request.origin})
+    @staticmethod
+    def _shown(event: ActionSent) -> dict[str, Any]:
+        return event.action if event.action.get("type") == "browser_call" else shown_action(event.action)
+
+    def _note_action(self, published: Published) -> None:
+        event = published.event
+        if event.action.get("type") in ("wait", "screenshot"):
+            return
+        with self._cond:
+            self._last_action = {"by": event.by, "action": self._shown(event), "screen": list(self.screen or (0, 0))}
+
+    def _browser_action(self, entry: Any) -> None:
+        data = entry.as_json() if hasattr(entry, "as_json") else dict(entry)
+        if data.get("type") != "browser_call":
+            return
+        action = {"type": "browser_call", "member": clean(str(data.get("member")), 40),
+                  "call_id": clean(str(data["call_id"]), 80) if data.get("call_id") is not None else None,
+                  "ok": data.get("ok") is True, "box": browser_box(data.get("target"), data.get("viewport"))}
+        self.bus.publish(ActionSent(action, "model"))
 
     def _set_state(self, state: str, by: str | None = None) -> None:
         # the state and its event change together: a view that sees ``finished`` also sees its event
@@ -201,7 +239,7 @@ class LiveRun:
             if self.state == state or self.state == "finished":
                 return
             self.state = state
-            self._emit("control", state=state, by=by)
+            self.bus.publish(ControlChanged(state, by))
 
     # -- hooks the runner calls ------------------------------------------------------------------
     def attach(self, agent: Any, screen: tuple[int, int], *, cancel: Callable[[str], None],
@@ -216,31 +254,14 @@ class LiveRun:
         self._set_state("running")
 
     def on_entry(self, entry: Any) -> None:
-        """The record's listener: each entry written becomes a ``record`` event; a ``browser_call`` entry
-        also its one line of text and an ``action`` event (the module docstring), which becomes the
-        last action a view draws on the live screen."""
-        data = entry.as_json() if hasattr(entry, "as_json") else dict(entry)
-        shown = clean_json(data)
-        if data.get("type") != "browser_call":
-            self._emit("record", entry=shown)
-            return
-        self._emit("record", entry=shown, text=browser_call_text(data))
-        action = {"type": "browser_call", "member": clean(str(data.get("member")), 40),
-                  "call_id": clean(str(data["call_id"]), 80) if data.get("call_id") is not None else None,
-                  "ok": data.get("ok") is True, "box": browser_box(data.get("target"), data.get("viewport"))}
-        with self._cond:
-            self._last_action = {"by": "model", "action": action, "screen": list(self.screen or (0, 0))}
-        self._emit("action", by="model", action=action, screen=list(self.screen or (0, 0)))
+        """Publish ``entry`` (a record entry model, or its JSON as a dict) as the record would: for a
+        view fed without a run record. A run's record publishes its own entries."""
+        self.bus.publish(EntryWritten(entry))
 
     def on_forward(self, actions: list[dict[str, Any]], by: str = "model") -> None:
-        """The driver's hook: actions about to be sent to the agent (screen px)."""
+        """Publish actions about to be sent to the agent (screen px), one event each."""
         for action in actions:
-            if action.get("type") in ("wait", "screenshot"):
-                continue
-            shown = shown_action(action)
-            with self._cond:
-                self._last_action = {"by": by, "action": shown, "screen": list(self.screen or (0, 0))}
-            self._emit("action", by=by, action=shown, screen=list(self.screen or (0, 0)))
+            self.bus.publish(ActionSent(dict(action), by))
 
     def checkpoint(self, cancelled: Callable[[], bool], *, screenshot: bool) -> bool:
         """The loop's step boundary (the driver calls it before a screenshot, ``screenshot=True``,
@@ -364,4 +385,4 @@ class LiveRun:
         with self._cond:
             return {"run_id": self.run_id, "task": clean(self.task_name or "", 200), "state": self.state,
                     "status": self.status, "screen": list(self.screen) if self.screen else None,
-                    "last_seq": self._seq}
+                    "last_seq": self.bus.last_seq}

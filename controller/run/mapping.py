@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from controller.model.errors import DesktopSandboxError
 
-class OutOfModelBounds(ValueError):
+
+class OutOfModelBounds(DesktopSandboxError, ValueError):
     """A model-space point lies outside the image the model was sent.
 
     Attributes: ``x``, ``y`` (model px), ``width``, ``height`` (model image size, model px).

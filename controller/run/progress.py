@@ -43,6 +43,7 @@ from rich.text import Text
 from controller.run.entries import (
     Action, Approval, BrowserCall, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
     RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
+from controller.model.requests import ORIGIN_ACCESS, SAFETY_CHECK, request_kind
 from controller.text import SHORT, clean
 from wire.actions import describe
 
@@ -368,12 +369,16 @@ class RunPrinter:
         elif e.what == "opt-in":
             codes = ", ".join(clean(c, 40) for c in e.codes)
             self.line(f"opt-in: safety checks with code {codes} are approved unattended (--approve-safety-check)")
-        elif e.what == "origin_access":
-            self.line("  origin request ", clean(e.origin or '?', 300), f": {decision} ({by})", style=style)
-        elif e.what == "safety_check":
-            codes = ", ".join(clean(c or "(no code)", 40) for c in e.codes) or "(none)"
-            self.line("  approval: safety check ", codes, f" on {_short_id(e.call_id)} {decision} ({by})", style=style)
         else:
-            self.line("  approval: action ", clean(e.action or '?', 80), f" {decision} ({by})", style=style)
+            label = request_kind(e.what).label  # the kind's name on the terminal (REQUEST_KINDS)
+            if e.what == ORIGIN_ACCESS:
+                self.line(f"  {label} ", clean(e.origin or '?', 300), f": {decision} ({by})", style=style)
+            elif e.what == SAFETY_CHECK:
+                codes = ", ".join(clean(c or "(no code)", 40) for c in e.codes) or "(none)"
+                self.line(f"  approval: {label} ", codes, f" on {_short_id(e.call_id)} {decision} ({by})",
+                          style=style)
+            else:  # an action (or another kind of the table): what it was about
+                self.line(f"  approval: {label} ", clean(e.action or e.request_id or '?', 80), f" {decision} ({by})",
+                          style=style)
         if e.latency_ms is not None and e.by in ("terminal", "console"):
             self.line(f"    answered in {e.latency_ms / 1000:.1f}s")

@@ -19,7 +19,7 @@ import json
 import secrets
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,10 +27,11 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.run.entries import (
-    ENTRY_TYPES, FORMAT, REPLAY_RUNNER, Action, Approval, BrowserCall, Check, ComputerCall, EntryError, Expectation,
+    ENTRY_TYPES, FORMAT, REPLAY_RUNNER, Action, Approval, BrowserCall, Check, EntryError, Expectation,
     ModelResponse, Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
 )
 from controller.offline.call_ids import SCRIPT_CALL
+from controller.run.bus import EntryWritten, RunBus
 from controller.run.progress import Fitted, Kept, check_parts, expectation_text, fitted, print_fitted
 from controller import json_semantics
 from controller.validation import read_input_file
@@ -74,12 +75,12 @@ class RunRecord:
     ``write(entry)`` adds one entry model (stamping its ``ts``: the time is taken and the line written
     under one lock, and never goes back, so ``ts`` is non-decreasing line after line);
     ``save_screenshot`` stores the image beside the record and adds a ``screenshot`` entry; ``finish``
-    adds ``run_finished`` once. ``on_entry`` (optional) is called with each written entry model
-    (outside the lock; its exceptions are ignored).
+    adds ``run_finished`` once. Each entry, once written, is published on ``bus`` (the run's
+    :class:`controller.run.bus.RunBus`; a bus of its own when none is given) as an
+    :class:`~controller.run.bus.EntryWritten` -- a screenshot's with its image -- outside the lock.
     """
 
-    def __init__(self, runs_dir: str | Path, run_id: str,
-                 on_entry: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, runs_dir: str | Path, run_id: str, bus: RunBus | None = None) -> None:
         self.run_id = run_id
         self.dir = Path(runs_dir) / run_id
         self.dir.mkdir(parents=True, exist_ok=False)
@@ -90,7 +91,7 @@ class RunRecord:
         self._last: _dt.datetime | None = None
         self.started = False
         self.finished: RunFinished | None = None
-        self.on_entry = on_entry
+        self.bus = bus if bus is not None else RunBus()
 
     def write(self, entry: Any, /, **fields: Any) -> Any:
         """Append one entry model and return it as written (with ``ts``). ``write("check", **fields)``
@@ -99,6 +100,9 @@ class RunRecord:
             entry = as_entry({"type": entry, **fields})
         elif fields or entry.__class__ not in ENTRY_TYPES.values():
             raise TypeError("write takes an entry model, or a type and its fields")
+        return self._write(entry)
+
+    def _write(self, entry: Any, image: bytes | None = None, mime: str | None = None) -> Any:
         with self._lock:
             if self._file.closed:
                 raise ValueError("record is closed")
@@ -110,11 +114,7 @@ class RunRecord:
             line = json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
             # a lone surrogate (a model's text may hold one) cannot be UTF-8: written as its JSON escape
             self._file.write(line.encode("utf-8", "backslashreplace").decode("utf-8"))
-        if self.on_entry is not None:
-            try:
-                self.on_entry(entry)
-            except Exception:  # noqa: BLE001 - showing an entry must not break the record
-                pass
+        self.bus.publish(EntryWritten(entry, image, mime))  # subscribers never break the record
         return entry
 
     def save_image(self, data: bytes, mime: str) -> str:
@@ -139,11 +139,11 @@ class RunRecord:
         name = f"shot-{number:04d}.{ext}"
         (self.dir / name).write_bytes(data)
         frame_list = [frame.x, frame.y, frame.w, frame.h] if hasattr(frame, "x") else list(frame)
-        return self.write(Screenshot(
+        return self._write(Screenshot(
             file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime, image_size=tuple(image_size),
             frame=tuple(frame_list), screen_size=tuple(screen_size) if screen_size else None, reencoded=reencoded,
             call_id=call_id, waited_for_origin_ms=waited_for_origin_ms,
-        ))
+        ), data, mime)
 
     def finish(self, status: str, reason: str = "", **fields: Any) -> RunFinished:
         """Add the single ``run_finished`` entry (status: passed | failed | cancelled | error; ``fields``:
@@ -217,14 +217,23 @@ def _lines(path: str | Path) -> tuple[Path, list[tuple[int, Any]]]:
     return path, parsed
 
 
-def _validated(path: str | Path) -> list[tuple[int, Any, Any]]:
+def read_entries(path: str | Path) -> list[Any]:
+    """The entries of a record file (``record.jsonl`` or its run directory), as entry models: the one
+    reader of a record (a JSON object, where one is needed, is ``entry.as_json()``).
+
+    Raises OSError when unreadable, not a regular file or over :data:`MAX_RECORD_BYTES`, and ValueError
+    naming the file and line (``path:line: ...``) when a line is not JSON (or is nested too deeply to
+    parse), is not a valid entry (its type, field and problem named), has no ``ts``, or belongs to a
+    record in a format newer than :data:`controller.run.entries.FORMAT` (checked on every line before
+    any is validated).
+    """
     path, parsed = _lines(path)
     for number, data in parsed:
         declared = entry_format(data)
         if declared is not None and declared > FORMAT:
             raise ValueError(f"{path}:{number}: record format {declared} is newer than this desktop-sandbox reads "
                              f"(format {FORMAT}); read it with a newer version")
-    out = []
+    entries = []
     for number, data in parsed:
         try:
             entry = as_entry(data)
@@ -232,25 +241,8 @@ def _validated(path: str | Path) -> list[tuple[int, Any, Any]]:
             raise ValueError(f"{path}:{number}: {exc}") from None
         if entry.ts is None:
             raise ValueError(f"{path}:{number}: {entry.type} entry without ts")
-        out.append((number, data, entry))
-    return out
-
-
-def read_entries(path: str | Path) -> list[Any]:
-    """The entries of a record file (``record.jsonl`` or its run directory), as entry models.
-
-    Raises OSError when unreadable, not a regular file or over :data:`MAX_RECORD_BYTES`, and ValueError
-    naming the file and line (``path:line: ...``) when a line is not JSON (or is nested too deeply to
-    parse), is not a valid entry (its type, field and problem named), has no ``ts``, or belongs to a
-    record in a format newer than :data:`controller.run.entries.FORMAT`.
-    """
-    return [entry for _, _, entry in _validated(path)]
-
-
-def read_record(path: str | Path) -> list[dict[str, Any]]:
-    """The entries of a record file as the JSON objects on disk, each checked as :func:`read_entries`
-    checks it (same errors)."""
-    return [data for _, data, _ in _validated(path)]
+        entries.append(entry)
+    return entries
 
 
 def _parse_ts(ts: str) -> _dt.datetime:
@@ -265,9 +257,11 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     """The summary of a record (``report --json`` prints it). ``entries``: entry models, or JSON
     objects (validated as entries; ValueError when one is not).
 
-    Counts: ``steps`` (model responses), ``actions`` / ``actions_failed`` (input actions: every driver
-    call except the SDK's screenshot actions), ``screenshot_actions`` / ``screenshot_actions_failed``
-    (the SDK's screenshot calls after each computer_call), ``browser_calls`` / ``browser_calls_failed``
+    Counts: ``steps`` (the record's steps, :func:`controller.model.steps.steps`, whose model response
+    was answered: the opening and failed requests not counted), ``computer_calls``, ``actions`` /
+    ``actions_failed`` (input actions: every driver call except the SDK's screenshot actions),
+    ``screenshot_actions`` / ``screenshot_actions_failed`` (the SDK's screenshot calls after each
+    computer_call), ``browser_calls`` / ``browser_calls_failed``
     (calls of the SDK's browser tools, ``browser_call`` lines, and those not ``ok``), ``screenshots``
     (images sent, the first included, a browser ``screenshot`` or ``zoom`` too), ``approvals_approved`` / ``approvals_denied`` (decisions on safety checks and actions),
     ``approvals_opt_in`` (the codes opted in with ``--approve-safety-check``: not decisions),
@@ -283,8 +277,11 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     ``steps`` (the recorded calls it sent again), ``performed`` (those whose actions ran), ``matched`` /
     ``diverged`` (steps whose recorded screen came / did not come).
     """
+    from controller.model.steps import steps
+
     entries = [as_entry(e) for e in entries]
     by = lambda cls: [e for e in entries if isinstance(e, cls)]  # noqa: E731
+    record_steps = steps(entries)
     actions: list[Action] = by(Action)
     inputs = [a for a in actions if a.action != "screenshot"]
     shot_actions = [a for a in actions if a.action == "screenshot"]
@@ -298,7 +295,7 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     finished: list[RunFinished] = by(RunFinished)
     started: list[RunStarted] = by(RunStarted)
     browser: list[BrowserCall] = by(BrowserCall)
-    responses = [r for r in by(ModelResponse) if (r.http_status or 200) < 400]
+    responses: list[ModelResponse] = [step.response for step in record_steps if step.ok]
     usage_missing = sum(1 for r in responses if r.usage is None)
     totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
     for r in responses:
@@ -312,8 +309,9 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     runner = started[0].runner if started else None
     replayed = None
     if runner == REPLAY_RUNNER:
-        sent = {c.call_id for c in by(ComputerCall) if SCRIPT_CALL.match(c.call_id or "")}
-        replayed = {"steps": len(sent), "performed": len(sent & {a.call_id for a in inputs}),
+        sent = {c.call_id for step in record_steps for c in step.calls if SCRIPT_CALL.match(c.call_id or "")}
+        performed = {a.call_id for step in record_steps for a in step.actions if a.action != "screenshot"}
+        replayed = {"steps": len(sent), "performed": len(sent & performed),
                     "matched": len([e for e in expectations if e.met]), "diverged": len(unmet)}
     return {
         "task": started[0].task.name if started else None,
@@ -321,7 +319,7 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
         "runner": runner,
         "replay": replayed,
         "steps": len(responses),
-        "computer_calls": len(by(ComputerCall)),
+        "computer_calls": sum(len(step.calls) for step in record_steps),
         "actions": len(inputs),
         "actions_failed": len([a for a in inputs if a.error]),
         "screenshot_actions": len(shot_actions),

@@ -439,9 +439,11 @@ def expectation_recorder(record: RunRecord) -> Callable[[dict[str, Any]], None]:
 class BodyMeter(UsageMeter):
     """UsageMeter that also hands the parsed body to the recorder (``sink(usage, body)``)."""
 
-    def __init__(self, sink: Callable[[RequestUsage, Any], None]) -> None:
+    def __init__(self, sink: Callable[[RequestUsage, Any], None],
+                 exchange: Callable[[bytes, Any], None] | None = None) -> None:
         super().__init__()
         self._sink = sink
+        self._exchange = exchange  # (request body, parsed answer): the conversation's tail
 
     def hook(self, response: httpx.Response) -> None:  # noqa: D102
         before = len(self.requests)
@@ -452,3 +454,5 @@ class BodyMeter(UsageMeter):
             except ValueError:
                 body = None
             self._sink(self.requests[-1], body)
+            if self._exchange is not None:
+                self._exchange(response.request.content, body)

@@ -32,6 +32,10 @@ exactly ``True`` for :attr:`Request.approved` and ``False`` for everything else 
 computer-use contract). Decided requests stay in the registry for the run's life, so a late answer
 gets 409 and not 404.
 
+Kinds: what each kind answers, its label, its Agents API shape and the fields only it has are
+:data:`controller.model.requests.REQUEST_KINDS`; a request of a kind outside that table is refused
+when it is opened (:class:`controller.model.errors.UnknownKind`, naming it), never given a default.
+
 Text in a request (the question, check codes and messages, action descriptions) comes from the model:
 it is escaped with :func:`controller.text.clean` before it is stored, so every view shows it as text.
 Threads: the SDK loop waits in :meth:`ApprovalRegistry.wait` on its own thread; views answer from
@@ -48,17 +52,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
+from controller.model import requests as _kinds
+from controller.model.errors import DesktopSandboxError
+from controller.model.requests import request_kind
 from controller.text import clean
 
-Kind = Literal["safety_check", "action", "origin_access", "browser_authentication"]
+from controller.run.bus import ApprovalChanged, RunBus, of_kind
+
+Kind = str
+"""A request's kind: a name in :data:`controller.model.requests.REQUEST_KINDS` (checked by
+:meth:`ApprovalRegistry.open`; :func:`controller.model.requests.request_kind` gives its entry)."""
 State = Literal["pending", "approved", "denied", "cancelled", "expired", "withdrawn", "submitted"]
 ANSWERS = {"approve": "approved", "deny": "denied", "cancel": "cancelled"}
-"""Answers a view may give, and the state each one decides (``cancel``: origin requests only)."""
+"""Decision words a view may give, and the state each one decides; which of them a request takes is its
+kind's ``answers`` (:data:`controller.model.requests.REQUEST_KINDS`: ``cancel`` for origin requests)."""
 
-ORIGIN = "origin_access"
+ORIGIN = _kinds.ORIGIN_ACCESS
 """The kind of a question the gateway asks (see the module docstring)."""
 
-SIGN_IN = "browser_authentication"
+SIGN_IN = _kinds.SIGN_IN
 """The kind of a sign-in request (:meth:`ApprovalRegistry.open_signin`, docs/ARCHITECTURE.md contract 8)."""
 
 Forward = Callable[[str, str], None]
@@ -89,7 +101,7 @@ def parse_time(text: Any) -> _dt.datetime:
     return when.astimezone(_dt.timezone.utc)
 
 
-class AnswerRefused(Exception):
+class AnswerRefused(DesktopSandboxError):
     """An answer the registry did not take: ``status`` (HTTP: 400, 404, 409; 502 when the gateway
     could not be asked about an origin request), ``code`` (``invalid_answer``, ``unknown_request``,
     ``already_decided``, ``withdrawn``, ``expired``, ``gateway_unavailable``) and ``message``."""
@@ -108,7 +120,8 @@ class Request:
     """One question to a person.
 
     ``id``: ``req_`` and 128 random bits (urlsafe), or the gateway's ``oreq_...`` for an origin
-    request; ``kind``: safety_check | action | origin_access; ``question``: one
+    request; ``kind``: a name in :data:`controller.model.requests.REQUEST_KINDS` (safety_check | action
+    | origin_access | browser_authentication); ``question``: one
     line (escaped); ``call_id``; ``checks``: ``[{id, code, message}]`` (escaped); ``actions``: one
     line per action of the call (escaped; typed text in full: a request is a question to a person, as the
     terminal prompt is, and it never enters the record); ``screenshot``: the
@@ -174,18 +187,22 @@ class Request:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def as_json(self) -> dict[str, Any]:
-        """The request as the console shows it (every string already escaped)."""
+        """The request as the console shows it (every string already escaped): its fields, the kind's
+        ``label`` and ``answers`` (:data:`controller.model.requests.REQUEST_KINDS`: what the console's
+        card says and which buttons it has), and the fields only its kind has for that kind only (a
+        sign-in request's ``credential_origin``, ``fields``, ``options``, ``selected_option``,
+        ``submitted_fields``). :class:`controller.model.errors.UnknownKind` for a kind outside the table."""
+        kind = request_kind(self.kind)
         return {
-            "id": self.id, "kind": self.kind, "question": self.question, "call_id": self.call_id,
+            "id": self.id, "kind": self.kind, "label": kind.label, "answers": list(kind.answers),
+            "question": self.question, "call_id": self.call_id,
             "checks": self.checks, "actions": self.actions, "screenshot": self.screenshot,
             "created_at": self.created_at, "deadline_s": self.deadline_s,
             "seconds_left": None if not self.pending else self.seconds_left(),
             "state": self.state, "by": self.by, "reason": self.reason, "decided_at": self.decided_at,
             "latency_ms": self.latency_ms, "origin": self.origin, "origin_reason": self.origin_reason,
             "via": self.via, "held": self.held, "deadline_at": self.deadline_at,
-            **({"credential_origin": self.credential_origin, "fields": self.fields, "options": self.options,
-                "selected_option": self.selected_option, "submitted_fields": self.submitted_fields}
-               if self.kind == SIGN_IN else {}),
+            **{name: getattr(self, name) for name in kind.fields},
         }
 
 
@@ -200,46 +217,41 @@ class ApprovalRegistry:
     with none and no terminal a request is denied at once (``by="no-approver"``).
     """
 
-    def __init__(self, timeout_s: float | None = 300.0) -> None:
+    def __init__(self, timeout_s: float | None = 300.0, bus: RunBus | None = None) -> None:
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError("approval timeout must be a positive number of seconds")
         self.timeout_s = timeout_s
         self.views: set[str] = set()
         self._lock = threading.Lock()
         self._requests: dict[str, Request] = {}
-        self._listeners: list[Listener] = []
+        self.bus = bus if bus is not None else RunBus()
+        """Where each change is published (:class:`~controller.run.bus.ApprovalChanged`): the run's bus."""
         self.version = 0
         self.closed: str | None = None
         """Why the registry takes no more questions (:meth:`close`), or None while it does."""
 
     # -- views -----------------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener(request)`` on every change (opened, decided, withdrawn); returns the
-        unsubscribe function. Listeners run on the thread that made the change and must not block."""
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        """Call ``listener(request)`` on every change (opened, decided, withdrawn), on the thread that
+        made the change (an inline subscriber of :attr:`bus`: it must not block); returns the
+        unsubscribe function. A listener that waits (a prompt) subscribes to :attr:`bus` queued instead."""
+        subscription = self.bus.subscribe(lambda published: listener(published.event.request), inline=True,
+                                          name="registry-listener", accepts=of_kind(ApprovalChanged))
+        return subscription.close
 
     def _publish(self, request: Request) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(request)
-            except Exception:  # noqa: BLE001 - a broken view never decides or blocks anything
-                pass
+        changed = {"id": request.id, "kind": request.kind, "state": request.state, "by": request.by,
+                   "origin": request.origin}
+        self.bus.publish(ApprovalChanged(request, self.snapshot(), changed))
 
     # -- requests --------------------------------------------------------------------------------
     def open(self, kind: Kind, question: str, *, call_id: str | None = None,
              checks: Iterable[dict[str, Any]] = (), actions: Iterable[str] = (),
              screenshot: str | None = None) -> Request:
-        """Add a pending request (text escaped here) and tell the views; returns it."""
+        """Add a pending request (text escaped here) and tell the views; returns it. ``kind``: a name in
+        :data:`controller.model.requests.REQUEST_KINDS`; any other is
+        :class:`controller.model.errors.UnknownKind` (a ValueError naming it), and nothing is added."""
+        request_kind(kind)
         request = Request(
             id="req_" + secrets.token_urlsafe(16), kind=kind, question=clean(question, 1000),
             call_id=None if call_id is None else clean(call_id, 200),
@@ -288,7 +300,8 @@ class ApprovalRegistry:
         taken once."""
         request = self.get(request_id)
         if request.kind != SIGN_IN:
-            raise AnswerRefused(400, "invalid_answer", "this request is not a sign-in request: answer \"approve\" or \"deny\"")
+            answers = " or ".join(f'"{a}"' for a in request_kind(request.kind).answers)
+            raise AnswerRefused(400, "invalid_answer", f"this request is not a sign-in request: answer {answers}")
         action = response.get("action") if isinstance(response, dict) else None
         if action == "cancel":
             if self._decide(request, "cancelled", by) or request.state == "cancelled":
@@ -423,12 +436,13 @@ class ApprovalRegistry:
             raise AnswerRefused(400, "invalid_answer", "the answer must be \"approve\" or \"deny\""
                                 " (or \"cancel\" for an origin request)")
         request = self.get(request_id)
-        if request.kind == SIGN_IN:
-            raise AnswerRefused(400, "invalid_answer", "a sign-in request is answered with submit (and its fields) "
+        kind = request_kind(request.kind)
+        if kind.form:
+            raise AnswerRefused(400, "invalid_answer", f"this {kind.label} is answered with submit (and its fields) "
                                 "or cancel")
-        if answer == "cancel" and request.kind != ORIGIN:
-            raise AnswerRefused(400, "invalid_answer", "\"cancel\" answers only an origin request: "
-                                "answer \"approve\" or \"deny\"")
+        if answer not in kind.answers:
+            raise AnswerRefused(400, "invalid_answer", f"\"{answer}\" does not answer this {kind.label}: answer "
+                                + " or ".join(f'"{a}"' for a in kind.answers))
         state = ANSWERS[answer]
         with request._answering:  # the gateway hears one answer at a time; the first one it takes counts
             if request.pending and request._forward is not None:
@@ -546,3 +560,35 @@ def _check_signin_submit(request: Request, response: dict[str, Any]) -> tuple[li
         if known.get(field_id, {}).get("required") and field_id not in given_ids:
             raise refuse(f"field {field_id} is required")
     return given, option
+
+
+class RequestWorker:
+    """Handles the requests of one ``kind`` as they open, one at a time, in order, on a thread of the
+    registry's bus (a queued subscriber: the run never waits for it). ``handle(request)`` is called
+    once per request, only while it is still pending when its turn comes; ``name``: the subscriber's
+    name on the bus (what a ``view_dropped`` line would say)."""
+
+    def __init__(self, registry: "ApprovalRegistry", kind: str, handle: Callable[[Request], Any], *, name: str) -> None:
+        self.registry, self.kind, self.handle = registry, kind, handle
+        self.stopped = threading.Event()
+        self._seen: set[str] = set()
+        self._subscription = registry.bus.subscribe(
+            self._deliver, name=name,
+            accepts=lambda event: isinstance(event, ApprovalChanged) and event.request.kind == kind
+            and event.request.pending)
+
+    def _deliver(self, published: Any) -> None:
+        request = published.event.request
+        if request.id in self._seen or self.stopped.is_set():
+            return
+        self._seen.add(request.id)
+        if request.pending:
+            self.handle(request)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop handling (a handler under way should look at :attr:`stopped`); waits up to ``timeout_s``
+        for the one under way to end."""
+        self.stopped.set()
+        self._subscription.close()
+        self._subscription.join(timeout_s)
+

@@ -1,7 +1,8 @@
 """Replay a recorded run as a regression test: the record's computer calls as an offline script whose
 every step expects the screen the model had when it chose that step (docs/ARCHITECTURE.md, "Replay").
 
-:func:`build` reads ``runs/<id>/record.jsonl`` (and the screenshots beside it) into a :class:`Replay`:
+:func:`build` reads ``runs/<id>/record.jsonl`` (and the screenshots beside it), step by step
+(:func:`controller.model.steps.steps`), into a :class:`Replay`:
 
 * one script turn per computer call the model made, its actions as recorded (model px, with the
   screen size and crop the run had, which the replay's task keeps); the scripted model's own ``wait``
@@ -44,10 +45,12 @@ from PIL import Image
 
 from controller.offline.script import ScriptError, load_script, validate_first_turn, validate_turn
 from controller.offline.call_ids import SCRIPT_CALL, SCRIPTED_WAIT, STEP_OF_CALL
-from controller.run.entries import REPLAY_RUNNER
+from controller.model.steps import steps
+from controller.run.entries import Approval, HumanAction, RunFinished, RunStarted
 from controller.run.live import HUMAN_ACTIONS
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.registry import ORIGIN, SIGN_IN, ApprovalRegistry, AnswerRefused, Request
+from controller.model.errors import DesktopSandboxError
 from controller.run.shots import load_shot
 from controller.text import clean
 from wire.actions import ACTION_TYPES, ActionInvalid, first_outside, parse_action
@@ -63,7 +66,7 @@ DEFAULT_STEP_TIMEOUT_S = 30.0  # replay --step-timeout's help names it
 """Seconds a replayed step waits for the screen to match (times the sandbox's ``time_scale``)."""
 
 
-class ReplayError(ValueError):
+class ReplayError(DesktopSandboxError, ValueError):
     """A record that cannot be replayed (one line: why, and what to do)."""
 
 
@@ -145,11 +148,11 @@ class Replay:
         return path
 
 
-def _script_turns(started: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _script_turns(started: RunStarted) -> dict[str, dict[str, Any]]:
     """Call id ``call_NNNN`` -> script turn NNNN, for an offline record whose script is still readable
     (empty for a live record, or when the script is gone or no longer loads)."""
-    script = started.get("script")
-    if started.get("mode") != "offline" or not script:
+    script = started.script
+    if started.mode != "offline" or not script:
         return {}
     try:
         turns = load_script(script)
@@ -222,19 +225,19 @@ def _checks(call_id: str, raw: Any) -> list[dict[str, Any]]:
     return checks
 
 
-def _note_approval(replay: Replay, entry: dict[str, Any], position: int, safety: dict[str, Recorded],
+def _note_approval(replay: Replay, entry: Approval, position: int, safety: dict[str, Recorded],
                    granted: dict[tuple[int, str], int]) -> None:
     """Keep one recorded ``approval`` line in ``replay`` (``position``: the step it came in; ``safety``:
     call id -> last safety-check answer; ``granted``: confirmations granted per step and action type, an
     approval the screen then made void not counted)."""
-    what, decision = entry.get("what"), str(entry.get("decision"))
-    answer = Recorded(str(what), decision, entry.get("by"), entry.get("message"))
+    what, decision = entry.what, str(entry.decision)
+    answer = Recorded(str(what), decision, entry.by, entry.message)
     if what == "safety_check":
-        safety[str(entry.get("call_id") or "")] = answer
+        safety[str(entry.call_id or "")] = answer
     elif what == ORIGIN:
-        replay.origins.setdefault(str(entry.get("origin") or ""), []).append(answer)
+        replay.origins.setdefault(str(entry.origin or ""), []).append(answer)
     elif what == "action":
-        kind = str(entry.get("action") or "").split(" ", 1)[0]
+        kind = str(entry.action or "").split(" ", 1)[0]
         if kind in ACTION_TYPES:
             replay.confirmed.add(kind)
         key = (position, kind)
@@ -244,6 +247,19 @@ def _note_approval(replay: Replay, entry: dict[str, Any], position: int, safety:
             granted[key] = max(0, granted.get(key, 0) - 1)
         else:
             replay.action_refusals.append((position, kind, granted.get(key, 0), answer))
+
+
+def _human_input(entry: HumanAction) -> dict[str, Any]:
+    """A person's recorded action as it is performed again (its ``input``, screen px); :class:`ReplayError`
+    when the record holds its description only (an older format) or its typed text as a length only."""
+    data = entry.input
+    if not isinstance(data, dict):
+        raise ReplayError("a person's action during a takeover is recorded as its description only "
+                          "(a record of an older format): it cannot be performed again")
+    if data.get("type") == "type" and "text" not in data:
+        raise ReplayError("a person typed during a takeover and the record holds the text's length only; "
+                          "record the run with `run-task --record-typed-text` to replay it")
+    return data
 
 
 def _points(actions: list[dict[str, Any]]) -> list[tuple[int, int]]:
@@ -267,94 +283,87 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
     rule = rule or MatchRule()
     record_dir = Path(record_dir)
     try:
-        entries = read_record(record_dir / "record.jsonl" if record_dir.is_dir() else record_dir)
+        entries = read_entries(record_dir / "record.jsonl" if record_dir.is_dir() else record_dir)
     except (OSError, ValueError) as exc:
         raise ReplayError(f"cannot read the record: {exc}") from None
     record_dir = record_dir if record_dir.is_dir() else record_dir.parent
     shots_dir = record_dir.resolve()  # the directory the user named; its screenshots by the rule of run.shots
-    started = entries[0]
-    task = started.get("task") or {}
-    if not task.get("source"):
+    started = entries[0] if entries and isinstance(entries[0], RunStarted) else None
+    if started is None or not started.task.source:
         raise ReplayError("the record does not say which task file it ran")
-    replay = Replay(record_dir, Path(task["source"]), task.get("sha256"))
-    if any(e["type"] == "browser_call" for e in entries):
+    replay = Replay(record_dir, Path(started.task.source), started.task.sha256)
+    record_steps = steps(entries)
+    if any(step.browser_calls for step in record_steps):
         raise ReplayError("the run used browser tools: their element refs belong to the recorded pages, so "
                           "only computer calls can be replayed")
     turns = _script_turns(started)
     scripted = _texts(turns)
-    shown: str | None = None
     sizes: dict[str, Image.Image] = {}
     pending_human: list[dict[str, Any]] = []
     last_point: tuple[int, int] | None = None
     safety: dict[str, Recorded] = {}  # recorded call id -> its last safety-check answer
-    position = 0  # the step the record's lines belong to (STEP_OF_CALL's numbering)
+    position = 0  # the replay step the record's lines belong to (STEP_OF_CALL's numbering)
     granted: dict[tuple[int, str], int] = {}  # (step, action type) -> confirmations granted there
-    for entry in entries:
-        kind = entry["type"]
-        if kind == "approval":
-            _note_approval(replay, entry, position, safety, granted)
-        elif kind == "sign_in" and entry.get("request_id"):
-            answer = Recorded(SIGN_IN, str(entry.get("outcome")), entry.get("by"), entry.get("detail"))
-            replay.sign_ins.append(answer)
-            if answer.granted and entry.get("origin") not in replay.sign_in_origins:
-                replay.sign_in_origins.append(str(entry.get("origin")))
-        elif kind == "screenshot":
-            shown = entry["file"]
-        elif kind == "human_action":
-            data = entry.get("input")
-            if not isinstance(data, dict):
-                raise ReplayError("a person's action during a takeover is recorded as its description only "
-                                  "(a record of an older format): it cannot be performed again")
-            if data.get("type") == "type" and "text" not in data:
-                raise ReplayError("a person typed during a takeover and the record holds the text's length only; "
-                                  "record the run with `run-task --record-typed-text` to replay it")
-            pending_human.append(data)
-        elif kind == "computer_call":
-            call_id = str(entry.get("call_id") or "")
-            recorded = entry.get("actions") or []
-            if SCRIPTED_WAIT.match(call_id) and (turns or all(a.get("type") == "wait" for a in recorded)):
-                # the scripted model waiting for its expectations (or, with its script at hand, redoing a
-                # step: the replayed turn carries the same expect_retry); without the script a retry's
-                # actions are a step of their own
-                position = len(replay.steps)  # the waits belong to the step they come before
-                continue
-            position = len(replay.steps)
-            actions = [_fill_text(call_id, i, dict(a), scripted) for i, a in enumerate(recorded)]
-            actions = [{k: v for k, v in a.items() if k != "text_length"} for a in actions]
-            turn: dict[str, Any] = {"comment": f"step {len(replay.steps) + 1}: {call_id} as recorded",
-                                    "actions": actions}
-            step = Step(call_id, actions, shown, pending_checks=_checks(call_id, entry.get("pending_checks")))
-            if step.pending_checks:  # asked again as any run asks: the same checks
-                turn["pending_safety_checks"] = step.pending_checks
-            if shown is not None:
-                image = sizes.get(shown)
-                if image is None:
-                    image, why = load_shot(shots_dir, shown)
+    for record_step in record_steps:
+        for entry, screen in record_step.screens():
+            kind = entry.type
+            if kind == "approval":
+                _note_approval(replay, entry, position, safety, granted)
+            elif kind == "sign_in" and entry.request_id:
+                answer = Recorded(SIGN_IN, str(entry.outcome), entry.by, entry.detail)
+                replay.sign_ins.append(answer)
+                if answer.granted and entry.origin not in replay.sign_in_origins:
+                    replay.sign_in_origins.append(str(entry.origin))
+            elif kind == "human_action":
+                pending_human.append(_human_input(entry))
+            elif kind == "computer_call":
+                call_id = str(entry.call_id or "")
+                recorded = entry.actions
+                if SCRIPTED_WAIT.match(call_id) and (turns or all(a.get("type") == "wait" for a in recorded)):
+                    # the scripted model waiting for its expectations (or, with its script at hand, redoing a
+                    # step: the replayed turn carries the same expect_retry); without the script a retry's
+                    # actions are a step of their own
+                    position = len(replay.steps)  # the waits belong to the step they come before
+                    continue
+                position = len(replay.steps)
+                shown = screen.file if screen is not None else None  # the screen the model chose the call on
+                actions = [_fill_text(call_id, i, dict(a), scripted) for i, a in enumerate(recorded)]
+                actions = [{k: v for k, v in a.items() if k != "text_length"} for a in actions]
+                turn: dict[str, Any] = {"comment": f"step {len(replay.steps) + 1}: {call_id} as recorded",
+                                        "actions": actions}
+                step = Step(call_id, actions, shown, pending_checks=_checks(call_id, entry.pending_checks))
+                if step.pending_checks:  # asked again as any run asks: the same checks
+                    turn["pending_safety_checks"] = step.pending_checks
+                if shown is not None:
+                    image = sizes.get(shown)
                     if image is None:
-                        raise ReplayError(f"the screenshot {clean(shown, 80)} of {clean(call_id, 80)} cannot be "
-                                          f"read: {why}")
-                    sizes[shown] = image
-                regions = regions_for(_points(actions), image.size, rule, fallback=last_point)
-                expect = [{"kind": "matches", "x": r.x, "y": r.y, "w": r.w, "h": r.h, "png": encode_crop(image, r),
-                           "tolerance": rule.tolerance, "fraction": round(1 - rule.max_changed, 6)} for r in regions]
-                carried = _carried(turns.get(call_id))
-                expect = carried.pop("expect", []) + expect
-                if expect:
-                    turn["expect"] = expect
-                    turn["expect_timeout_s"] = max(step_timeout_s, carried.pop("expect_timeout_s", 0))
-                    turn.update(carried)
-                step.regions = len(regions)
-            points = _points(actions)
-            if points:
-                last_point = points[-1]
-            if pending_human:
-                replay.human[len(replay.turns) - 1] = pending_human
-                pending_human = []
-            replay.steps.append(step)
-            replay.turns.append(turn)
-        elif kind == "run_finished":
-            replay.final_message = entry.get("final_message")
-            replay.status, replay.reason = entry.get("status"), entry.get("reason")
+                        image, why = load_shot(shots_dir, shown)
+                        if image is None:
+                            raise ReplayError(f"the screenshot {clean(shown, 80)} of {clean(call_id, 80)} cannot "
+                                              f"be read: {why}")
+                        sizes[shown] = image
+                    regions = regions_for(_points(actions), image.size, rule, fallback=last_point)
+                    expect = [{"kind": "matches", "x": r.x, "y": r.y, "w": r.w, "h": r.h,
+                               "png": encode_crop(image, r), "tolerance": rule.tolerance,
+                               "fraction": round(1 - rule.max_changed, 6)} for r in regions]
+                    carried = _carried(turns.get(call_id))
+                    expect = carried.pop("expect", []) + expect
+                    if expect:
+                        turn["expect"] = expect
+                        turn["expect_timeout_s"] = max(step_timeout_s, carried.pop("expect_timeout_s", 0))
+                        turn.update(carried)
+                    step.regions = len(regions)
+                points = _points(actions)
+                if points:
+                    last_point = points[-1]
+                if pending_human:
+                    replay.human[len(replay.turns) - 1] = pending_human
+                    pending_human = []
+                replay.steps.append(step)
+                replay.turns.append(turn)
+    finished = next((e for e in reversed(entries) if isinstance(e, RunFinished)), None)
+    if finished is not None:
+        replay.final_message, replay.status, replay.reason = finished.final_message, finished.status, finished.reason
     if not replay.steps:
         raise ReplayError("the record holds no computer call to replay")
     for step in replay.steps:
@@ -516,13 +525,11 @@ class HumanReplayer:
     would be. ``actions[-1]`` run before the first step's first action.
 
     ``agent``: the agent client; ``write``: writes a record entry; ``typed_text``: whether the run keeps
-    typed text; ``then``: the driver's earlier ``before_step`` hook (a view's take-over gate), still
-    called after. Install :meth:`on_entry` as a record listener and :meth:`before_step` as the driver's
-    ``before_step``."""
+    typed text. Follow the record with :meth:`on_entry` (a bus subscriber) and add :meth:`before_step` to
+    the driver's seam's gates (:class:`controller.run.seam.RunSeam`)."""
 
-    def __init__(self, agent: Any, actions: dict[int, list[dict[str, Any]]], *, write: Any, typed_text: bool,
-                 then: Any = None) -> None:
-        self.agent, self.actions, self.write, self.typed_text, self.then = agent, dict(actions), write, typed_text, then
+    def __init__(self, agent: Any, actions: dict[int, list[dict[str, Any]]], *, write: Any, typed_text: bool) -> None:
+        self.agent, self.actions, self.write, self.typed_text = agent, dict(actions), write, typed_text
         self._step: int | None = None  # the replay step whose actions run now
 
     def on_entry(self, entry: Any) -> None:
@@ -541,8 +548,7 @@ class HumanReplayer:
         if due is not None and due in self.actions:
             self._perform(self.actions.pop(due))
             performed = True
-        earlier = self.then(screenshot) if self.then is not None else None
-        return bool(performed or earlier)
+        return performed
 
     def _perform(self, actions: list[dict[str, Any]]) -> None:
         from controller.run.entries import HumanAction, Takeover

@@ -29,16 +29,15 @@ anew for each request and refused when group or world can read it.
 from __future__ import annotations
 
 import os
-import queue
 import stat
-import threading
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
 
-from controller.run.registry import SIGN_IN, AnswerRefused, ApprovalRegistry, Request
+from controller.model.errors import DesktopSandboxError
+from controller.run.registry import RequestWorker, SIGN_IN, AnswerRefused, ApprovalRegistry, Request
 from controller.text import clean
 
 MAX_STEPS = 5
@@ -48,7 +47,7 @@ MAX_SIGNIN_FILE_BYTES = 64 * 1024
 KINDS = ("password", "email", "code")
 
 
-class SignInFileError(ValueError):
+class SignInFileError(DesktopSandboxError, ValueError):
     """A ``--sign-in`` file that cannot be used: unreadable, readable by group or others, not TOML, or
     not a table of origin -> table of strings."""
 
@@ -141,22 +140,7 @@ class SignInFile:
 
     def __init__(self, path: Path, registry: ApprovalRegistry, console: Console | None = None) -> None:
         self.path, self.registry, self.console = path, registry, console
-        self._queue: queue.Queue[Request | None] = queue.Queue()
-        self._unsubscribe = registry.subscribe(self._on_change)
-        self._thread = threading.Thread(target=self._run, name="signin-file", daemon=True)
-        self._thread.start()
-
-    def _on_change(self, request: Request) -> None:
-        if request.kind == SIGN_IN and request.pending:
-            self._queue.put(request)
-
-    def _run(self) -> None:
-        while True:
-            request = self._queue.get()
-            if request is None:
-                return
-            if request.pending:
-                self.answer(request)
+        self._worker = RequestWorker(registry, SIGN_IN, self.answer, name="signin-file")
 
     def answer(self, request: Request) -> None:
         """Answer one request from the file (see the class docstring)."""
@@ -189,9 +173,7 @@ class SignInFile:
 
     def stop(self) -> None:
         """Stop answering."""
-        self._unsubscribe()
-        self._queue.put(None)
-        self._thread.join(5.0)
+        self._worker.stop()
 
 
 class SignInPrompter:
@@ -204,30 +186,12 @@ class SignInPrompter:
     def __init__(self, asker: Any, registry: ApprovalRegistry, console: Console | None = None) -> None:
         self.asker, self.registry = asker, registry
         self.console = console or asker.console
-        self._queue: queue.Queue[Request | None] = queue.Queue()
-        self._stopped = threading.Event()
-        self._unsubscribe = registry.subscribe(self._on_change)
-        self._thread = threading.Thread(target=self._run, name="signin-prompts", daemon=True)
-        self._thread.start()
-
-    def _on_change(self, request: Request) -> None:
-        if request.kind == SIGN_IN and request.pending:
-            self._queue.put(request)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            request = self._queue.get()
-            if request is None:
-                return
-            if request.pending:
-                self.ask(request)
+        self._worker = RequestWorker(registry, SIGN_IN, self.ask, name="signin-prompts")
+        self._stopped = self._worker.stopped
 
     def stop(self) -> None:
         """Stop asking (a waiting prompt is given up)."""
-        self._stopped.set()
-        self._unsubscribe()
-        self._queue.put(None)
-        self._thread.join(5.0)
+        self._worker.stop()
 
     def ask(self, request: Request) -> None:
         """Ask one request on the terminal and answer it (or leave it to another view)."""

@@ -4,7 +4,8 @@ in the guest first, the network policy, and how the outcome is verified.
 Schema (contract): ``name``, ``instructions``, ``[screen]`` (width, height; default 1280x800),
 ``[model]`` (max_width, max_height, optional crop = [x, y, w, h] in screen px), ``[[launch]]``
 (app, args), ``[network]`` (mode "deny-all" | "allowlist", allow = origins), ``[[checks]]``
-(kind "file" | "sqlite"), ``[offline]`` (script, relative to the task file).
+(kind "file" | "sqlite" | "page": :data:`controller.model.checks.CHECK_KINDS`, the check models'
+home), ``[offline]`` (script, relative to the task file).
 
 Refused at load (:class:`TaskError`, one line naming the file and the field): unknown keys (a typo such
 as ``[[check]]`` would otherwise drop every check), a task without checks (it could never be verified),
@@ -22,17 +23,17 @@ conditions the runner waits for after launching (a file appearing in the guest);
 
 from __future__ import annotations
 
-import json
-import re
 import tomllib
-from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator, model_validator)
 
 from controller.gateway.policy import NetworkPolicy
-from controller import json_semantics
+from controller.model.errors import DesktopSandboxError
+from controller.model.checks import (  # noqa: F401 - the check models, used here and by verification
+    CHECK_KINDS, Check, FileCheck, GuestPath, PageCheck, SqliteCheck, check_guest_path)
 from controller.validation import describe_validation_error, read_input_or_raise
 from wire.screen_match import MatchRule
 
@@ -41,64 +42,12 @@ MAX_TASK_BYTES = 1024 * 1024
 """Largest task file read (bytes)."""
 
 
-class TaskError(ValueError):
+class TaskError(DesktopSandboxError, ValueError):
     """A task file cannot be used; the message is one line: ``FILE: FIELD: why (got VALUE)``."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-def check_guest_path(path: str) -> str:
-    """A guest path as tasks may name it: absolute, or ``~/...`` under the guest user's home.
-
-    Raises ValueError for empty or relative paths, ``~user`` forms, NUL characters and ``..``
-    segments (the agent's allowed roots are the real boundary; this keeps tasks from pointing past
-    them by accident).
-    """
-    if not isinstance(path, str) or not path:
-        raise ValueError("guest path must not be empty")
-    if "\x00" in path:
-        raise ValueError("guest path must not contain NUL")
-    if not (path.startswith("/") or path.startswith("~/")):
-        raise ValueError(f"guest path must be absolute or start with ~/: {path!r}")
-    if ".." in PurePosixPath(path).parts:
-        raise ValueError(f"guest path must not contain '..': {path!r}")
-    return path
-
-
-GuestPath = Annotated[StrictStr, Field(min_length=1)]
-
-
-def _check_read_only_query(query: str) -> str:
-    """One SELECT / WITH / VALUES statement (comments and one trailing ``;`` allowed), else ValueError."""
-    tokens = _sql_tokens(query)
-    if not tokens:
-        raise ValueError("query is empty")
-    if tokens[-1] == ";":
-        tokens = tokens[:-1]
-    if ";" in tokens:
-        raise ValueError("query must be a single statement")
-    if not tokens or tokens[0].upper() not in ("SELECT", "WITH", "VALUES"):
-        raise ValueError("query must be one SELECT, WITH or VALUES statement: checks only read")
-    return query
-
-
-_SQL_TOKEN = re.compile(r"""
-    \s+ | --[^\n]*(?:\n|$) | /\*.*?(?:\*/|$)        # space and comments: skipped
-    | '(?:[^']|'')*'? | "(?:[^"]|"")*"? | `[^`]*`? | \[[^\]]*\]?   # literals and quoted names
-    | [A-Za-z_][A-Za-z0-9_$]* | ; | .                 # words, statement ends, anything else
-""", re.VERBOSE | re.DOTALL)
-
-
-def _sql_tokens(query: str) -> list[str]:
-    out = []
-    for match in _SQL_TOKEN.finditer(query):
-        token = match.group(0)
-        if token.isspace() or token.startswith(("--", "/*")):
-            continue
-        out.append(token)
-    return out
 
 
 class Screen(_Strict):
@@ -205,83 +154,6 @@ class Ready(_Strict):
         return check_guest_path(v)
 
 
-class FileCheck(_Strict):
-    """Compare a guest file with ``value`` by ``match``.
-
-    exact: bytes equal the UTF-8 of value; text: equal after removing trailing whitespace on both;
-    regex: Python ``re.search(value, text)``; json: the file is strict JSON equal to value (a TOML
-    table/array or a JSON string) by JSON's data model (:mod:`controller.json_semantics`).
-    """
-
-    kind: Literal["file"]
-    path: GuestPath
-    match: Literal["exact", "text", "regex", "json"]
-    value: Any
-
-    @field_validator("path")
-    @classmethod
-    def _guest_path(cls, v: str) -> str:
-        return check_guest_path(v)
-
-    @model_validator(mode="after")
-    def _value_fits_rule(self) -> "FileCheck":
-        _check_value(self.match, self.value)
-        return self
-
-
-def _check_value(match: str, value: Any) -> None:
-    """Raise ValueError when ``value`` does not fit the comparison rule ``match`` (exact, text, regex, json)."""
-    if match in ("exact", "text", "regex") and not isinstance(value, str):
-        raise ValueError(f"value must be a string for match = {match!r}")
-    if match == "regex":
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"value is not a valid regex: {exc}") from None
-    if match == "json":
-        if isinstance(value, str):
-            try:
-                json_semantics.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"value is not valid JSON text: {exc}") from None
-        else:
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError):
-                raise ValueError("value must be JSON text or a TOML value JSON can express "
-                                 "(no dates or times)") from None
-
-
-PAGE_URL = re.compile(r"https?://[^\s/?#]+(/[^\s#]*)?")
-
-
-class PageCheck(_Strict):
-    """Compare the text of a page the agent's chromium loads (contract 8) with ``value`` by ``match``.
-
-    The agent opens ``url`` in a background tab of its chromium, with the browser's cookies (so the page
-    is the site's own state for the signed-in person: ``/session`` of the sign-in demo), takes the body's
-    text (at most 1 MiB) and closes the tab; the rules are the file check's (text, regex, json). Needs a
-    task that launches ``chromium``; the load goes through the gateway like any other guest traffic.
-    """
-
-    kind: Literal["page"]
-    url: StrictStr
-    match: Literal["text", "regex", "json"]
-    value: Any
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        if len(v) > 2048 or not PAGE_URL.fullmatch(v):
-            raise ValueError("must be an http:// or https:// URL of at most 2048 characters, no spaces or fragment")
-        return v
-
-    @model_validator(mode="after")
-    def _value_fits_rule(self) -> "PageCheck":
-        _check_value(self.match, self.value)
-        return self
-
-
 class SignIn(_Strict):
     """``[signin]``: whether the appliance raises ``browser_authentication`` requests when the agent's
     chromium shows a sign-in form (contract 8). ``enabled = false``: never; the model just sees the page."""
@@ -314,38 +186,6 @@ class Record(_Strict):
 
     typed_text: StrictBool = False
 
-
-class SqliteCheck(_Strict):
-    """Run ``query`` on a copy of the guest's SQLite database (with its -wal/-shm), opened read-only.
-
-    ``rows``: the expected result, a list of rows (each a list of values), compared exactly and in
-    order. ``bind_files``: guest files whose text (trailing whitespace removed) is bound, in order,
-    to the query's ``?`` parameters -- this is how a check ties a file to a database record.
-    """
-
-    kind: Literal["sqlite"]
-    path: GuestPath
-    query: StrictStr
-    rows: list[list[Any]]
-    bind_files: list[GuestPath] = []
-
-    @field_validator("path")
-    @classmethod
-    def _guest_path(cls, v: str) -> str:
-        return check_guest_path(v)
-
-    @field_validator("query")
-    @classmethod
-    def _read_only(cls, v: str) -> str:
-        return _check_read_only_query(v)
-
-    @field_validator("bind_files")
-    @classmethod
-    def _bind_paths(cls, v: list[str]) -> list[str]:
-        return [check_guest_path(p) for p in v]
-
-
-Check = Annotated[Union[FileCheck, SqliteCheck, PageCheck], Field(discriminator="kind")]
 
 CHANNEL_BROWSER = "chromium"
 """The allowlisted app that is the agent's browser under its DevTools pipe (images/apps.json, contract 8)."""
@@ -466,10 +306,11 @@ def load_task(path: str | Path) -> Task:
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:
-        raise TaskError(f"{path}: {describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags={'checks': ('file', 'sqlite', 'page')})}"
+        raise TaskError(f"{path}: {describe_validation_error(exc, known_keys=_KNOWN_KEYS, tags={'checks': tuple(CHECK_KINDS)})}"
                         ) from None
     return task.model_copy(update={"source": path.resolve()})
 
 
-_KNOWN_KEYS = {name for model in (Task, Screen, ModelView, Launch, Ready, NetworkPolicy, FileCheck, SqliteCheck,
-                                  PageCheck, SignIn, Offline) for name in model.model_fields} - {"source"}
+_KNOWN_KEYS = {name for model in (Task, Screen, ModelView, Launch, Ready, NetworkPolicy, SignIn, Offline,
+                                  *(kind.model for kind in CHECK_KINDS.values()))
+               for name in model.model_fields} - {"source"}

@@ -15,6 +15,12 @@ compare it with the task's checks. Never from the model's transcript.
 Each result records the rule, the expected value and what was observed (bytes in hex when they
 differ). A missing file, an unreadable database or a check that cannot be evaluated is a failed
 check, not an exception.
+
+Each check kind of the task schema (:data:`controller.model.checks.CHECK_KINDS`) has its runner in
+:data:`RUNNERS`, checked when this module is imported (a kind without a runner, or a runner without a
+kind, stops the import naming it); :func:`run_checks` dispatches through it, and a check of a kind
+outside the table is :class:`controller.model.errors.UnknownKind` before any check runs -- never run
+as another kind.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from typing import Any, Callable, Protocol
 
 from controller import json_semantics
 from controller.gateway.origin import Origin
-from controller.run.tasks import FileCheck, PageCheck, SqliteCheck, check_guest_path
+from controller.model.checks import FileCheck, PageCheck, SqliteCheck, check_guest_path, check_kind, check_runners
+from controller.model.errors import DesktopSandboxError
+from controller.sandbox.guest import GUEST_HOME
 from controller.text import clean
 
 MAX_OBSERVED_CHARS = 2000
@@ -48,7 +56,7 @@ class FileReader(Protocol):
     def read_file(self, path: str) -> bytes: ...
 
 
-class GuestFileMissing(FileNotFoundError):
+class GuestFileMissing(DesktopSandboxError, FileNotFoundError):
     """The guest has no such file (the agent answered 404)."""
 
 
@@ -136,10 +144,11 @@ def _compare(match: str, value: Any, data: bytes, result: dict[str, Any]) -> dic
     return result
 
 
-def check_page(check: PageCheck, reader: Any) -> dict[str, Any]:
+def check_page(check: PageCheck, reader: Any, home: str = "") -> dict[str, Any]:
     """Run one page check (contract 8): the text of ``check.url`` as the agent's chromium loads it
     (``reader.page_text``), compared by the file rules; a page that ended on another origin (a redirect)
-    fails. Returns the ``check`` record fields."""
+    fails. Returns the ``check`` record fields. ``home`` is not used (a page has no guest path); it is
+    there so every runner takes ``(check, reader, home)``."""
     result: dict[str, Any] = {"kind": "page", "target": check.url, "rule": check.match, "expected": check.value}
     try:
         page = reader.page_text(check.url)
@@ -237,22 +246,30 @@ def check_sqlite(check: SqliteCheck, reader: FileReader, home: str) -> dict[str,
     return {**result, "observed": _shown_rows(rows[:MAX_OBSERVED_ROWS]), "passed": rows == expected}
 
 
-def run_checks(checks: list[Any], reader: FileReader, *, home: str = "/home/sandbox",
+Runner = Callable[[Any, Any, str], dict[str, Any]]
+"""Runs one check: ``runner(check, reader, home)`` -> the ``check`` record fields (``reader``: the agent
+client, ``home``: the guest user's home for ``~`` paths)."""
+
+RUNNERS: dict[str, Runner] = {"file": check_file, "sqlite": check_sqlite, "page": check_page}
+"""The runner of each check kind (:data:`controller.model.checks.CHECK_KINDS`), one each."""
+
+check_runners(RUNNERS)
+
+
+def run_checks(checks: list[Any], reader: FileReader, *, home: str = GUEST_HOME,
                on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run every check in order; each result goes to ``on_result`` (the record) and the list.
 
-    A check that cannot be evaluated at all (a path the rules refuse, a check object built without
-    validation) becomes a failed result with ``detail``; the remaining checks still run.
+    A check whose ``kind`` is not a check kind raises :class:`controller.model.errors.UnknownKind`
+    (naming it) before any check runs: it is never run as another kind. A check that cannot be
+    evaluated otherwise (a path the rules refuse, a check object built without validation) becomes a
+    failed result with ``detail``; the remaining checks still run.
     """
+    runners = [RUNNERS[check_kind(getattr(check, "kind", None)).name] for check in checks]
     results = []
-    for check in checks:
+    for check, runner in zip(checks, runners):
         try:
-            if check.kind == "page":
-                result = check_page(check, reader)
-            elif check.kind == "file":
-                result = check_file(check, reader, home)
-            else:
-                result = check_sqlite(check, reader, home)
+            result = runner(check, reader, home)
         except Exception as exc:  # noqa: BLE001 - one bad check must not hide the others' results
             result = {"kind": getattr(check, "kind", None), "target": getattr(check, "path", None),
                       "rule": getattr(check, "match", None) or getattr(check, "query", None),

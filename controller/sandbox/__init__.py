@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from controller.sandbox.errors import BackendUnavailable, SandboxError
+from controller.sandbox.guest import GUEST_HOME
 from controller.sandbox.readiness import (
     DECISIONS_READ_MAX_BYTES, parse_decision_lines, parse_decision_log, wait_agent_ready, wait_control_ready,
     with_timeout,
@@ -137,7 +138,7 @@ class Sandbox(abc.ABC):
     id: str
     """Unique id of this sandbox (also the value of its ``desktop-sandbox.sandbox`` label)."""
 
-    guest_home: str = "/home/sandbox"
+    guest_home: str = GUEST_HOME
     """The guest user's home directory, inside the guest (absolute path)."""
 
     timings: dict[str, float]

@@ -61,12 +61,25 @@ from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the
 )
 from controller.sandbox.docker_hardening import (
     _WRITE_FILE,
-    AGENT_UID,
     DESKTOP_CAP_ADD,
     _hardening,
     _tmpfs,
     check_memory_budget,
     desktop_tmpfs,
+)
+from controller.sandbox.guest import (  # noqa: F401 - re-exported: the backend's guest facts
+    AGENT_PORT,
+    AGENT_UID,
+    DECISION_LOG,
+    DESKTOP_UID,
+    GATEWAY_HOME,
+    GATEWAY_HOSTNAME,
+    GATEWAY_LOG_DIR,
+    GATEWAY_PROXY_PORT,
+    GATEWAY_UID,
+    GUEST_HOME,
+    GUEST_NO_PROXY,
+    RUN_DIR,
 )
 from controller.agent_client import direct_client
 from controller.sandbox.readiness import direct_control_url
@@ -74,30 +87,20 @@ from controller.gateway.relay import interface_addresses
 from controller.text import clean, clean_lines
 
 DEFAULT_IMAGE = "desktop-sandbox:latest"
-AGENT_PORT = 8000
-"""The agent's port inside the desktop container, and the relay's port inside the gateway."""
-GATEWAY_PROXY_PORT = 3128
-"""The egress proxy's port on the gateway's guest-facing address (also in images/firefox/policies.json)."""
 GATEWAY_CONTROL_PORT = 8001
 """The gateway control API's port inside the gateway container (egress side only; published on the host's
 127.0.0.1)."""
-GATEWAY_HOSTNAME = "gateway"
-"""Name of the gateway as the guest sees it: an /etc/hosts entry, so the guest needs no DNS."""
 DESKTOP_ALIAS = "desktop"
 """The desktop's name on the internal network, as the relay resolves it."""
-AGENT_TOKEN_FILE = "/run/desktop-sandbox/agent-token"
-GATEWAY_POLICY_FILE = "/run/desktop-sandbox/policy.json"
-GATEWAY_CONTROL_TOKEN_FILE = "/run/desktop-sandbox/control-token"
-DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
+AGENT_TOKEN_FILE = f"{RUN_DIR}/agent-token"
+GATEWAY_POLICY_FILE = f"{RUN_DIR}/policy.json"
+GATEWAY_CONTROL_TOKEN_FILE = f"{RUN_DIR}/control-token"
 DOCKER_DNS = "127.0.0.11"
 """Docker's embedded resolver, as containers on user-defined networks see it."""
 EXEC_MAX_BYTES = 16 * 1024 * 1024
 """Most output (bytes, stdout and stderr together) collected from one command run in a container."""
 DECISION_LOG_MAX_BYTES = 256 * 1024 * 1024
 """Most of the gateway's decision log read in one go (``decision_log``)."""
-"""JSONL decision log of the gateway's policy addon, inside the gateway container."""
-DESKTOP_UID = 1000
-GATEWAY_UID = 1001
 
 START_ATTEMPTS = 5
 """Most tries of a start step that failed for a transient reason: a host port or a name taken."""
@@ -450,15 +453,15 @@ class DockerSandbox(Sandbox):
             extra_hosts={GATEWAY_HOSTNAME: gw_ip},
             dns=["127.0.0.1"],  # the embedded DNS forwards nothing anywhere
             environment={
-                "HOME": "/home/sandbox",
+                "HOME": GUEST_HOME,
                 "SCREEN_WIDTH": str(spec.screen_width),
                 "SCREEN_HEIGHT": str(spec.screen_height),
                 "HTTP_PROXY": proxy,
                 "HTTPS_PROXY": proxy,
                 "http_proxy": proxy,
                 "https_proxy": proxy,
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
+                "NO_PROXY": GUEST_NO_PROXY,
+                "no_proxy": GUEST_NO_PROXY,
                 **({"AGENT_APPS_FILE": options.apps_file} if options.apps_file else {}),
                 **({"AGENT_ARGS": shlex.join(options.agent_args)} if options.agent_args else {}),
             },
@@ -533,9 +536,9 @@ class DockerSandbox(Sandbox):
         :data:`START_ATTEMPTS` times. Raises SandboxError, or the engine's error for any other failure."""
         gw_tmpfs = {
             "/tmp": _tmpfs("64m", GATEWAY_UID, "1777"),
-            "/run/desktop-sandbox": _tmpfs("16m", GATEWAY_UID),
-            "/var/log/desktop-sandbox": _tmpfs("64m", GATEWAY_UID, "0755"),
-            "/home/gateway": _tmpfs("64m", GATEWAY_UID),
+            RUN_DIR: _tmpfs("16m", GATEWAY_UID),
+            GATEWAY_LOG_DIR: _tmpfs("64m", GATEWAY_UID, "0755"),
+            GATEWAY_HOME: _tmpfs("64m", GATEWAY_UID),
         }
         for attempt in range(1, START_ATTEMPTS + 1):
             agent_port, control_port = free_loopback_ports(2)
@@ -549,7 +552,7 @@ class DockerSandbox(Sandbox):
                 ports={f"{AGENT_PORT}/tcp": ("127.0.0.1", agent_port),
                        f"{GATEWAY_CONTROL_PORT}/tcp": ("127.0.0.1", control_port)},
                 environment={
-                    "HOME": "/home/gateway",
+                    "HOME": GATEWAY_HOME,
                     "RELAY_PORT": str(AGENT_PORT),
                     "RELAY_TARGET": f"{DESKTOP_ALIAS}:{AGENT_PORT}",
                     "INTERNAL_SUBNET": ",".join(subnets),

@@ -43,12 +43,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-DESKTOP_UID = 1000
-"""The desktop user ``sandbox``: Xvfb, openbox, the demo app, launched apps, the guest's exec."""
-AGENT_UID = 1002
-"""The agent's user ``agent`` (member of group ``sandbox``, to read the desktop's files)."""
-BROWSER_UID = 1003
-"""The agent's chromium's user ``browser`` (docs/ARCHITECTURE.md, contract 8)."""
+from controller.sandbox.guest import AGENT_UID, BROWSER_UID, DESKTOP_UID, GUEST_HOME, RUN_DIR
+
 DESKTOP_CAP_ADD = ["SETUID", "SETGID", "KILL"]
 """The only capabilities the desktop container keeps (supervisord's and the launch broker's)."""
 CONTROL_DIR = "/run/desktop-sandbox-control"
@@ -56,7 +52,7 @@ CONTROL_DIR = "/run/desktop-sandbox-control"
 BROWSER_ROUTES_DIR = "/run/desktop-sandbox-browser"
 """The proxy routes the agent writes for its chromium (guest/chromium_policy.py): agent, 0755."""
 
-DESKTOP_TMPFS_MIB = {"/home/sandbox": 512, "/home/browser": 128, "/tmp": 256, "/var/tmp": 32, "/run/desktop-sandbox": 1, CONTROL_DIR: 1,
+DESKTOP_TMPFS_MIB = {GUEST_HOME: 512, "/home/browser": 128, "/tmp": 256, "/var/tmp": 32, RUN_DIR: 1, CONTROL_DIR: 1,
                     BROWSER_ROUTES_DIR: 1}
 """Size (MiB) of each tmpfs of the desktop container; see the memory budget above."""
 MIN_PROCESS_MIB = 768
@@ -95,10 +91,10 @@ def desktop_tmpfs() -> dict[str, str]:
     mib = DESKTOP_TMPFS_MIB
     return {
         "/tmp": _tmpfs(f"{mib['/tmp']}m", DESKTOP_UID, "1777"),
-        "/home/sandbox": _tmpfs(f"{mib['/home/sandbox']}m", DESKTOP_UID, "0750"),
+        GUEST_HOME: _tmpfs(f"{mib[GUEST_HOME]}m", DESKTOP_UID, "0750"),
         "/home/browser": _tmpfs(f"{mib['/home/browser']}m", BROWSER_UID, "0700"),
         "/var/tmp": _tmpfs(f"{mib['/var/tmp']}m", DESKTOP_UID, "1777"),
-        "/run/desktop-sandbox": _tmpfs(f"{mib['/run/desktop-sandbox']}m", AGENT_UID),
+        RUN_DIR: _tmpfs(f"{mib[RUN_DIR]}m", AGENT_UID),
         CONTROL_DIR: _tmpfs(f"{mib[CONTROL_DIR]}m", 0, "0750", gid=AGENT_UID),
         BROWSER_ROUTES_DIR: _tmpfs(f"{mib[BROWSER_ROUTES_DIR]}m", AGENT_UID, "0755"),
     }

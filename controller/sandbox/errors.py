@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from controller.model.errors import DesktopSandboxError
 
-class SandboxError(RuntimeError):
+
+class SandboxError(DesktopSandboxError, RuntimeError):
     """A sandbox could not be started, or stopped answering. The message says which part and why."""
 
 

@@ -29,6 +29,8 @@ from typing import Callable
 import docker
 import docker.errors
 
+from controller.model.errors import DesktopSandboxError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = "Dockerfile.desktop"
 DEFAULT_TAG = "desktop-sandbox:latest"
@@ -62,7 +64,7 @@ _CONTEXT = ("Dockerfile.desktop", "pyproject.toml", "images", "guest", "wire", "
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
 
-class BuildError(RuntimeError):
+class BuildError(DesktopSandboxError, RuntimeError):
     """The image build failed; the message carries the builder's error and the last output lines."""
 
 

@@ -22,6 +22,23 @@ from typing import Any, Mapping, Sequence
 from controller.sandbox import LABEL_OWNER, LABEL_OWNER_ID, LABEL_ROLE, LABEL_SANDBOX, SandboxSpec
 from controller.sandbox.backend_setup import sandbox_labels
 from controller.sandbox.docker_hardening import DESKTOP_TMPFS_MIB
+from controller.sandbox.guest import (  # noqa: F401 - re-exported: the backend's guest facts
+    AGENT_PORT,
+    AGENT_UID,
+    DECISION_LOG,
+    DESKTOP_UID,
+    DESKTOP_USER,
+    GATEWAY_HOME,
+    GATEWAY_HOSTNAME,
+    GATEWAY_LOG_DIR,
+    GATEWAY_UID,
+    GUEST_DISPLAY,
+    GUEST_HOME,
+    GUEST_NO_PROXY,
+    RUN_DIR,
+)
+from controller.sandbox.guest import GATEWAY_PROXY_PORT as PROXY_PORT
+from controller.sandbox.guest import GUEST_PYTHON as PYTHON
 
 NAMESPACE_ENV = "DESKTOP_SANDBOX_K8S_NAMESPACE"
 """The namespace sandboxes go in (else the kubeconfig context's namespace)."""
@@ -38,18 +55,13 @@ LABEL_MANAGED = "app.kubernetes.io/managed-by"
 LABEL_NAME = "app.kubernetes.io/name"
 MANAGED_BY = "desktop-sandbox"
 
-AGENT_PORT = 8000
-PROXY_PORT = 3128
-GATEWAY_HOSTNAME = "gateway"
-DESKTOP_UID, GATEWAY_UID, AGENT_UID = 1000, 1001, 1002
 SRC = "/opt/desktop-sandbox/src"
-PYTHON = "/opt/desktop-sandbox/bin/python"
 SECRETS_DIR = "/run/desktop-sandbox-secrets"
 SESSION_DIR = "/etc/desktop-sandbox/session"
 POLICY_DIR = "/etc/desktop-sandbox/policy"
 LAUNCH_DIR = "/run/desktop-sandbox-launch"
-AGENT_DIR = "/run/desktop-sandbox"
-DECISION_LOG = "/var/log/desktop-sandbox/decisions.jsonl"
+AGENT_DIR = RUN_DIR
+"""The agent container's run directory: its X cookie (``xauthority``)."""
 
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
                   "127.0.0.0/8", "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4")
@@ -78,11 +90,11 @@ childlogdir=/tmp
 
 """ + "\n".join([
     _program("xvfb", f"{PYTHON} {SRC}/images/session/xserver.py",
-             'environment=XSERVER_AUTH="/home/sandbox/.Xauthority"', "priority=10", "autorestart=true", "startsecs=1"),
+             f'environment=XSERVER_AUTH="{GUEST_HOME}/.Xauthority"', "priority=10", "autorestart=true", "startsecs=1"),
     _program("openbox", f"{PYTHON} {SRC}/images/session/await.py --display -- openbox",
              "priority=20", "autorestart=true", "startsecs=0"),
     _program("launcher", f"{PYTHON} {SESSION_DIR}/broker.py --socket {LAUNCH_DIR}/launch.sock --client agent "
-                         "--user sandbox --apps %(ENV_AGENT_APPS_FILE)s",
+                         f"--user {DESKTOP_USER} --apps %(ENV_AGENT_APPS_FILE)s",
              "priority=25", "autorestart=true", "startsecs=0"),
     _program("pickup", f"{PYTHON} {SRC}/images/session/pickup.py",
              "priority=40", "autorestart=unexpected", "exitcodes=0", "startsecs=0"),
@@ -265,7 +277,7 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                  "containers": [{
                      "name": "gateway", "image": options.image, "imagePullPolicy": options.image_pull_policy,
                      "command": [f"{SRC}/images/session/gateway.sh"],
-                     "env": [{"name": "HOME", "value": "/home/gateway"},
+                     "env": [{"name": "HOME", "value": GATEWAY_HOME},
                              {"name": "GATEWAY_POLICY_FILE", "value": f"{POLICY_DIR}/policy.json"},
                              {"name": "GATEWAY_PROXY_PORT", "value": str(PROXY_PORT)},
                              {"name": "GATEWAY_DECISION_LOG", "value": DECISION_LOG}],
@@ -275,9 +287,9 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                                    "limits": {"cpu": options.gateway_cpu_limit, "memory": options.gateway_memory}},
                      "volumeMounts": [{"name": "policy", "mountPath": POLICY_DIR, "readOnly": True},
                                       {"name": "tmp", "mountPath": "/tmp"},
-                                      {"name": "run", "mountPath": "/run/desktop-sandbox"},
-                                      {"name": "log", "mountPath": "/var/log/desktop-sandbox"},
-                                      {"name": "home", "mountPath": "/home/gateway"}],
+                                      {"name": "run", "mountPath": RUN_DIR},
+                                      {"name": "log", "mountPath": GATEWAY_LOG_DIR},
+                                      {"name": "home", "mountPath": GATEWAY_HOME}],
                  }],
                  "volumes": [{"name": "policy", "configMap": {"name": f"{sandbox_id}-policy", "defaultMode": 0o444}},
                              _empty_dir("tmp", 64), _empty_dir("run", 16), _empty_dir("log", 64),
@@ -289,14 +301,14 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                         "ports": [{"name": "proxy", "port": PROXY_PORT, "targetPort": PROXY_PORT, "protocol": "TCP"}]}}
     proxy = f"http://{GATEWAY_HOSTNAME}:{PROXY_PORT}"
     apps = options.apps_file or f"{SRC}/images/apps.json"
-    display_env = [{"name": "DISPLAY", "value": ":99"},
+    display_env = [{"name": "DISPLAY", "value": GUEST_DISPLAY},
                    {"name": "SCREEN_WIDTH", "value": str(spec.screen_width)},
                    {"name": "SCREEN_HEIGHT", "value": str(spec.screen_height)},
                    {"name": "SCREEN_DEPTH", "value": "24"},
                    {"name": "AGENT_APPS_FILE", "value": apps}]
-    desktop_cmd = (f"{PYTHON} {SRC}/images/session/xauth.py /home/sandbox/.Xauthority < {SECRETS_DIR}/xcookie && "
+    desktop_cmd = (f"{PYTHON} {SRC}/images/session/xauth.py {GUEST_HOME}/.Xauthority < {SECRETS_DIR}/xcookie && "
                    f"exec /usr/bin/supervisord --nodaemon --configuration {SESSION_DIR}/session.conf")
-    agent_serve = [PYTHON, "-m", "guest", "serve", "--display", ":99", "--bind", f"0.0.0.0:{AGENT_PORT}",
+    agent_serve = [PYTHON, "-m", "guest", "serve", "--display", GUEST_DISPLAY, "--bind", f"0.0.0.0:{AGENT_PORT}",
                    "--token-file", f"{SECRETS_DIR}/token", "--apps", apps, *options.agent_args]
     agent_cmd = (f"{PYTHON} {SRC}/images/session/xauth.py {AGENT_DIR}/xauthority < {SECRETS_DIR}/xcookie && "
                  f"exec {PYTHON} {SRC}/images/session/await.py --display --file {SECRETS_DIR}/token -- "
@@ -313,18 +325,18 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                  "containers": [
                      {"name": "desktop", "image": options.image, "imagePullPolicy": options.image_pull_policy,
                       "command": ["/bin/sh", "-c", desktop_cmd],
-                      "env": [{"name": "HOME", "value": "/home/sandbox"}, {"name": "USER", "value": "sandbox"},
-                              {"name": "XAUTHORITY", "value": "/home/sandbox/.Xauthority"},
+                      "env": [{"name": "HOME", "value": GUEST_HOME}, {"name": "USER", "value": DESKTOP_USER},
+                              {"name": "XAUTHORITY", "value": f"{GUEST_HOME}/.Xauthority"},
                               *display_env,
                               *({"name": k, "value": v} for k, v in (
                                   ("HTTP_PROXY", proxy), ("HTTPS_PROXY", proxy), ("http_proxy", proxy),
-                                  ("https_proxy", proxy), ("NO_PROXY", "127.0.0.1,localhost"),
-                                  ("no_proxy", "127.0.0.1,localhost")))],
+                                  ("https_proxy", proxy), ("NO_PROXY", GUEST_NO_PROXY),
+                                  ("no_proxy", GUEST_NO_PROXY)))],
                       "securityContext": {**_security(), "runAsUser": DESKTOP_UID, "runAsGroup": DESKTOP_UID},
                       "resources": {"requests": {"cpu": options.desktop_cpu, "memory": options.desktop_memory},
                                     "limits": {"cpu": options.desktop_cpu_limit, "memory": options.desktop_memory}},
                       "volumeMounts": [
-                          {"name": "home", "mountPath": "/home/sandbox"},
+                          {"name": "home", "mountPath": GUEST_HOME},
                           {"name": "tmp", "mountPath": "/tmp"},
                           {"name": "var-tmp", "mountPath": "/var/tmp"},
                           {"name": "shm", "mountPath": "/dev/shm"},
@@ -334,7 +346,7 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                           {"name": "cookie", "mountPath": SECRETS_DIR, "readOnly": True}]},
                      {"name": "agent", "image": options.image, "imagePullPolicy": options.image_pull_policy,
                       "command": ["/bin/sh", "-c", agent_cmd],
-                      "env": [{"name": "HOME", "value": "/home/sandbox"}, {"name": "USER", "value": "agent"},
+                      "env": [{"name": "HOME", "value": GUEST_HOME}, {"name": "USER", "value": "agent"},
                               {"name": "XAUTHORITY", "value": f"{AGENT_DIR}/xauthority"},
                               {"name": "AGENT_LAUNCH_SOCKET", "value": f"{LAUNCH_DIR}/launch.sock"},
                               *display_env],
@@ -343,7 +355,7 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                       "resources": {"requests": {"cpu": "100m", "memory": options.agent_memory},
                                     "limits": {"cpu": "1", "memory": options.agent_memory}},
                       "volumeMounts": [
-                          {"name": "home", "mountPath": "/home/sandbox", "readOnly": True},
+                          {"name": "home", "mountPath": GUEST_HOME, "readOnly": True},
                           {"name": "agent-run", "mountPath": AGENT_DIR},
                           {"name": "agent-tmp", "mountPath": "/tmp"},
                           {"name": "x11", "mountPath": "/tmp/.X11-unix", "readOnly": True},
@@ -351,10 +363,10 @@ def render_manifests(sandbox_id: str, spec: SandboxSpec, options: KubernetesOpti
                           {"name": "agent-secrets", "mountPath": SECRETS_DIR, "readOnly": True}]},
                  ],
                  "volumes": [
-                     _empty_dir("home", tmpfs["/home/sandbox"]), _empty_dir("tmp", tmpfs["/tmp"]),
+                     _empty_dir("home", tmpfs[GUEST_HOME]), _empty_dir("tmp", tmpfs["/tmp"]),
                      _empty_dir("var-tmp", tmpfs["/var/tmp"]), _empty_dir("shm", 256),
                      _empty_dir("x11", 1), _empty_dir("launch", 1),
-                     _empty_dir("agent-run", tmpfs["/run/desktop-sandbox"]), _empty_dir("agent-tmp", 16),
+                     _empty_dir("agent-run", tmpfs[AGENT_DIR]), _empty_dir("agent-tmp", 16),
                      {"name": "session", "configMap": {"name": f"{sandbox_id}-session", "defaultMode": 0o444}},
                      {"name": "cookie", "secret": {"secretName": f"{sandbox_id}-agent", "defaultMode": 0o440,
                                                    "items": [{"key": "xcookie", "path": "xcookie"}]}},

@@ -5,7 +5,9 @@ A backend's module is imported the first time its class is looked up, so importi
 listing its names for ``--backend``) imports neither the Docker SDK nor the QEMU code. Adding a backend
 is one module with a ``Sandbox`` subclass plus one line in :data:`_ENTRIES`; what every backend writes
 the same way (the labels naming a sandbox, its role and its starter, the decision-log read) it takes
-from :mod:`controller.sandbox.backend_setup`.
+from :mod:`controller.sandbox.backend_setup`. The registry knows nothing above the sandboxes: the
+network audit of each backend is looked up by name in :mod:`controller.audit.backends`, which refuses
+to import until every backend named here has its audit there or is declared without one.
 """
 
 from __future__ import annotations
@@ -22,13 +24,6 @@ _ENTRIES: dict[str, tuple[str, str]] = {
     "kubernetes": ("controller.sandbox.kubernetes", "KubernetesSandbox"),
 }
 """name -> (module, class). The first entry is the default backend of ``up``, ``run-task`` and ``audit``."""
-
-_AUDITS: dict[str, tuple[str, str]] = {
-    "docker": ("controller.audit", "audit"),
-    "vm": ("controller.audit.vm", "audit_vm"),
-}
-"""name -> (module, function) of the network audit on that backend: ``audit(policy, *, image=...)``
-returning an ``AuditReport`` (``image``: what the backend's ``ensure_image`` options name)."""
 
 DEFAULT_BACKEND = next(iter(_ENTRIES))
 
@@ -62,10 +57,3 @@ def get_backend(name: str) -> "type[Sandbox]":
         raise KeyError(f"unknown backend {name!r} (one of {', '.join(_ENTRIES)})")
     return BACKENDS[name]
 
-
-def audit_function(name: str):  # noqa: ANN201 - controller.audit's types are not imported here
-    """The network audit for backend ``name`` (see :data:`_AUDITS`). Raises KeyError when it has none."""
-    if name not in _AUDITS:
-        raise KeyError(f"no network audit for backend {name!r}")
-    module, attr = _AUDITS[name]
-    return getattr(importlib.import_module(module), attr)

@@ -75,6 +75,15 @@ from controller.sandbox import (
     with_timeout,
 )
 from controller.sandbox.backend_setup import owner_labels, sandbox_labels
+from controller.sandbox.guest import (  # noqa: F401 - re-exported: the backend's guest facts
+    AGENT_PORT,
+    DESKTOP_USER,
+    GATEWAY_HOSTNAME,
+    GATEWAY_PROXY_PORT,
+    GUEST_DISPLAY,
+    GUEST_HOME,
+    GUEST_NO_PROXY,
+)
 from controller.text import clean_lines
 from controller.sandbox.vm_image import (  # noqa: F401 - re-exported: the backend's image API
     BUILD_SCRIPT,
@@ -104,27 +113,22 @@ GUEST_ADDR = "10.0.2.15"
 """The guest's address on QEMU's user-mode network (static, see scripts/vm/guest/10-sandbox.network)."""
 GATEWAY_GUEST_ADDR = "10.0.2.100"
 """The gateway's address as the guest sees it (``gateway`` in the guest's /etc/hosts)."""
-AGENT_PORT = 8000
-"""The agent's port in the guest (the Docker backend's ``AGENT_PORT``)."""
 SLIRP_HOST = "10.0.2.2"
 """The host's address on QEMU's user-mode network (closed to the guest by ``restrict=on``)."""
 SLIRP_DNS = "10.0.2.3"
 """QEMU's user-mode DNS address (closed to the guest by ``restrict=on``)."""
-GATEWAY_PROXY_PORT = 3128
-"""The proxy port the guest uses (the Docker backend's ``GATEWAY_PROXY_PORT``, images/firefox/policies.json)."""
-GUEST_USER = "sandbox"
 GUEST_PATH = "/opt/desktop-sandbox/bin:/usr/local/bin:/usr/bin:/bin"
 GUEST_ENV = {
     "PATH": GUEST_PATH,
-    "HOME": "/home/sandbox",
+    "HOME": GUEST_HOME,
     "LANG": "C.UTF-8",
-    "DISPLAY": ":99",
-    "HTTP_PROXY": f"http://gateway:{GATEWAY_PROXY_PORT}",
-    "HTTPS_PROXY": f"http://gateway:{GATEWAY_PROXY_PORT}",
-    "http_proxy": f"http://gateway:{GATEWAY_PROXY_PORT}",
-    "https_proxy": f"http://gateway:{GATEWAY_PROXY_PORT}",
-    "NO_PROXY": "127.0.0.1,localhost",
-    "no_proxy": "127.0.0.1,localhost",
+    "DISPLAY": GUEST_DISPLAY,
+    "HTTP_PROXY": f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}",
+    "HTTPS_PROXY": f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}",
+    "http_proxy": f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}",
+    "https_proxy": f"http://{GATEWAY_HOSTNAME}:{GATEWAY_PROXY_PORT}",
+    "NO_PROXY": GUEST_NO_PROXY,
+    "no_proxy": GUEST_NO_PROXY,
 }
 """Environment of commands run by ``exec_in_guest`` (as the session's, see desktop-sandbox.service)."""
 FW_CFG_PREFIX = "opt/desktop-sandbox"
@@ -258,7 +262,7 @@ class VMSandbox(Sandbox):
         env = [f"{k}={v}" for k, v in GUEST_ENV.items()]
         args = {
             "path": "/usr/sbin/runuser",
-            "arg": ["-u", GUEST_USER, "--", "/usr/bin/env", "-i", *env, *inner],
+            "arg": ["-u", DESKTOP_USER, "--", "/usr/bin/env", "-i", *env, *inner],
             "capture-output": True,
         }
         pid = self._qga.command("guest-exec", args)["pid"]

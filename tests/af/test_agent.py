@@ -14,7 +14,7 @@ from agent_framework.openai import OpenAIChatClient
 
 from controller.af import AgentComputerUse, StepLimit
 from controller.offline.scripted_server import ScriptedModel
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from tests import scripted
 from tests.af.batch_model import BatchModel
 
@@ -70,10 +70,10 @@ def test_approved_actions_reach_the_guest_in_order_and_the_next_request_acknowle
     assert out["acknowledged_safety_checks"] == CHECKS
     assert out["output"]["image_url"].startswith("data:image/png;base64,")
     c.finish()
-    entries = read_record(c.record_dir)
-    (approval,) = [e for e in entries if e["type"] == "approval"]
-    assert (approval["decision"], approval["by"], approval["check_ids"]) == ("approved", "terminal", ["sc_1", "sc_2"])
-    assert [e["action"] for e in entries if e["type"] == "action"] == ["click", "click", "type", "screenshot"]
+    entries = read_entries(c.record_dir)
+    (approval,) = [e for e in entries if e.type == "approval"]
+    assert (approval.decision, approval.by, approval.check_ids) == ("approved", "terminal", ["sc_1", "sc_2"])
+    assert [e.action for e in entries if e.type == "action"] == ["click", "click", "type", "screenshot"]
 
 
 def test_a_denied_call_sends_no_input_and_no_result(desk, serve, computer):
@@ -83,9 +83,9 @@ def test_a_denied_call_sends_no_input_and_no_result(desk, serve, computer):
     assert len(model.requests) == 1  # no result was sent
     assert use.session is not first_session  # the next turn starts on a new session
     c.finish()
-    (approval,) = [e for e in read_record(c.record_dir) if e["type"] == "approval"]
-    assert (approval["decision"], approval["by"]) == ("denied", "terminal")
-    assert not [e for e in read_record(c.record_dir) if e["type"] == "action"]
+    (approval,) = [e for e in read_entries(c.record_dir) if e.type == "approval"]
+    assert (approval.decision, approval.by) == ("denied", "terminal")
+    assert not [e for e in read_entries(c.record_dir) if e.type == "action"]
 
 
 def test_a_batch_is_answered_only_when_every_call_of_it_ran(desk, serve, computer):

@@ -17,6 +17,7 @@ from openai.types.responses import ResponseComputerToolCall
 from PIL import Image
 from rich.console import Console
 
+from tests.helpers import FnSeam
 from controller.af import (
     AcknowledgementError, ComputerCallExecutor, attempted_calls, check_acknowledgement, native_call,
 )
@@ -24,7 +25,7 @@ from controller.agent_client import AgentScreenshot
 from controller.run.approvals import SafetyCheckApprover
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from controller.run.entries import Action, Approval, RunStarted, TaskRef
-from controller.run.record import RunRecord, read_record
+from controller.run.record import RunRecord, read_entries
 from controller.run.recording import RecordingHooks
 
 CHECKS = [{"id": "sc_1", "code": "malicious_instructions", "message": "The page may contain instructions."},
@@ -129,7 +130,7 @@ def _executor(agent: MemoryAgent, answers: list[Any], tmp_path: Path | None = No
     if tmp_path is not None:
         record = record_in(tmp_path, kw.pop("name", "run"))
         hooks = RecordingHooks(record, driver)
-        driver.on_screenshot = hooks.on_screenshot
+        driver.seam = FnSeam(sent=hooks.on_screenshot)
         approver.on_decision = lambda d: (decisions.append(d), hooks.on_decision(d))
     console = io.StringIO()
     executor = ComputerCallExecutor(driver, approver, hooks=hooks, console=Console(file=console, width=300), **kw)
@@ -184,8 +185,8 @@ def test_a_call_the_record_shows_attempted_is_not_run_again(tmp_path):
     assert outcome.stopped == "already_attempted" and outcome.stopped_at == 0 and outcome.results == []
     assert agent.sent == []  # nothing of the batch reached the guest
     assert "look at the screen again" in console.getvalue()
-    own = read_record(executor.hooks.record.path)
-    withdrawn = [(e["call_id"], e["decision"], e["by"]) for e in own if e["type"] == "approval"]
+    own = read_entries(executor.hooks.record.path)
+    withdrawn = [(e.call_id, e.decision, e.by) for e in own if e.type == "approval"]
     assert withdrawn == [("call_a", "withdrawn", "cancel"), ("call_b", "withdrawn", "cancel")]
     # an approved safety-check decision counts as an attempt too
     agent2 = MemoryAgent()
@@ -211,8 +212,8 @@ def test_the_run_record_gets_the_calls_actions_and_screenshot(tmp_path):
     outcome = asyncio.run(executor.run_batch([call("call_a", [click(1, 1), {"type": "type", "text": "secret"}],
                                                    CHECKS)]))
     assert outcome.complete
-    entries = read_record(executor.hooks.record.path)
-    kinds = [(e["type"], e.get("call_id")) for e in entries if e["type"] != "run_started"]
+    entries = read_entries(executor.hooks.record.path)
+    kinds = [(e.type, getattr(e, "call_id", None)) for e in entries if e.type != "run_started"]
     # the first capture (no model space yet in this process), the call, its approval, 2 actions + screenshot
     assert kinds == [("screenshot", None), ("computer_call", "call_a"), ("approval", "call_a"),
                      ("action", "call_a"), ("action", "call_a"), ("screenshot", "call_a"), ("action", "call_a")]

@@ -19,7 +19,7 @@ from agent_framework import Content, Message
 from agent_framework.exceptions import AgentInvalidResponseException
 
 from controller.af import AcknowledgementError, WorkflowComputerUse, check_acknowledgement, computer_requests
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from tests.af.batch_model import BatchModel
 from tests.af.flow import build_workflow, describe_outputs, describe_requests
 from tests.af.test_agent import inputs, outputs
@@ -72,10 +72,10 @@ def test_a_checkpointed_batch_restored_in_another_process_runs_with_the_same_ids
                                                                                        ("call_0b", [])]
     assert out["pending"] == [] and out["outputs"][-1][-1]["text"] == "done"
     # the restoring process's record: the restored calls, the person's approval, the actions in order
-    entries = read_record(out["record"])
-    assert [e["call_id"] for e in entries if e["type"] == "computer_call"] == ["call_0a", "call_0b"]
-    assert [(e["call_id"], e["decision"]) for e in entries if e["type"] == "approval"] == [("call_0a", "approved")]
-    assert [(e["call_id"], e["action"]) for e in entries if e["type"] == "action"] == [
+    entries = read_entries(out["record"])
+    assert [e.call_id for e in entries if e.type == "computer_call"] == ["call_0a", "call_0b"]
+    assert [(e.call_id, e.decision) for e in entries if e.type == "approval"] == [("call_0a", "approved")]
+    assert [(e.call_id, e.action) for e in entries if e.type == "action"] == [
         ("call_0a", "click"), ("call_0a", "click"), ("call_0a", "click"), ("call_0a", "screenshot"),
         ("call_0b", "click"), ("call_0b", "screenshot")]
 

@@ -4,14 +4,14 @@
 (its one line on stderr, until SIGTERM) with two stand-ins, both set up in this process only:
 
 * the backend ``fake`` (:class:`FakeSandbox`): a sandbox that starts at once and is always alive;
-* ``run_task`` (:func:`fake_run_task`): a turn's run as the runner shares it with a view -- its approval
-  registry, :class:`LiveRun`, record -- that opens one ``browser_authentication`` request in the
+* ``Run`` (:func:`fake_run`): a turn's run with the runner's bus, approval registry, view and record,
+  whose phases stand in: it opens one ``browser_authentication`` request in the
   registry (the form named by the turn's text, :data:`FORMS`), waits for the answer as the runner's
   sign-in step does, takes a submit's values (:meth:`ApprovalRegistry.take_values`) and ends the turn
   with a line saying what came: the state, who answered, the option, the field ids and the sha256 of
   the values as JSON (``[[field_id, value], ...]``) -- never a value.
 
-Everything else is the real server: routes, sessions, the pump, the store. Logging is at DEBUG on the
+Everything else is the real server: routes, sessions, the events from the run's bus, the store. Logging is at DEBUG on the
 root logger (stderr), so any log line of the server's would be in the captured output.
 """
 
@@ -22,7 +22,6 @@ import json
 import logging
 import secrets
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -71,45 +70,48 @@ class FakeSandbox:
         pass
 
 
-def fake_run_task(task: Any, open_sandbox: Any, options: Any, console: Any = None) -> Any:
-    """One turn (see the module docstring), with the runner's hooks in the runner's order."""
-    from controller.run.entries import SignIn
-    from controller.run.live import LiveRun
-    from controller.run.record import RunRecord, new_run_id
-    from controller.run.registry import ApprovalRegistry
-    from controller.run.runner import RunOutcome
+def fake_run() -> type:
+    """The runner's :class:`controller.run.runner.Run` with its phases standing in (module docstring):
+    the real bus, registry, record, view and ending; no model, no checks."""
+    from controller.run.cancel import RunStopped
+    from controller.run.entries import RunStarted, SignIn, TaskRef
+    from controller.run.runner import Run
 
-    open_sandbox(task)
-    registry = ApprovalRegistry(options.approval_timeout_s)
-    record = RunRecord(options.runs_dir, new_run_id(task.name))
-    view = LiveRun(record.run_id, record.dir, registry)
-    registry.views.add("console")
-    record.on_entry = view.on_entry
-    cancelled = threading.Event()
-    view.attach(None, (1280, 800), cancel=lambda _by: cancelled.set(), record_human=lambda _entry: None)
-    options.on_live(view)
-    options.on_record(record)
-    form = FORMS.get(task.instructions.strip().split()[-1], FORMS["plain"])
-    request = registry.open_signin("The page asks you to sign in", credential_origin=ORIGIN,
-                                   fields=form["fields"], options=form["options"])
-    registry.wait(request, cancelled.is_set)
-    values = registry.take_values(request)
-    digest = hashlib.sha256(json.dumps([list(v) for v in values]).encode()).hexdigest()
-    values.clear()
-    record.write(SignIn(request_id=request.id, step=1, origin=ORIGIN, fields=[f["id"] for f in form["fields"]],
-                        options=[o["id"] for o in form["options"]], method=request.selected_option,
-                        submitted=list(request.submitted_fields), outcome=request.state, by=request.by))
-    text = (f"sign-in {request.state} by {request.by}; option {request.selected_option}; "
-            f"fields {','.join(request.submitted_fields) or '-'}; sha256 {digest}")
-    status = "cancelled" if cancelled.is_set() else "passed"
-    try:
-        if options.before_finish is not None:
-            options.before_finish(status, "the sign-in step ended", text, [])
-    finally:
-        registry.close("run ended")
-        view.finish(status)
-    return RunOutcome(status=status, reason="the sign-in step ended", record_dir=record.dir, checks=[],
-                      final_message=text)
+    class FakeRun(Run):
+        def attach(self, sandbox: Any) -> None:
+            self.record.write(RunStarted(task=TaskRef(name=self.task.name), mode="live", sandbox=sandbox.id))
+            self.record.started = True
+            if self.view is not None:
+                self.view.attach(None, (1280, 800), cancel=self.cancel_by_view, record_human=lambda _entry: None)
+
+        def ready(self) -> None:
+            pass
+
+        def drive(self) -> None:
+            form = FORMS.get(self.task.instructions.strip().split()[-1], FORMS["plain"])
+            request = self.registry.open_signin("The page asks you to sign in", credential_origin=ORIGIN,
+                                                fields=form["fields"], options=form["options"])
+            self.registry.wait(request, self.cancel)
+            values = self.registry.take_values(request)
+            digest = hashlib.sha256(json.dumps([list(v) for v in values]).encode()).hexdigest()
+            values.clear()
+            self.record.write(SignIn(request_id=request.id, step=1, origin=ORIGIN,
+                                     fields=[f["id"] for f in form["fields"]], options=[o["id"] for o in form["options"]],
+                                     method=request.selected_option, submitted=list(request.submitted_fields),
+                                     outcome=request.state, by=request.by))
+            self.final_message = (f"sign-in {request.state} by {request.by}; option {request.selected_option}; "
+                                  f"fields {','.join(request.submitted_fields) or '-'}; sha256 {digest}")
+            if self.cancel():
+                raise RunStopped()
+            self.status, self.reason = "passed", "the sign-in step ended"
+
+        def verify(self) -> None:
+            pass
+
+        def settle(self) -> None:
+            pass
+
+    return FakeRun
 
 
 def main(runs_dir: str) -> None:
@@ -120,7 +122,7 @@ def main(runs_dir: str) -> None:
 
     logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
     backends._ENTRIES["fake"] = ("tests.agents_api.signin_server", "FakeSandbox")
-    runner.run_task = fake_run_task
+    runner.Run = fake_run()
     serve_forever(ServeOptions(hub=HubOptions(runs_dir=Path(runs_dir), backend="fake", approval_timeout_s=120)),
                   say=lambda line: print(line, file=sys.stderr, flush=True))
 

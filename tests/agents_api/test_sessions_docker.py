@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from pathlib import Path
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.registry import AnswerRefused
 
 from .conftest import session_containers
@@ -93,26 +93,27 @@ def test_pickup_through_the_sync_client_resumed_with_last_event_id_then_deleted(
         strict(event)
         assert getattr(event, "session_id", session.id) == session.id
 
-    shots = [e.item for e in seen if e.type == "agent.session.turn.item.done" and e.item.type == "computer_use_call"]
-    assert len(shots) >= 5 and all(s.status == "completed" for s in shots)
-    prefix = "data:image/jpeg;base64,"
-    assert all(s.output is not None and s.output.image_url.startswith(prefix) for s in shots)
-    with Image.open(io.BytesIO(base64.b64decode(shots[-1].output.image_url[len(prefix):], validate=True))) as image:
-        assert image.format == "JPEG" and image.size == (1280, 800)
     [text] = [e.text for e in seen if e.type == "agent.session.turn.output_text.done"]
     assert "checks: 3 of 3 passed; run passed" in text
     current = c.beta.agents.sessions.retrieve(session.id)
     assert current.status == "idle" and current.required_actions == []
     assert current.metadata["case"] == "pickup" and current.metadata["desktop_sandbox.verdict"] == "passed"
-    entries = read_record(Path(current.metadata["desktop_sandbox.record"]).parent)
-    assert entries[0]["type"] == "run_started"
-    assert entries[-1]["type"] == "run_finished" and entries[-1]["status"] == "passed"
-    landed = [(e["event_id"], e["event"]) for e in entries if e["type"] == "agents_event"]
-    turn_events = [i for i in everything[everything.index(next(e.event_id for e in seen
-                                                               if e.type == "agent.session.turn.created")):]
-                   if not kinds[i].startswith("agent.session.environment.")]  # the sandbox's own: no turn
-    assert [i for i, _ in landed][:len(turn_events)] == turn_events  # every event of the turn, in order
-    assert landed[-1][1] == "agent.session.idle" and len(landed) == len(turn_events) + 1
+    record = Path(current.metadata["desktop_sandbox.record"])
+    entries = read_entries(record.parent)
+    assert entries[0].type == "run_started"
+    assert entries[-1].type == "run_finished" and entries[-1].status == "passed"
+    assert not [e for e in entries if e.type == "agents_event"]  # the events are the server's, not the record's
+
+    # each screenshot event carries the image the model got, byte for byte (no re-encoding, no disk read)
+    shots = [e.item for e in seen if e.type == "agent.session.turn.item.done" and e.item.type == "computer_use_call"]
+    recorded = [e for e in entries if e.type == "screenshot"]
+    assert len(shots) >= 5 and len(shots) == len(recorded) and all(s.status == "completed" for s in shots)
+    for shot, line in zip(shots, recorded):
+        prefix = f"data:{line.mime};base64,"
+        assert shot.output is not None and shot.output.image_url.startswith(prefix)
+        assert base64.b64decode(shot.output.image_url[len(prefix):], validate=True) == (record.parent / line.file).read_bytes()
+    with Image.open(io.BytesIO((record.parent / recorded[-1].file).read_bytes())) as image:
+        assert image.size == (1280, 800)
 
     paged = list(c.beta.agents.sessions.items.list(session.id, order="asc", limit=3))
     whole = c.beta.agents.sessions.items.list(session.id, order="asc", limit=100)
@@ -206,8 +207,8 @@ def test_two_sessions_at_once_each_its_own_events_sandbox_and_approvals(docker_a
     assert "checks: 1 of 1 passed" in next(e.text for e in demo if e.type == "agent.session.turn.output_text.done")
     assert not any(e.type == "agent.session.requires_action" for e in pickup)
     sync = OpenAI(base_url=docker_api.url, api_key=docker_api.key, max_retries=0)
-    demo_record = read_record(Path(sync.beta.agents.sessions.retrieve(demo_id).metadata["desktop_sandbox.record"]).parent)
-    assert [(e["what"], e["decision"], e["by"]) for e in demo_record if e["type"] == "approval"] == [
+    demo_record = read_entries(Path(sync.beta.agents.sessions.retrieve(demo_id).metadata["desktop_sandbox.record"]).parent)
+    assert [(e.what, e.decision, e.by) for e in demo_record if e.type == "approval"] == [
         ("safety_check", "approved", "agents-api")]
     pickup_ids = {c.id for c in session_containers(docker_client, pickup_id)}
     demo_ids = {c.id for c in session_containers(docker_client, demo_id)}
@@ -281,7 +282,7 @@ def test_a_live_model_session_runs_the_message_through_the_responses_api(docker_
     first = _json.dumps(model.requests[0])
     assert "Be brief." in first and "Open the browser, then stop." in first
     record = Path(c.beta.agents.sessions.retrieve(session.id).metadata["desktop_sandbox.record"]).parent
-    started = read_record(record)[0]
-    assert started["mode"] == "live" and started["model"] == "gpt-test"
-    assert started["policy"]["mode"] == "ask" and started["policy"]["ask"] == ["https://example.org", "http://example.org"]
+    started = read_entries(record)[0]
+    assert started.mode == "live" and started.model == "gpt-test"
+    assert started.policy["mode"] == "ask" and started.policy["ask"] == ["https://example.org", "http://example.org"]
     c.beta.agents.sessions.delete(session.id)

@@ -44,7 +44,7 @@ def test_the_conformance_quick_modules_pass(arm64_image, test_labels, tmp_path):
 
 
 def test_the_pickup_exercise_passes_with_run_task_arch_arm64(arm64_image, tmp_path):
-    from controller.run.record import read_record, summarize
+    from controller.run.record import read_entries, summarize
 
     runs = tmp_path / "runs"
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "COLUMNS", "FORCE_COLOR")}
@@ -55,10 +55,10 @@ def test_the_pickup_exercise_passes_with_run_task_arch_arm64(arm64_image, tmp_pa
         stdin=subprocess.DEVNULL,
     )
     [record_dir] = [p for p in runs.iterdir() if p.is_dir()]
-    s = summarize(read_record(record_dir))
+    s = summarize(read_entries(record_dir))
     record("pickup run-task --arch arm64", {"wall_s": float(s["wall_s"]), "expectations_met": s["expectations_met"],
                                             **(s.get("timings") or {})})
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0), s
-    entry = next(e for e in read_record(record_dir) if e.get("image"))
-    assert entry.get("time_scale") == EMULATION_TIME_SCALE, entry
+    entry = next(e for e in read_entries(record_dir) if getattr(e, "image", None))
+    assert entry.time_scale == EMULATION_TIME_SCALE, entry

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record, summarize
+from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 
@@ -71,8 +71,8 @@ def test_the_pickup_exercise_passes_on_the_arm64_vm(arm64_vm_image, tmp_path):
         record("arm64 VM boot to ready (pickup)", sb.timings)
         return sb
 
-    outcome = run_task(load_task(TASKS / "pickup.toml"), opener, RunOptions(runs_dir=tmp_path, live=False, asker=None))
-    s = summarize(read_record(outcome.record_dir))
+    outcome = run_task(load_task(TASKS / "pickup.toml"), opener, RunOptions(runs_dir=tmp_path, live=False, terminal=False))
+    s = summarize(read_entries(outcome.record_dir))
     record("pickup on the arm64 VM", {"wall_s": float(s["wall_s"]), "expectations_met": s["expectations_met"],
                                       **(s.get("timings") or {})})
     [sb] = started

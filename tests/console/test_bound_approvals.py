@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.tasks import Task, load_task
 from tests.conformance.harness import poll
 from tests.console.test_e2e import (DEADLINE_MS, KeptOpen, console_run, docker_client, open_run, share_of, wait_card,
@@ -134,8 +134,8 @@ def wait_other_card(page: Any, run: Any, first_id: str) -> Any:
     return card
 
 
-def approvals_of(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(e["decision"], e["by"]) for e in entries if e["type"] == "approval"]
+def approvals_of(entries: list[Any]) -> list[tuple[str, str]]:
+    return [(e.decision, e.by) for e in entries if e.type == "approval"]
 
 
 def clock_task(tmp_path: Path) -> Task:
@@ -178,15 +178,15 @@ def test_a_moved_button_voids_the_approval_and_a_second_card_asks_on_the_new_scr
         outcome = run.finish()
     state = page_call(sb, "GET", "/api/pay/clicks")
 
-    entries = read_record(outcome.record_dir)
-    changed = [e for e in entries if e["type"] == "approval" and e["decision"] == "screen_changed"]
+    entries = read_entries(outcome.record_dir)
+    changed = [e for e in entries if e.type == "approval" and e.decision == "screen_changed"]
     assert len(changed) == 1, approvals_of(entries)
-    assert (changed[0]["what"], changed[0]["call_id"], changed[0]["codes"]) == ("safety_check", "call_0000", ["sensitive_action"]), changed[0]
-    assert "regions matched" in changed[0]["message"], changed[0]
+    assert (changed[0].what, changed[0].call_id, changed[0].codes) == ("safety_check", "call_0000", ["sensitive_action"]), changed[0]
+    assert "regions matched" in changed[0].message, changed[0]
     # the cards: the first showed the model's screenshot (the button at its place), the second the new
     # screen (the button moved), which is the screen_changed line's screenshot
     assert second_file != first_file
-    assert changed[0]["screenshot"] == second_file
+    assert changed[0].screenshot == second_file
     shown_first, shown_second = record_image(outcome.record_dir, first_file), record_image(outcome.record_dir, second_file)
     assert share_of(shown_first, BUTTON_TOP, GREEN) >= 0.9 and share_of(shown_first, MOVED_TOP, GREEN) < 0.1
     assert share_of(shown_second, MOVED_TOP, GREEN) >= 0.9 and share_of(shown_second, BUTTON_TOP, GREEN) < 0.1
@@ -202,8 +202,8 @@ def test_a_moved_button_voids_the_approval_and_a_second_card_asks_on_the_new_scr
         # bound to the second screen, the click ran: it landed where the button was, beside it now
         (click,) = state["clicks"]
         assert not click["on_button"] and abs(click["x"] - CLICK[0]) <= 1 and abs(click["y"] - CLICK[1]) <= 1, state
-        assert [e["action"] for e in entries if e["type"] == "action" and e.get("call_id") == "call_0000"
-                and e.get("error") is None][:1] == ["click"]
+        assert [e.action for e in entries if e.type == "action" and e.call_id == "call_0000"
+                and e.error is None][:1] == ["click"]
 
 
 # -- b. a clock far from the button, nothing moves ------------------------------------------------------
@@ -230,7 +230,7 @@ def test_b_a_clock_elsewhere_never_voids_the_approval(tmp_path, page, sandboxes)
         outcome = run.finish()
     state = page_call(sb, "GET", "/api/pay/clicks")
 
-    entries = read_record(outcome.record_dir)
+    entries = read_entries(outcome.record_dir)
     assert outcome.status == "passed", (outcome.reason, approvals_of(entries))
     assert approvals_of(entries) == [("approved", "console")]
     assert [c["passed"] for c in outcome.checks] == [True]
@@ -238,6 +238,6 @@ def test_b_a_clock_elsewhere_never_voids_the_approval(tmp_path, page, sandboxes)
     (click,) = state["clicks"]
     assert click["on_button"] and abs(click["x"] - CLICK[0]) <= 1 and abs(click["y"] - CLICK[1]) <= 1, state
     # the screen did change between the approval and the click: the model's next screenshot has another time
-    asked = next(i for i, e in enumerate(entries) if e["type"] == "approval")
-    after = next(e for e in entries[asked:] if e["type"] == "screenshot")
-    assert differs(shown, record_image(outcome.record_dir, after["file"]), CLOCK) > 0
+    asked = next(i for i, e in enumerate(entries) if e.type == "approval")
+    after = next(e for e in entries[asked:] if e.type == "screenshot")
+    assert differs(shown, record_image(outcome.record_dir, after.file), CLOCK) > 0

@@ -36,7 +36,7 @@ def test_browser_calls_in_the_step_list_and_on_the_live_screen(browser, console,
     from playwright.sync_api import expect
 
     live, _runner = live_desktop
-    record = RunRecord(tmp_path, "browser-calls", on_entry=live.on_entry)
+    record = RunRecord(tmp_path, "browser-calls", bus=live.bus)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     problems: list[str] = []
     page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))

@@ -38,8 +38,8 @@ from PIL import Image
 from controller.console.server import ConsoleServer
 from controller.run.live import LiveRun
 from controller.run.progress import make_console
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, RunOutcome, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, RunOutcome, run_task, watching
 from controller.run.tasks import Task, load_task
 from tests.loop.local_sandbox import LocalSandbox
 from tests.require import require_commands, unavailable
@@ -105,7 +105,7 @@ def wait_card(page: Any) -> Any:
 # -- a run in this process, the console beside it ----------------------------------------------------
 class Run:
     """``run_task`` in a thread with a :class:`ConsoleServer` as its view (``server.add_run`` as
-    ``RunOptions.on_live``, no terminal asker), as ``run-task --ui`` sets it up."""
+    ``watching``, no terminal asker), as ``run-task --ui`` sets it up."""
 
     def __init__(self, task: Task, sandbox: Any, runs_dir: Path, server: ConsoleServer) -> None:
         self.server = server
@@ -114,8 +114,7 @@ class Run:
         self.error: BaseException | None = None
         self._started = threading.Event()
         # --approval-timeout's default: a test that fails while a card is open cancels the run (abandon)
-        options = RunOptions(runs_dir=runs_dir, live=False, asker=None, on_live=self._on_live,
-                             approval_timeout_s=300.0)
+        options = RunOptions(runs_dir=runs_dir, live=False, terminal=False, approval_timeout_s=300.0)
         self._thread = threading.Thread(target=self._run, args=(task, sandbox, options), daemon=True)
         self._thread.start()
         assert self._started.wait(30), "the run never gave its LiveRun to the console"
@@ -127,7 +126,8 @@ class Run:
 
     def _run(self, task: Task, sandbox: Any, options: RunOptions) -> None:
         try:
-            self.outcome = run_task(task, lambda _task: sandbox, options, console=make_console(stderr=True))
+            self.outcome = run_task(task, lambda _task: sandbox, options, console=make_console(stderr=True),
+                                    views=[watching(self._on_live)])
         except BaseException as exc:  # noqa: BLE001 - reported by finish()
             self.error = exc
 
@@ -191,8 +191,8 @@ def write_task(directory: Path, name: str, toml: str, turns: list[dict[str, Any]
     return load_task(path)
 
 
-def entries_of(outcome: RunOutcome, kind: str) -> list[dict[str, Any]]:
-    return [e for e in read_record(outcome.record_dir) if e["type"] == kind]
+def entries_of(outcome: RunOutcome, kind: str) -> list[Any]:
+    return [e for e in read_entries(outcome.record_dir) if e.type == kind]
 
 
 # -- a. Approve --------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_approve_in_the_console_and_the_actions_run(tmp_path, page):
     assert outcome.status == "passed", outcome.reason
     assert [(c["target"].endswith("/Documents/approval.txt"), c["passed"]) for c in outcome.checks] == [(True, True)]
     (approval,) = entries_of(outcome, "approval")
-    assert (approval["decision"], approval["by"], approval["codes"]) == ("approved", "console", ["sensitive_action"])
+    assert (approval.decision, approval.by, approval.codes) == ("approved", "console", ["sensitive_action"])
 
 
 # -- b. Deny -----------------------------------------------------------------------------------------
@@ -309,8 +309,8 @@ def test_deny_in_the_console_and_no_input_reaches_the_desktop(tmp_path, page):
     assert outcome.status == "failed", outcome.reason
     assert [c["passed"] for c in outcome.checks] == [True]  # the probe ran: only the denial failed the run
     (approval,) = entries_of(outcome, "approval")
-    assert (approval["decision"], approval["by"]) == ("denied", "console")
-    assert [e for e in entries_of(outcome, "action") if e["call_id"] == approval["call_id"]] == []
+    assert (approval.decision, approval.by) == ("denied", "console")
+    assert [e for e in entries_of(outcome, "action") if e.call_id == approval.call_id] == []
 
 
 # -- c. Cancel run, through the CLI on Docker ---------------------------------------------------------
@@ -418,12 +418,12 @@ def test_cancel_run_with_a_card_open_through_the_cli_on_docker(tmp_path, page):
     stderr = "\n".join(cli.stderr)
     assert code == 130, stderr
     assert Path(out.strip()).parent.name == run_id
-    entries = read_record(Path(out.strip()))
-    assert (entries[-1]["type"], entries[-1]["status"]) == ("run_finished", "cancelled"), stderr
-    (approval,) = [e for e in entries if e["type"] == "approval"]
-    assert (approval["decision"], approval["by"]) == ("withdrawn", "cancel")
-    assert [e for e in entries if e["type"] == "action" and e.get("call_id") == approval["call_id"]] == []
-    sandbox_id = entries[0]["sandbox"]
+    entries = read_entries(Path(out.strip()))
+    assert (entries[-1].type, entries[-1].status) == ("run_finished", "cancelled"), stderr
+    (approval,) = [e for e in entries if e.type == "approval"]
+    assert (approval.decision, approval.by) == ("withdrawn", "cancel")
+    assert [e for e in entries if e.type == "action" and e.call_id == approval.call_id] == []
+    sandbox_id = entries[0].sandbox
     assert re.fullmatch(r"ds-[0-9a-f]{8}", sandbox_id), sandbox_id
     label = {"label": f"desktop-sandbox.sandbox={sandbox_id}"}
     left = ([c.name for c in client.containers.list(all=True, ignore_removed=True, filters=label)]
@@ -549,24 +549,24 @@ def test_take_over_click_and_resume_and_the_model_sees_the_click(tmp_path, page)
         outcome = run.finish()
 
     assert outcome.status == "passed", outcome.reason
-    entries = read_record(outcome.record_dir)
-    kinds = [e["type"] for e in entries]
-    takeovers = [i for i, e in enumerate(entries) if e["type"] == "takeover"]
-    assert [entries[i]["control"] for i in takeovers] == ["human", "model"]
+    entries = read_entries(outcome.record_dir)
+    kinds = [e.type for e in entries]
+    takeovers = [i for i, e in enumerate(entries) if e.type == "takeover"]
+    assert [entries[i].control for i in takeovers] == ["human", "model"]
     human, model = takeovers
     between = entries[human + 1:model]
-    assert [e["type"] for e in between] == ["human_action"], kinds  # the person's click, nothing of the model's
-    found = re.fullmatch(r"click \((\d+),(\d+)\) left", between[0]["action"])
+    assert [e.type for e in between] == ["human_action"], kinds  # the person's click, nothing of the model's
+    found = re.fullmatch(r"click \((\d+),(\d+)\) left", between[0].action)
     assert found and abs(int(found.group(1)) - x) <= 1 and abs(int(found.group(2)) - y) <= 1, between[0]
-    assert between[0]["by"] == "console"
-    before = [e for e in entries[:human] if e["type"] == "screenshot"][-1]
-    after = next(e for e in entries[model:] if e["type"] == "screenshot")
+    assert between[0].by == "console"
+    before = [e for e in entries[:human] if e.type == "screenshot"][-1]
+    after = next(e for e in entries[model:] if e.type == "screenshot")
 
-    def shot(entry: dict[str, Any]) -> Image.Image:
-        return Image.open(io.BytesIO((outcome.record_dir / entry["file"]).read_bytes())).convert("RGB")
+    def shot(entry: Any) -> Image.Image:
+        return Image.open(io.BytesIO((outcome.record_dir / entry.file).read_bytes())).convert("RGB")
 
     assert share_of(shot(before), TITLE_REGION, TITLE_ACTIVE) < 0.1, "the title bar was active before the click"
     assert share_of(shot(after), TITLE_REGION, TITLE_ACTIVE) >= 0.9, "the model's next screenshot misses the click"
     # the run went on from there: turn 1's expectation met on that screenshot, its typing saved the file
-    assert any(e["type"] == "computer_call" and e["call_id"] == "call_0001" for e in entries[model:]), kinds
+    assert any(e.type == "computer_call" and e.call_id == "call_0001" for e in entries[model:]), kinds
     assert [c["passed"] for c in outcome.checks] == [True]

@@ -16,6 +16,7 @@ import pytest
 from openai.types.responses import computer_action as sdk_ga
 from openai.types.responses import response_computer_tool_call as sdk_legacy
 
+from tests.helpers import FnSeam
 from controller.commands import run_task
 from controller.agent_client import AgentClient
 from controller.offline.scripted_server import ScriptedModel, load_script
@@ -60,7 +61,7 @@ def agent(xvfb):
 def driver(client):
     forwarded: list[list[dict]] = []
     drv = SandboxDriver(client, ScreenshotPolicy(max_width=MODEL_SIZE[0], max_height=MODEL_SIZE[1], settle=False),
-                        on_forward=forwarded.append)
+                        seam=FnSeam(forward=forwarded.append))
     drv.forwarded = forwarded  # type: ignore[attr-defined]
     drv.capture()
     assert drv.model_space.image_width == MODEL_SIZE[0] and drv.model_space.image_height == MODEL_SIZE[1]

@@ -840,7 +840,7 @@ def test_a_run_against_a_hostile_agent_ends_error_with_a_complete_record_and_tea
     waits for a stable screen: screenshots then offer gigabytes without a length, release trickles and
     file reads stall. The run must end ``error`` soon, with ``run_started`` ... ``run_finished`` in the
     record, the sandbox closed and memory flat."""
-    from controller.run.record import read_record
+    from controller.run.record import read_entries
     from controller.run.runner import RunOptions, run_task
     from controller.run.tasks import FileCheck, Task
 
@@ -872,7 +872,7 @@ def test_a_run_against_a_hostile_agent_ends_error_with_a_complete_record_and_tea
                       + json.dumps({"message": "done"}) + "\n")
     task = Task(name="hostile", instructions="x",
                 checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="seed")])
-    options = RunOptions(runs_dir=tmp_path / "runs", live=False, script=script, asker=None)
+    options = RunOptions(runs_dir=tmp_path / "runs", live=False, script=script, terminal=False)
     console = Console(file=io.StringIO(), width=200)
     box: dict[str, Any] = {}
     # budget: ready + first capture + one action, then one deadline each for release and the check's read
@@ -884,10 +884,10 @@ def test_a_run_against_a_hostile_agent_ends_error_with_a_complete_record_and_tea
     assert h.memory.growth < MEMORY_BUDGET and outcome.status == "error" and "too_large" in outcome.reason, (
         f"{outcome.status}: {outcome.reason}; host RSS grew by {h.memory.growth / MiB:.0f} MiB")
     assert outcome.exit_code == 1 and "/v1/screenshot" in outcome.reason, outcome.reason
-    entries = read_record(outcome.record_dir)
-    assert entries[0]["type"] == "run_started" and entries[-1]["type"] == "run_finished"
-    assert entries[-1]["status"] == "error"
-    checks = [e["passed"] for e in entries if e["type"] == "check"]
+    entries = read_entries(outcome.record_dir)
+    assert entries[0].type == "run_started" and entries[-1].type == "run_finished"
+    assert entries[-1].status == "error"
+    checks = [e.passed for e in entries if e.type == "check"]
     assert checks == ([False] if turns == "loop" else [])  # loop: verification ran, its read stalled, bounded
     assert sandbox.closed == 1
     h.assert_memory_flat()

@@ -32,7 +32,7 @@ from controller.agent_client import AgentClient
 from controller.gateway.policy import NetworkPolicy
 from controller.run.approvals import ActionGate
 from controller.run.browser_driver import ChangeLog, GuestBrowserDriver, UrlRules
-from controller.run.record import RunRecord, read_record
+from controller.run.record import RunRecord, read_entries
 from controller.run.recording import RecordingHooks
 from controller.run.registry import ApprovalRegistry
 from wire.browser_tools import MAX_CHANGES
@@ -328,18 +328,18 @@ def test_each_call_is_one_browser_call_line_and_typed_text_never_enters_the_reco
     for n, (member, arguments) in enumerate(calls):
         _call(toolset, member, arguments, call_id=f"call_{n}", on_diagnostic=hooks.on_diagnostic)
     record.close()
-    lines = read_record(tmp_path / "run")
-    browser = [e for e in lines if e["type"] == "browser_call"]
-    assert [(e["member"], e["ok"], e["step"]) for e in browser] == [("type", True, 1), ("screenshot", True, 1),
-                                                                     ("navigate", False, 1)]
-    assert list(browser[0]["arguments"].items()) == [("tab_id", None), ("text_length", 12), ("target", "e1")]
-    assert browser[0]["target"] == box and browser[0]["viewport"] == view
+    lines = read_entries(tmp_path / "run")
+    browser = [e for e in lines if e.type == "browser_call"]
+    assert [(e.member, e.ok, e.step) for e in browser] == [("type", True, 1), ("screenshot", True, 1),
+                                                           ("navigate", False, 1)]
+    assert list(browser[0].arguments.items()) == [("tab_id", None), ("text_length", 12), ("target", "e1")]
+    assert browser[0].target == box and browser[0].viewport == view
     assert "Ada" not in (tmp_path / "run" / "record.jsonl").read_text()
-    [shot] = [e for e in lines if e["type"] == "screenshot"]
-    assert shot["call_id"] == "call_1" and shot["image_size"] == [64, 24] and shot["frame"] == [0, 100, 1280, 480]
-    assert browser[1]["screenshot"] == shot["file"] and (tmp_path / "run" / shot["file"]).read_bytes()[:4] == b"\x89PNG"
-    assert browser[1]["result"] == {"kind": "image", "text_length": None, "elements": None, "omitted": []}
-    assert browser[2]["error"].startswith("navigation refused: an origin the task's network policy")
+    [shot] = [e for e in lines if e.type == "screenshot"]
+    assert shot.call_id == "call_1" and shot.image_size == (64, 24) and shot.frame == (0, 100, 1280, 480)
+    assert browser[1].screenshot == shot.file and (tmp_path / "run" / shot.file).read_bytes()[:4] == b"\x89PNG"
+    assert browser[1].as_json()["result"] == {"kind": "image", "text_length": None, "elements": None, "omitted": []}
+    assert browser[2].error.startswith("navigation refused: an origin the task's network policy")
 
 
 # -- what a person sees of the calls -------------------------------------------------------------------
@@ -372,7 +372,7 @@ def test_progress_prints_one_line_per_browser_call_typed_text_as_its_length(tmp_
     out = io.StringIO()
     printer = RunPrinter(Console(file=out, width=300))
     record, _ = _browser_record(tmp_path)
-    for entry in read_record(record.dir):
+    for entry in read_entries(record.dir):
         printer(entry)
     lines = [line for line in out.getvalue().splitlines() if "browser " in line]
     assert lines[0] == "  browser type <3 chars> target=e1: ok (12 ms)" and len(lines) == 2

@@ -12,7 +12,8 @@ from controller.run.browser_driver import GuestBrowserDriver
 from controller.run.record import RunRecord
 from controller.run.recording import RecordingHooks
 from controller.run.registry import ApprovalRegistry
-from controller.run.runner import _browser_observe, _origin_wait
+from controller.run.loops import browser_observe as _browser_observe
+from controller.run.runner import _origin_wait
 
 NAMES = ["browser_click", "browser_read_page", "browser_get_page_text"]
 

@@ -269,11 +269,12 @@ class Gone(Hostile):
 def _hostile_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The installed command (``cli.app``, as the console script calls it) with the hostile backends."""
     child = HOSTILE_BACKEND + (
-        "\nfrom controller import cli, sandbox\nimport controller.sandbox.registry as registry\n"
+        "\nfrom controller import cli, sandbox\nimport controller.audit.backends as audit_backends\n"
+        "import controller.sandbox.registry as registry\n"
         "registry.get_backend = lambda name: Gone if name == 'vm' else Hostile\n"
         "registry.backend_names = lambda: ['docker', 'vm']\n"
         "def audit(network, image):\n    raise SandboxError('gateway exited:\\n' + EVIL)\n"
-        "registry.audit_function = lambda backend: audit\n"
+        "audit_backends.audit_function = lambda backend: audit\n"
         "import sys\ncli.app(sys.argv[1:], prog_name='desktop-sandbox')\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(tmp_path), COLUMNS="200")
     env.pop("OPENAI_API_KEY", None)

@@ -12,6 +12,7 @@ from typing import Any
 
 from PIL import Image
 
+from tests.helpers import FnSeam
 from controller.agent_client import AgentScreenshot, AgentStep
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 
@@ -68,7 +69,7 @@ def test_a_planned_calls_last_action_goes_with_its_capture():
     agent = CombinedAgent()
     forwarded: list[list[str]] = []
     driver = SandboxDriver(agent, ScreenshotPolicy(max_width=64, max_height=40),
-                           on_forward=lambda actions: forwarded.append([a["type"] for a in actions]))
+                           seam=FnSeam(forward=lambda actions: forwarded.append([a["type"] for a in actions])))
     driver.capture()
     driver.plan_calls([3, 0, 1])  # three calls: three actions, only a screenshot, one action
     driver.click(CLICK)
@@ -124,7 +125,7 @@ def test_a_before_capture_hook_runs_after_the_action_and_a_wait_it_made_takes_a_
     driver = SandboxDriver(agent, ScreenshotPolicy(max_width=64, max_height=40))
     driver.capture()
     hooked: list[list[tuple[str, Any]]] = []
-    driver.before_capture = lambda: hooked.append(list(agent.calls)) or True
+    driver.seam = FnSeam(capture_wait=lambda: hooked.append(list(agent.calls)) or True)
     driver.click(CLICK)
     driver.screenshot()
     assert hooked == [[("screenshot", "png"), ("actions", ["click"]), ("actions", ["wait"])]]
@@ -136,7 +137,7 @@ def test_a_before_capture_hook_runs_after_the_action_and_a_wait_it_made_takes_a_
     driver.screenshot()
     assert hooked[1][5:] == [("actions_screenshot", (["click", "wait"], "png"))]
     assert agent.calls[6:] == [("actions", ["wait"]), ("screenshot", "png")]
-    driver.before_capture = lambda: False
+    driver.seam.capture_wait = lambda: False
     driver.plan_calls([1])
     driver.click(CLICK)
     driver.screenshot()
@@ -147,7 +148,7 @@ def test_a_pause_at_the_step_boundary_takes_a_new_image():
     agent = CombinedAgent()
     driver = SandboxDriver(agent, ScreenshotPolicy(max_width=64, max_height=40, settle=False))
     driver.capture()
-    driver.before_step = lambda screenshot: screenshot  # as LiveRun.checkpoint after a take-over
+    driver.seam = FnSeam(gate=lambda screenshot: screenshot)  # as LiveRun.checkpoint after a take-over
     driver.plan_calls([1])
     driver.click(CLICK)
     driver.screenshot()

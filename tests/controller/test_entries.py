@@ -10,14 +10,14 @@ import threading
 import pytest
 
 from controller.run import entries as en
-from controller.run.record import RunRecord, read_entries, read_record, summarize
+from controller.run.record import RunRecord, read_entries, summarize
 from controller.run.recording import DecisionTail, network_entry
 
 
 def test_every_type_has_a_model_and_the_record_types_are_the_contract():
     assert set(en.ENTRY_TYPES) == {"run_started", "model_response", "computer_call", "approval", "action",
                                    "screenshot", "network", "network_log", "check", "expectation", "run_finished",
-                                   "human_action", "takeover", "agents_event", "sign_in", "browser_call"}
+                                   "human_action", "takeover", "agents_event", "view_dropped", "sign_in", "browser_call"}
     started = en.as_entry({"type": "run_started", "task": {"name": "t"}})
     assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 7
     assert list(started.as_json())[:3] == ["ts", "type", "format"]
@@ -168,7 +168,7 @@ def test_lines_that_are_not_decisions_make_the_log_incomplete_not_silent(tmp_pat
     netlog = DecisionTail(rec, _reader(log)).finish()
     rec.close()
     assert not netlog.complete and netlog.decisions == len(log) and error in netlog.error
-    assert [e["seq"] for e in read_record(rec.path) if e["type"] == "network"] == [1]
+    assert [e.seq for e in read_entries(rec.path) if e.type == "network"] == [1]
 
 
 def test_a_log_that_cannot_be_read_is_reported(tmp_path):
@@ -214,7 +214,7 @@ def test_the_background_reader_records_decisions_without_the_caller_waiting(tmp_
     rec.close()
     assert netlog.complete and netlog.decisions == 3
     assert len(reads) <= 5  # pokes during a read were coalesced into one more read
-    assert [e["seq"] for e in read_record(rec.path) if e["type"] == "network"] == [1, 2, 3]
+    assert [e.seq for e in read_entries(rec.path) if e.type == "network"] == [1, 2, 3]
 
 
 def test_network_entry_keeps_the_gateway_fields():

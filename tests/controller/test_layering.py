@@ -2,35 +2,26 @@
 
 ``wire`` imports neither side; the guest never imports the controller; nothing below the top (the CLI,
 the benchmark, the Agents API server) imports the CLI or the runner, and only the CLI the server; the sandboxes, the gateway, the offline model and the audit do not import the
-run loop. Checked on the source (every ``import``/``from`` statement, also inside functions), so a
-new module that breaks the layering fails here."""
+run loop. Checked on the source (every ``import``/``from`` statement, also inside functions, and every
+import by a literal string), so a new module that breaks the layering fails here."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from tests.controller.test_import_graph import _modules as _controller_modules
+from tests.controller.test_import_graph import imported_names
+
 ROOT = Path(__file__).resolve().parents[2]
+_CONTROLLER_MODULES = frozenset(_controller_modules())
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module name ``path`` imports (absolute, resolved for relative imports)."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            names.add(module)
-            names.update(f"{module}.{alias.name}" for alias in node.names)
-    return names
+    """Every module name ``path`` imports, by statement or by string (absolute, resolved for relative
+    imports; the walk of tests/controller/test_import_graph.py, whose docstring says what it follows)."""
+    return imported_names(path, _CONTROLLER_MODULES, ROOT)
 
 
 def _modules(*folders: str) -> list[Path]:

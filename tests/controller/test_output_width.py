@@ -17,6 +17,7 @@ from markupsafe import escape
 from rich.cells import cell_len
 from rich.console import Console
 
+from controller.run.bus import follow_entries
 from controller.report import render_report
 from controller.run.progress import RunPrinter, make_console
 from controller.run.record import RunRecord, print_summary, read_entries, summarize, summary_table
@@ -108,7 +109,8 @@ SHAPES: dict[str, Callable[[RunRecord], None]] = {"pickup": pickup, "long-names"
 
 
 def _written(tmp_path: Path, shape: str, console: Console) -> RunRecord:
-    rec = RunRecord(tmp_path, "r", on_entry=RunPrinter(console))
+    rec = RunRecord(tmp_path, "r")
+    follow_entries(rec.bus, RunPrinter(console), name="terminal")
     SHAPES[shape](rec)
     rec.close()
     return rec

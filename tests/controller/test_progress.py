@@ -11,16 +11,18 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from controller.run.bus import follow_entries
 from controller.audit import AuditReport, ProbeResult, render_table
 from controller.commands.up import guest_description, policy_toml, sandbox_table
 from controller.gateway.policy import NetworkPolicy
 from controller.run.progress import PIPE_WIDTH, RunPrinter, make_console, summarize_action
-from controller.run.record import RunRecord, read_record, summarize, summary_table
+from controller.run.record import RunRecord, read_entries, summarize, summary_table
 
 
 def _printed(tmp_path: Path, write) -> list[str]:  # noqa: ANN001
     console = Console(record=True, width=200, force_terminal=False)
-    rec = RunRecord(tmp_path, "r", on_entry=RunPrinter(console))
+    rec = RunRecord(tmp_path, "r")
+    follow_entries(rec.bus, RunPrinter(console), name="terminal")
     write(rec)
     rec.close()
     return console.export_text().splitlines()
@@ -89,7 +91,7 @@ def test_summary_counts_decisions_apart_from_opt_ins_and_explains_a_missing_file
               passed=False, detail="file does not exist")
     rec.finish("failed", "1 of 3 checks failed")
     rec.close()
-    entries = read_record(rec.path)
+    entries = read_entries(rec.path)
     s = summarize(entries)
     assert (s["approvals_approved"], s["approvals_denied"], s["approvals_opt_in"]) == (1, 0, ["sensitive_action"])
     assert (s["actions"], s["screenshot_actions"]) == (1, 1)
@@ -185,7 +187,8 @@ def test_progress_lines_show_model_guest_and_gateway_text_escaped_and_never_as_e
     from tests.controller.hostile_text import EVIL, SHOWN, assert_shown_safely
 
     out = io.StringIO()
-    rec = RunRecord(tmp_path, "r", on_entry=RunPrinter(Console(file=out, width=2000, force_terminal=False)))
+    rec = RunRecord(tmp_path, "r")
+    follow_entries(rec.bus, RunPrinter(Console(file=out, width=2000, force_terminal=False)), name="terminal")
     rec.write("model_response", response_id=None, http_status=500, error={"code": "x", "message": EVIL}, usage=None)
     rec.write("computer_call", call_id="c" + EVIL, form="actions", actions=[{"type": "keypress", "keys": [EVIL]}],
               pending_checks=[{"id": "sc", "code": EVIL, "message": EVIL}])

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from controller.run.mapping import Frame
-from controller.run.record import RunRecord, read_record, redact_action, summarize, summary_table
+from controller.run.record import RunRecord, read_entries, redact_action, summarize, summary_table
 from controller.run.entries import FORMAT
 
 
@@ -23,9 +23,9 @@ def test_entries_have_ts_and_contract_types(tmp_path):
     with pytest.raises(ValueError):
         RunRecord(tmp_path, "r2").finish("maybe")
     rec.close()
-    entries = read_record(tmp_path / "r1")
-    assert [e["type"] for e in entries] == ["run_started", "run_finished"]
-    assert all("ts" in e for e in entries) and entries[-1]["status"] == "passed"
+    entries = read_entries(tmp_path / "r1")
+    assert [e.type for e in entries] == ["run_started", "run_finished"]
+    assert all(e.ts for e in entries) and entries[-1].status == "passed"
 
 
 def test_screenshot_saved_beside_the_record_with_its_hash(tmp_path):
@@ -35,8 +35,8 @@ def test_screenshot_saved_beside_the_record_with_its_hash(tmp_path):
     rec.close()
     assert (rec.dir / entry.file).read_bytes() == data
     assert entry.sha256 == hashlib.sha256(data).hexdigest()
-    [line] = read_record(rec.dir)
-    assert line["image_size"] == [640, 400] and line["frame"] == [0, 0, 1280, 800]
+    [line] = read_entries(rec.dir)
+    assert line.image_size == (640, 400) and line.frame == (0, 0, 1280, 800)
 
 
 def test_typed_text_is_redacted():
@@ -58,7 +58,7 @@ def test_summary_counts_and_incomplete_usage(tmp_path):
     rec.write("check", kind="file", target="/x", rule="text", expected="a", observed="b", passed=False)
     rec.finish("failed", "1 of 1 checks failed", timings={"loop": 1.0})
     rec.close()
-    entries = read_record(rec.path)
+    entries = read_entries(rec.path)
     s = summarize(entries)
     assert (s["steps"], s["actions"], s["actions_failed"]) == (2, 2, 1)
     assert s["usage"] == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7, "complete": False, "missing": 1}
@@ -90,7 +90,7 @@ def test_records_that_are_not_entries_are_refused_or_summarised(tmp_path, conten
     path = tmp_path / "record.jsonl"
     path.write_text(content)
     try:
-        entries = read_record(path)
+        entries = read_entries(path)
     except ValueError as exc:
         assert "record.jsonl:1" in str(exc)
         return
@@ -197,11 +197,11 @@ def test_unicode_line_breaks_in_hostile_text_keep_one_entry_a_line(tmp_path):
     rec.finish("failed", "model said: a\u2028b\u2029c\x85d")
     rec.close()
     assert len(rec.path.read_text(encoding="utf-8").splitlines()) == 2
-    assert read_record(rec.path)[-1]["reason"] == "model said: a\u2028b\u2029c\x85d"
+    assert read_entries(rec.path)[-1].reason == "model said: a\u2028b\u2029c\x85d"
     raw = tmp_path / "raw.jsonl"
     raw.write_text('{"type": "run_finished", "ts": "2030-01-01T00:00:00+00:00", "status": "failed", '
                    '"reason": "a\u2028b"}\n', encoding="utf-8")
-    assert read_record(raw)[0]["reason"] == "a\u2028b"
+    assert read_entries(raw)[0].reason == "a\u2028b"
 
 
 def test_report_refuses_a_fifo_without_blocking(tmp_path):
@@ -251,7 +251,7 @@ def test_a_record_of_many_tiny_lines_costs_a_reader_little_more_than_its_bytes(t
     tracemalloc.start()
     try:
         with pytest.raises(ValueError, match=r"record.jsonl:1: an entry must be a JSON object, not int"):
-            read_record(run)
+            read_entries(run)
         _now, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -260,4 +260,4 @@ def test_a_record_of_many_tiny_lines_costs_a_reader_little_more_than_its_bytes(t
     (run / "record.jsonl").write_text(line * (record_module.MAX_RECORD_ENTRIES + 1))
     with pytest.raises(ValueError, match=rf"record.jsonl:{record_module.MAX_RECORD_ENTRIES + 1}: more than "
                                          rf"{record_module.MAX_RECORD_ENTRIES} entries"):
-        read_record(run)
+        read_entries(run)

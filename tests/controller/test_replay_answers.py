@@ -23,7 +23,7 @@ from rich.console import Console
 
 from controller.run.approvals import ActionGate, SafetyCheckApprover
 from controller.run.entries import ComputerCall
-from controller.run.record import RunRecord, read_record, summarize, summary_table
+from controller.run.record import RunRecord, read_entries, summarize, summary_table
 from controller.run.registry import ApprovalRegistry
 from controller.run.replay import BY_REPLAY, ReplayAnswers, ReplayError, build
 
@@ -275,9 +275,9 @@ def test_a_replays_summary_shows_the_steps_replayed_and_no_model_figures(tmp_pat
              click("call_0001", [CHECK]), safety("denied", BY_REPLAY, "call_0001", "as recorded: denied by console")]
     for runner, replayed in (("replay", True), (None, False)):
         run = record(tmp_path, lines, runner=runner)
-        s = summarize(read_record(run))
+        s = summarize(read_entries(run))
         out = io.StringIO()
-        Console(file=out, width=200).print(summary_table(read_record(run)))
+        Console(file=out, width=200).print(summary_table(read_entries(run)))
         text = out.getvalue()
         if replayed:
             assert s["replay"] == {"steps": 2, "performed": 1, "matched": 0, "diverged": 0}

@@ -367,7 +367,7 @@ def test_the_pickup_runs_report_in_chromium(tmp_path):
         launch = [l.model_copy(update={"args": [a.replace(":8080/", f":{sb.pickup_port}/") for a in l.args]})
                   for l in task.launch]
         outcome = run_task(task.model_copy(update={"launch": launch}), lambda t: sb,
-                           RunOptions(runs_dir=tmp_path, live=False, asker=None))
+                           RunOptions(runs_dir=tmp_path, live=False, terminal=False))
     assert outcome.status == "passed", outcome.reason
     out = _cli("report", str(outcome.record_dir), "--html", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

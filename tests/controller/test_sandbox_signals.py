@@ -138,7 +138,7 @@ def test_close_is_not_cut_short_and_the_signal_reaches_the_previous_handler_afte
 def test_run_task_handler_never_prints_from_inside_the_signal():
     """A Ctrl-C that lands while the console is writing: printing from the handler would re-enter the
     write (for sys.stderr: "reentrant call inside BufferedWriter") or an import under way."""
-    from controller.run.runner import _Cancel
+    from controller.run.cancel import Cancellation as _Cancel
 
     class Stream(io.StringIO):
         depth = 0

@@ -675,3 +675,93 @@ def test_script_lines_are_split_at_newlines_only_and_hostile_files_are_refused(t
     big.write_text('{"actions": [{"type": "click", "x": 1' + "0" * 5000 + ', "y": 1, "button": "left"}]}\n')
     with pytest.raises(script.ScriptError, match="big.jsonl:1: "):
         script.load_script(big)
+
+
+# -- a conversation of several user messages (an Agents API session): one script, input expectations --
+
+SESSION_SCRIPT = [
+    {"actions": [{"type": "click", "x": 10, "y": 10, "button": "left"}]},
+    {"message": "first done"},
+    {"expect_input": [{"kind": "user_message", "text": "paint it"}, {"kind": "call", "call_id": "call_0000"},
+                      {"kind": "assistant_message", "text": "first done"}],
+     "actions": [{"type": "keypress", "keys": ["Return"]}]},
+    {"message": "second done"},
+]
+
+
+def _continued(desk: PaintedDesk, model: ScriptedModel, response, text: str) -> dict:
+    """The request a session's next run starts with: the last request's input and the answer's output
+    (what :class:`controller.run.conversation.ConversationTail` keeps), then the new user message."""
+    carried = model.requests[-1]["input"] + [item.to_dict(mode="json") for item in response.output]
+    return {**desk.params(), "input": [*carried, {"role": "user", "content": [
+        {"type": "input_text", "text": text}, {"type": "input_image", "image_url": desk.url(), "detail": "high"}]}]}
+
+
+def test_the_second_user_message_continues_the_script_after_the_first_message_turn():
+    desk = PaintedDesk()
+    model, entries = _expecting_model(SESSION_SCRIPT)
+    first = desk.params()
+    first["input"][0]["content"][0]["text"] = "paint it"
+    with ScriptedServer(model) as s:
+        client = scripted.client(s)
+        response = ComputerToolset(desk).run(client, first, max_steps=5)
+        assert response.output_text == "first done"
+        response = ComputerToolset(desk).run(client, _continued(desk, model, response, "now press Return"), max_steps=5)
+        client.close()
+    assert response.output_text == "second done" and model.unmet is None and model.errors == []
+    assert desk.log == ["click", "keypress"]
+    assert _call_ids(model) == ["call_0000", "call_0002"]
+    (entry,) = entries
+    assert entry["met"] is True and entry["turn"] == 2 and entry["call_id"] == "call_0002"
+    assert entry["expected"] == ["an earlier user message holds 'paint it'", "call call_0000 and its output in the input",
+                                 "an assistant message holds 'first done'"]
+
+
+def test_an_input_expectation_that_does_not_hold_gives_up_at_once_naming_it():
+    """A next run that does not carry the first one's conversation (a new user message alone) reads as
+    the first user message: the script starts over; one whose conversation lacks the call gives up."""
+    desk = PaintedDesk()
+    model, entries = _expecting_model(SESSION_SCRIPT)
+    with ScriptedServer(model) as s:
+        client = scripted.client(s)
+        response = ComputerToolset(desk).run(client, desk.params(), max_steps=5)
+        conversation = _continued(desk, model, response, "now press Return")
+        conversation["input"] = [i for i in conversation["input"] if i.get("type") != "computer_call_output"
+                                 and i.get("type") != "computer_call"]
+        response = ComputerToolset(desk).run(client, conversation, max_steps=5)
+        client.close()
+    assert desk.log == ["click"]  # the second run's keypress never came
+    assert "gave up at turn 2" in response.output_text and "expect_input[0]" in response.output_text
+    failure = model.unmet
+    assert failure is not None and entries == [failure] and failure["reason"] == "the request's input does not hold it"
+    assert [(u["index"], u["kind"]) for u in failure["unmet"]] == [(0, "user_message"), (1, "call")]
+    assert failure["unmet"][0]["observed"] == "earlier user messages: 'go'"
+    assert failure["unmet"][1]["observed"] == "calls: none"
+
+
+def test_a_user_message_past_the_scripts_message_turns_is_refused_as_exhausted(server):
+    s = server([{"message": "only one"}])
+    body = {"model": "scripted", "tools": [{"type": "computer"}], "input": [
+        {"role": "user", "content": "one"}, {"type": "message", "role": "assistant", "id": "msg_1",
+                                              "content": [{"type": "output_text", "text": "only one"}]},
+        {"role": "user", "content": "two"}]}
+    resp = scripted.post(s, body)
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "script_exhausted"
+    assert "answers 1 user messages" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"expect_input": [{"kind": "user_message"}], "message": "x"}', "expect_input[0].text"),
+    ('{"expect_input": [{"kind": "tool", "call_id": "c"}], "message": "x"}', "'tool'"),
+    ('{"expect_input": [], "message": "x"}', "expect_input"),
+    ('{"expect_input": [{"kind": "call", "call_id": "c", "output": true}], "message": "x"}', "expect_input[0].output"),
+])
+def test_bad_input_expectations_are_refused_at_load_naming_the_line(tmp_path, line, why):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"message": "first"}\n' + line + "\n")
+    with pytest.raises(ScriptError, match="s.jsonl:2") as info:
+        load_script(path)
+    assert why in str(info.value) and "\n" not in str(info.value)
+    path.write_text('{"expect_input": [{"kind": "call", "call_id": "c"}], "message": "x"}\n')
+    with pytest.raises(ScriptError, match="s.jsonl:1: expect_input: the first turn"):
+        load_script(path)

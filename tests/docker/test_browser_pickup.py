@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 
@@ -23,17 +23,17 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 def test_browser_pickup_passes_with_browser_calls_only(task_sandbox, tmp_path):
     outcome = run_task(load_task(TASKS / "browser-pickup.toml"), task_sandbox,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None))
-    entries = read_record(outcome.record_dir)
-    calls = [e for e in entries if e["type"] == "browser_call"]
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False))
+    entries = read_entries(outcome.record_dir)
+    calls = [e for e in entries if e.type == "browser_call"]
     assert outcome.status == "passed", (outcome.reason, calls[-3:])
     assert [c["passed"] for c in outcome.checks] == [True]
-    members = [c["member"] for c in calls]
+    members = [c.member for c in calls]
     assert members[0] == "read_page" and "wait_for" in members and members[-1] == "get_page_text"
-    assert [c["member"] for c in calls if c["member"] in ("type", "click")] == ["type", "type", "click", "type", "click"]
-    assert all(c["ok"] for c in calls), [c for c in calls if not c["ok"]]
-    assert not [e for e in entries if e["type"] == "computer_call"]  # no pixels were needed
-    typed = json.dumps([c for c in calls if c["member"] == "type"])
+    assert [c.member for c in calls if c.member in ("type", "click")] == ["type", "type", "click", "type", "click"]
+    assert all(c.ok for c in calls), [c for c in calls if not c.ok]
+    assert not [e for e in entries if e.type == "computer_call"]  # no pixels were needed
+    typed = json.dumps([c.as_json() for c in calls if c.member == "type"])
     assert "Ada Lovelace" not in typed and "2 boxes of books" not in typed  # typed text: its length only
 
 
@@ -44,7 +44,7 @@ def test_a_wrong_browser_script_fails_on_the_check(task_sandbox, tmp_path):
     script = tmp_path / "wrong.jsonl"
     script.write_text(wrong)
     outcome = run_task(load_task(TASKS / "browser-pickup.toml"), task_sandbox,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=script))
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, script=script))
     assert outcome.status == "failed", outcome.reason
     [check] = outcome.checks
     assert not check["passed"] and "2030-05-18" in json.dumps(check["observed"])

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 from wire.browser_tools import REFUSED_AGENT, REFUSED_GATEWAY, REFUSED_LOCAL
@@ -123,22 +123,22 @@ def write_task(directory: Path) -> Path:
 
 def test_a_page_on_the_tasks_loopback_origin_reaches_no_other_guest_local_service(task_sandbox, tmp_path):
     outcome = run_task(load_task(write_task(tmp_path)), task_sandbox,
-                       RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None))
-    entries = read_record(outcome.record_dir)
-    calls = [e for e in entries if e["type"] == "browser_call"]
+                       RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False))
+    entries = read_entries(outcome.record_dir)
+    calls = [e for e in entries if e.type == "browser_call"]
     assert outcome.status == "passed", (outcome.reason, calls[-3:])
     outputs = {item.get("call_id"): json.loads(item["output"][0]["text"]) for request in outcome.scripted_requests
                for item in request.get("input") or []
                if isinstance(item, dict) and item.get("type") == "function_call_output"}
-    reads = [outputs[c["call_id"]]["result"]["text"] for c in calls if c["member"] == "get_page_text"]
+    reads = [outputs[c.call_id]["result"]["text"] for c in calls if c.member == "get_page_text"]
     assert len(reads) == 1 + len(TARGETS) and "start page" in reads[0], reads  # the task's origin loads directly
     for (target, reason), text in zip(TARGETS, reads[1:]):
         assert "The sandbox did not load this address" in text and reason in text, (target, text)
         assert '"status"' not in text and "Pickup desk" not in text and "unauthorized" not in text, (target, text)
-    assert [c["ok"] for c in calls if c["member"] == "navigate"] == [True] * (2 + len(TARGETS))
-    assert [c["ok"] for c in calls if c["member"] == "wait_for"] == [True]  # the probes ran to their end
+    assert [c.ok for c in calls if c.member == "navigate"] == [True] * (2 + len(TARGETS))
+    assert [c.ok for c in calls if c.member == "wait_for"] == [True]  # the probes ran to their end
     assert [(c["target"], c["observed"]) for c in outcome.checks][1] == ("/home/sandbox/loopback-hits", "{}")
-    refused = {e["origin"] for e in entries if e["type"] == "network" and e["decision"] == "deny"}
+    refused = {e.origin for e in entries if e.type == "network" and e.decision == "deny"}
     # through the gateway, which refused them: the WebSockets (the agent's port, the service in its
     # spellings), TURN over TCP, the loopback TCP candidate
     assert {"https://127.0.0.1:8000", "https://127.0.0.1:9001", "https://localhost:9001",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def task_copy(tmp_path: Path) -> Path:
 
 def test_a_recorded_pickup_run_replays_step_by_step(task_sandbox, desktop_image, tmp_path):
     outcome = run_task(load_task(TASKS / "pickup.toml"), task_sandbox,
-                       RunOptions(runs_dir=tmp_path / "recorded", live=False, asker=None))
+                       RunOptions(runs_dir=tmp_path / "recorded", live=False, terminal=False))
     assert outcome.status == "passed", outcome.reason
     written = tmp_path / "suite" / "pickup-replay.toml"
     written.parent.mkdir()
@@ -66,10 +66,10 @@ def test_a_recorded_pickup_run_replays_step_by_step(task_sandbox, desktop_image,
     assert "6 of 6 steps matched; checks: 3 of 3 passed; run passed" in done.stderr
     # the replay's record: each step waited for the recorded screen (a matches expectation per region)
     record = Path(done.stdout.strip().splitlines()[-1])
-    entries = read_record(record)
-    expectations = [e for e in entries if e["type"] == "expectation"]
-    assert len(expectations) == 6 and all(e["met"] for e in expectations)
-    assert all(any("matches the recorded screen" in x for x in e["expected"]) for e in expectations)
+    entries = read_entries(record)
+    expectations = [e for e in entries if e.type == "expectation"]
+    assert len(expectations) == 6 and all(e.met for e in expectations)
+    assert all(any("matches the recorded screen" in x for x in e.expected) for e in expectations)
     # the task file it wrote loads, with its own offline script beside it
     task = load_task(written)
     assert task.offline_script_path() == written.parent / "pickup-replay.offline.jsonl"
@@ -81,7 +81,7 @@ def test_a_recorded_pickup_run_replays_step_by_step(task_sandbox, desktop_image,
 def test_a_changed_page_diverges_at_the_first_step_with_both_crops(task_sandbox, desktop_image, tmp_path):
     task_file = task_copy(tmp_path)
     outcome = run_task(load_task(task_file), task_sandbox,
-                       RunOptions(runs_dir=tmp_path / "recorded", live=False, asker=None))
+                       RunOptions(runs_dir=tmp_path / "recorded", live=False, terminal=False))
     assert outcome.status == "passed", outcome.reason
     # the page changes: the form is drawn 80 px lower than when the run was recorded
     text = task_file.read_text()
@@ -94,9 +94,9 @@ def test_a_changed_page_diverges_at_the_first_step_with_both_crops(task_sandbox,
     assert "changed since the run was recorded" in done.stderr
     assert rows(output) == ["diverged"] + ["not reached"] * 5, output[-3000:]
     record = Path(done.stdout.strip().splitlines()[-1])
-    [exp] = [e for e in read_record(record) if e["type"] == "expectation"]
-    assert not exp["met"] and "matches" in [u["kind"] for u in exp["unmet"]]
-    assert exp["timeout_s"] < 30, exp  # the step gave up after --step-timeout (times the slowness factor)
+    [exp] = [e for e in read_entries(record) if e.type == "expectation"]
+    assert not exp.met and "matches" in [u.kind for u in exp.unmet]
+    assert exp.timeout_s < 30, exp  # the step gave up after --step-timeout (times the slowness factor)
     report = subprocess.run([sys.executable, "-m", "controller.cli", "report", str(record.parent), "--html"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     page = Path(report.stdout.strip().splitlines()[-1]).read_text()
@@ -170,21 +170,21 @@ def test_a_takeover_replays_the_persons_actions(task_sandbox, desktop_image, tmp
         threading.Thread(target=person, args=(view,), daemon=True).start()
 
     outcome = run_task(load_task(folder / "takeover.toml"), task_sandbox,
-                       RunOptions(runs_dir=tmp_path / "recorded", live=False, asker=None, on_live=on_live))
+                       RunOptions(runs_dir=tmp_path / "recorded", live=False, terminal=False), views=[watching(on_live)])
     assert not problems, problems
     assert outcome.status == "passed", outcome.reason
-    recorded = read_record(outcome.record_dir)
-    [typed] = [e for e in recorded if e["type"] == "human_action"]
-    assert typed["input"] == {"type": "type", "text_length": len(command), "text": command}
+    recorded = read_entries(outcome.record_dir)
+    [typed] = [e for e in recorded if e.type == "human_action"]
+    assert typed.input == {"type": "type", "text_length": len(command), "text": command}
     done = replay(outcome.record_dir, desktop_image, tmp_path / "replays")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "(1 actions of a person)" in done.stderr and rows(output) == ["matched"]
-    entries = read_record(Path(done.stdout.strip().splitlines()[-1]))
-    kinds = [(e["type"], e.get("control") or e.get("by")) for e in entries if e["type"] in ("takeover", "human_action")]
+    entries = read_entries(Path(done.stdout.strip().splitlines()[-1]))
+    kinds = [(e.type, getattr(e, "control", None) or e.by) for e in entries if e.type in ("takeover", "human_action")]
     assert kinds == [("takeover", "human"), ("human_action", "replay"), ("takeover", "model")]
     # ... between the step's actions and its screenshot
-    order = [e["type"] for e in entries if e["type"] in ("computer_call", "takeover", "screenshot")]
+    order = [e.type for e in entries if e.type in ("computer_call", "takeover", "screenshot")]
     assert order[order.index("computer_call"):][:4] == ["computer_call", "takeover", "takeover", "screenshot"]
 
 

@@ -22,8 +22,8 @@ import pytest
 import typer
 from rich.console import Console
 
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import load_task
 from tests.helpers import run_signin_site
 
@@ -76,11 +76,12 @@ def opener(docker_client, desktop_image, test_labels):
         sb.close()
 
 
-def record_approval_demo(opener: Any, runs: Path, **options: Any) -> Any:
-    """tasks/approval-demo.toml recorded (no terminal) with ``options``; returns its outcome."""
+def record_approval_demo(opener: Any, runs: Path, on_live: Any = None, **options: Any) -> Any:
+    """tasks/approval-demo.toml recorded (no terminal) with ``options`` (``on_live``: given the run's
+    console view); returns its outcome."""
     return run_task(load_task(TASKS / "approval-demo.toml"), opener,
-                    RunOptions(runs_dir=runs, live=False, asker=None, **options),
-                    console=Console(file=io.StringIO(), width=200))
+                    RunOptions(runs_dir=runs, live=False, terminal=False, **options),
+                    console=Console(file=io.StringIO(), width=200), views=[watching(on_live)] if on_live else [])
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +143,12 @@ def test_a_denied_run_replays_to_the_same_denial_without_typing(opener, tmp_path
     assert rows(output) == [("matched", "1 region(s)"), (
         "matched", "safety check denied by replay, as the recorded run's (denied by no-approver): not performed")], output
     assert "run failed (recorded: failed)" in output
-    entries = read_record(replayed)
-    [approval] = [e for e in entries if e["type"] == "approval"]
-    assert (approval["what"], approval["decision"], approval["by"], approval["call_id"]) == (
+    entries = read_entries(replayed)
+    [approval] = [e for e in entries if e.type == "approval"]
+    assert (approval.what, approval.decision, approval.by, approval.call_id) == (
         "safety_check", "denied", "replay", "call_0001")
-    assert not [e for e in entries if e["type"] == "action" and e["call_id"] == "call_0001"]
-    assert entries[-1]["status"] == "failed" and "denied by replay" in entries[-1]["reason"]
+    assert not [e for e in entries if e.type == "action" and e.call_id == "call_0001"]
+    assert entries[-1].status == "failed" and "denied by replay" in entries[-1].reason
 
 
 def test_a_withdrawn_run_replays_to_the_same_stop_without_typing(opener, tmp_path, capsys):
@@ -167,10 +168,10 @@ def test_a_withdrawn_run_replays_to_the_same_stop_without_typing(opener, tmp_pat
     [(first, _), (second, detail)] = rows(output)
     assert (first, second) == ("matched", "matched") and "withdrawn" in detail and "not performed" in detail, output
     assert "run cancelled (recorded: cancelled)" in output
-    entries = read_record(replayed)
-    [approval] = [e for e in entries if e["type"] == "approval"]
-    assert (approval["decision"], approval["message"]) == ("withdrawn", "cancelled by replay")
-    assert entries[-1]["status"] == "cancelled"
+    entries = read_entries(replayed)
+    [approval] = [e for e in entries if e.type == "approval"]
+    assert (approval.decision, approval.message) == ("withdrawn", "cancelled by replay")
+    assert entries[-1].status == "cancelled"
 
 
 def test_an_approved_run_replays_with_its_code_and_is_denied_without_an_approver(approved_record, desktop_image,
@@ -181,16 +182,16 @@ def test_an_approved_run_replays_with_its_code_and_is_denied_without_an_approver
     assert done.returncode == 0, output[-3000:]
     assert [state for state, _ in rows(output)] == ["matched", "matched"]
     assert "2 of 2 steps matched; checks: 1 of 1 passed; run passed" in done.stderr
-    entries = read_record(Path(done.stdout.strip().splitlines()[-1]))
-    assert [(e["what"], e["by"]) for e in entries if e["type"] == "approval"] == [
+    entries = read_entries(Path(done.stdout.strip().splitlines()[-1]))
+    assert [(e.what, e.by) for e in entries if e.type == "approval"] == [
         ("opt-in", "command line"), ("safety_check", "opt-in")]
     done = replay_cli(approved_record, desktop_image, tmp_path / "nobody")
     output = done.stdout + done.stderr
     assert done.returncode == 1, output[-3000:]
     assert rows(output)[1][0] == "denied" and "denied by no-approver" in rows(output)[1][1], output[-3000:]
-    entries = read_record(Path(done.stdout.strip().splitlines()[-1]))
-    assert [(e["decision"], e["by"]) for e in entries if e["type"] == "approval"] == [("denied", "no-approver")]
-    assert [c["passed"] for c in entries if c["type"] == "check"] == [False]  # nothing was typed
+    entries = read_entries(Path(done.stdout.strip().splitlines()[-1]))
+    assert [(e.decision, e.by) for e in entries if e.type == "approval"] == [("denied", "no-approver")]
+    assert [c.passed for c in entries if c.type == "check"] == [False]  # nothing was typed
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def test_a_sign_in_run_replays_unattended_with_a_sign_in_file(signin_site, docke
         return sb
 
     recorded = run_task(load_task(folder / "sign-in-demo.toml"), open_,
-                        RunOptions(runs_dir=tmp_path / "recorded", live=False, asker=None, sign_in_file=creds),
+                        RunOptions(runs_dir=tmp_path / "recorded", live=False, terminal=False, sign_in_file=creds),
                         console=Console(file=io.StringIO(), width=200))
     assert recorded.status == "passed", recorded.reason
     done = replay_cli(recorded.record_dir, desktop_image, tmp_path / "replays", "--attach-network", network_name,
@@ -240,8 +241,8 @@ def test_a_sign_in_run_replays_unattended_with_a_sign_in_file(signin_site, docke
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert [state for state, _ in rows(output)] == ["matched"]
-    entries = read_record(Path(done.stdout.strip().splitlines()[-1]))
-    assert [(e["step"], e["outcome"], e["by"]) for e in entries if e["type"] == "sign_in"] == [
+    entries = read_entries(Path(done.stdout.strip().splitlines()[-1]))
+    assert [(e.step, e.outcome, e.by) for e in entries if e.type == "sign_in"] == [
         (n, "submitted", "sign-in file") for n in (1, 2, 3)]
     shown = output + "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "replays").rglob("*") if p.is_file())
     assert not [v for v in SIGNIN_VALUES if v in shown]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record, summarize
+from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 
@@ -66,21 +66,21 @@ def _gone(docker_client, sandbox_id: str) -> bool:
 
 def test_pickup_offline_exercise_passes(open_sandbox, docker_client, tmp_path):
     open_, started = open_sandbox
-    outcome = run_task(load_task(TASKS / "pickup.toml"), open_, RunOptions(runs_dir=tmp_path, live=False, asker=None))
+    outcome = run_task(load_task(TASKS / "pickup.toml"), open_, RunOptions(runs_dir=tmp_path, live=False, terminal=False))
     assert outcome.status == "passed", outcome.reason
     assert outcome.exit_code == 0
     assert [c["passed"] for c in outcome.checks] == [True, True, True]
-    entries = read_record(outcome.record_dir)
+    entries = read_entries(outcome.record_dir)
     s = summarize(entries)
     assert s["status"] == "passed" and s["steps"] == 7 + s["expectation_waits"] and s["checks_passed"] == 3
     assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0)
-    assert entries[0]["image"].startswith("sha256:")
-    for shot in (e for e in entries if e["type"] == "screenshot"):
-        assert hashlib.sha256((outcome.record_dir / shot["file"]).read_bytes()).hexdigest() == shot["sha256"]
+    assert entries[0].image.startswith("sha256:")
+    for shot in (e for e in entries if e.type == "screenshot"):
+        assert hashlib.sha256((outcome.record_dir / shot.file).read_bytes()).hexdigest() == shot.sha256
     # every network decision the gateway logged is in the record, once, as logged; deny-all allowed none
     # the runner reads the log as the run goes and once more at teardown: the last read is the whole log
     gateway_log = open_.gateway_logs[-1]
-    recorded = [(e["origin"], e["decision"], e["reason"], e["via"], e["at"]) for e in entries if e["type"] == "network"]
+    recorded = [(e.origin, e.decision, e.reason, e.via, e.at) for e in entries if e.type == "network"]
     assert recorded == [(d["origin"], d["decision"], d["reason"], d.get("via"), d["ts"]) for d in gateway_log]
     assert {"http://blocked-0.example.test", "http://blocked-1.example.test"} <= {r[0] for r in recorded}
     assert all(r[1] == "deny" for r in recorded)
@@ -100,13 +100,13 @@ def test_a_wrong_script_makes_the_checks_fail(open_sandbox, docker_client, tmp_p
     script = tmp_path / "wrong.jsonl"
     script.write_text("".join(json.dumps(t) + "\n" for t in turns))
     outcome = run_task(load_task(TASKS / "pickup.toml"), open_,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=script))
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, script=script))
     assert outcome.status == "failed" and outcome.exit_code == 1
     assert outcome.reason.startswith("screen expectation unmet at turn 5"), outcome.reason
     assert [c["passed"] for c in outcome.checks] == [False, False, False]
     db_check = outcome.checks[0]
     assert db_check["observed"] == [["Ada Lovelace", "2030-05-18", "12:00-15:00", "2 boxes of books"]]
-    assert read_record(outcome.record_dir)[-1]["status"] == "failed"
+    assert read_entries(outcome.record_dir)[-1].status == "failed"
     assert _gone(docker_client, started[0].id)
 
 
@@ -127,18 +127,18 @@ def test_cli_approval_demo_denies_without_a_terminal_and_opt_in_approves(desktop
     assert denied.returncode == 1, denied.stderr[-2000:]
     assert "no terminal" in denied.stderr and "sensitive_action" in denied.stderr
     record = Path(denied.stdout.strip().splitlines()[-1])
-    entries = read_record(record)
-    assert entries[-1]["status"] == "failed"
-    assert [e["decision"] for e in entries if e["type"] == "approval"] == ["denied"]
+    entries = read_entries(record)
+    assert entries[-1].status == "failed"
+    assert [e.decision for e in entries if e.type == "approval"] == ["denied"]
     # only the title-bar click ran; none of the checked call's actions did
-    assert {e["call_id"] for e in entries if e["type"] == "action"} == {"call_0000"}
-    assert [e["passed"] for e in entries if e["type"] == "check"] == [False]
+    assert {e.call_id for e in entries if e.type == "action"} == {"call_0000"}
+    assert [e.passed for e in entries if e.type == "check"] == [False]
 
     approved = _cli("run-task", task, "--image", desktop_image, "--runs-dir", str(tmp_path),
                     "--approve-safety-check", "sensitive_action", cwd=tmp_path)
     assert approved.returncode == 0, approved.stderr[-2000:]
-    entries = read_record(Path(approved.stdout.strip().splitlines()[-1]))
-    assert [(e["decision"], e["by"]) for e in entries if e["type"] == "approval"] == [
+    entries = read_entries(Path(approved.stdout.strip().splitlines()[-1]))
+    assert [(e.decision, e.by) for e in entries if e.type == "approval"] == [
         ("approved", "command line"), ("approved", "opt-in")]
     report = _cli("report", str(Path(approved.stdout.strip().splitlines()[-1]).parent), cwd=tmp_path)
     assert report.returncode == 0 and "passed" in report.stdout

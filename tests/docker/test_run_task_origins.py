@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from controller.gateway.policy import NetworkPolicy, Origin
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import FileCheck, Ready, Task
 from tests.helpers import run_origin_target
@@ -103,7 +103,7 @@ def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, 
         return sb
 
     try:
-        outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script,
+        outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False, script=script,
                                                    approve_origins=[Origin.parse(ORIGIN)]))
     finally:
         for sb in started:
@@ -112,17 +112,17 @@ def test_an_ask_origin_approved_from_the_command_line_end_to_end(docker_client, 
     assert fetched and fetched[0].exit_code == 0, fetched
     assert fetched[0].stdout.decode().startswith("200 audit-allowed /page"), fetched[0].stdout
     assert outcome.status == "passed", outcome.reason
-    entries = read_record(outcome.record_dir)
-    approvals = [e for e in entries if e["type"] == "approval"]
-    assert [(a["what"], a["decision"], a["by"], a.get("origin")) for a in approvals] == [
+    entries = read_entries(outcome.record_dir)
+    approvals = [e for e in entries if e.type == "approval"]
+    assert [(a.what, a.decision, a.by, a.origin) for a in approvals] == [
         ("opt-in", "approved", "command line", ORIGIN), ("origin_access", "approved", "command line", ORIGIN)]
-    network = [e for e in entries if e["type"] == "network" and e["origin"] == ORIGIN]
-    assert [(n["decision"], n["reason"]) for n in network] == [("allow", "approved")]
-    assert network[0]["request_id"] == approvals[1]["request_id"] and network[0]["request_id"].startswith("oreq_")
-    assert network[0]["held_ms"] is not None
-    [netlog] = [e for e in entries if e["type"] == "network_log"]
-    assert netlog["complete"] is True
-    ids = {e["request_id"] for e in entries if e["type"] == "network" and e.get("request_id")}
-    assert ids <= {a.get("request_id") for a in approvals}, "a request in the gateway's log has no approval line"
+    network = [e for e in entries if e.type == "network" and e.origin == ORIGIN]
+    assert [(n.decision, n.reason) for n in network] == [("allow", "approved")]
+    assert network[0].request_id == approvals[1].request_id and network[0].request_id.startswith("oreq_")
+    assert network[0].held_ms is not None
+    [netlog] = [e for e in entries if e.type == "network_log"]
+    assert netlog.complete is True
+    ids = {e.request_id for e in entries if e.type == "network" and e.request_id}
+    assert ids <= {a.request_id for a in approvals}, "a request in the gateway's log has no approval line"
     hits = [json.loads(line) for line in target.logs().decode().splitlines() if line.startswith("{")]
     assert [h["head"] for h in hits if h.get("hit") == "http"] == ["GET /page HTTP/1.1"]  # exactly one, after approval

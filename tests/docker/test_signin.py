@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import load_task
 from tests.helpers import run_signin_site
 
@@ -78,7 +78,7 @@ def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: 
     if not expect_account:
         script = tmp_path / "look-once.jsonl"
         script.write_text('{"actions": [{"type": "wait"}]}\n{"message": "not signed in"}\n')
-    outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, sign_in_file=creds, asker=None,
+    outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, sign_in_file=creds, terminal=False,
                                                script=script),
                        console=Console(file=out, width=200))
     return outcome, out.getvalue()
@@ -104,17 +104,17 @@ def test_the_leak_search_finds_a_planted_value(tmp_path):
 def test_signed_in_from_a_file_and_no_value_anywhere(site, docker_client, desktop_image, test_labels, tmp_path):
     table = f'["{ORIGIN}"]\nmethod = "password"\nemail = "{VALUES[2]}"\npassword = "{VALUES[0]}"\n'
     outcome, printed = run(site, docker_client, desktop_image, test_labels, tmp_path, table)
-    entries = read_record(outcome.record_dir / "record.jsonl")
-    signins = [e for e in entries if e["type"] == "sign_in"]
+    entries = read_entries(outcome.record_dir / "record.jsonl")
+    signins = [e for e in entries if e.type == "sign_in"]
     assert outcome.status == "passed", (outcome.reason, signins)
-    assert [(e["step"], e["method"], e["submitted"], e["outcome"], e["by"]) for e in signins] == [
+    assert [(e.step, e.method, e.submitted, e.outcome, e.by) for e in signins] == [
         (1, "password", [], "submitted", "sign-in file"), (2, None, ["email"], "submitted", "sign-in file"),
         (3, None, ["password"], "submitted", "sign-in file")]
-    assert all(e["origin"] == ORIGIN for e in signins)
+    assert all(e.origin == ORIGIN for e in signins)
     scripted = json.dumps(outcome.scripted_requests)
-    decisions = json.dumps([e for e in entries if e["type"] == "network"])
+    decisions = json.dumps([e.as_json() for e in entries if e.type == "network"])
     assert leaks([outcome.record_dir], [printed, scripted, decisions]) == []
-    assert [e for e in entries if e["type"] == "check"][0]["passed"]
+    assert [e for e in entries if e.type == "check"][0].passed
 
 
 @pytest.mark.parametrize("table, step, posts", [
@@ -127,9 +127,9 @@ def test_a_cancel_at_any_step_types_nothing_more(site, docker_client, desktop_im
     before = stats(site[3])["posts"]
     outcome, printed = run(site, docker_client, desktop_image, test_labels, tmp_path, table, expect_account=False)
     after = stats(site[3])["posts"]
-    entries = read_record(outcome.record_dir / "record.jsonl")
-    signins = [e for e in entries if e["type"] == "sign_in"]
-    assert outcome.status == "failed" and signins[-1]["step"] == step and signins[-1]["outcome"] == "cancelled"
+    entries = read_entries(outcome.record_dir / "record.jsonl")
+    signins = [e for e in entries if e.type == "sign_in"]
+    assert outcome.status == "failed" and signins[-1].step == step and signins[-1].outcome == "cancelled"
     assert {path: after[path] - before[path] for path in posts} == posts
     assert leaks([outcome.record_dir], [printed]) == []
 
@@ -244,8 +244,8 @@ def test_answered_in_the_console_by_a_person_in_a_browser(site, docker_client, d
 
     def run() -> None:
         try:
-            ended["outcome"] = run_task(task, open_, RunOptions(runs_dir=runs, live=False, asker=None, on_live=on_live),
-                                        console=Console(file=out, width=200))
+            ended["outcome"] = run_task(task, open_, RunOptions(runs_dir=runs, live=False, terminal=False),
+                                        console=Console(file=out, width=200), views=[watching(on_live)])
         except BaseException as exc:  # noqa: BLE001 - reported below
             ended["error"] = exc
     thread = threading.Thread(target=run, daemon=True)
@@ -276,7 +276,7 @@ def test_answered_in_the_console_by_a_person_in_a_browser(site, docker_client, d
         server.stop()
     assert "error" not in ended, ended.get("error")
     outcome = ended["outcome"]
-    signins = [e for e in read_record(outcome.record_dir / "record.jsonl") if e["type"] == "sign_in"]
+    signins = [e for e in read_entries(outcome.record_dir / "record.jsonl") if e.type == "sign_in"]
     assert outcome.status == "passed", (outcome.reason, signins)
-    assert [(e["step"], e["outcome"], e["by"]) for e in signins] == [(n, "submitted", "console") for n in (1, 2, 3)]
+    assert [(e.step, e.outcome, e.by) for e in signins] == [(n, "submitted", "console") for n in (1, 2, 3)]
     assert leaks([outcome.record_dir], [out.getvalue()]) == []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from tests.loop.conftest import interrupt_after_first_action
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,8 +150,8 @@ def test_ctrl_c_during_run_task_exits_130(tmp_path):
     out, err = interrupt_after_first_action(proc, runs)
     assert proc.returncode == 130, err
     assert "cancelled (cancelled by SIGINT)" in err
-    entries = read_record(Path(out.strip()))
-    assert entries[-1]["status"] == "cancelled"
+    entries = read_entries(Path(out.strip()))
+    assert entries[-1].status == "cancelled"
 
 
 def test_run_task_help_documents_the_exit_codes():

@@ -36,7 +36,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from controller.run.record import read_record
+from controller.run.entries import Entry
+from controller.run.record import read_entries
 from tests.helpers import chromium_missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +168,7 @@ SAFETY_CHECK = [{"actions": [{"type": "move", "x": 5, "y": 6}],
 A_CHECK = '[[checks]]\nkind = "file"\npath = "~/Documents/never.txt"\nmatch = "text"\nvalue = "x"\n'
 
 
-def cancelled_run(cmd: Command, runs: Path, signum: int) -> list[dict[str, Any]]:
+def cancelled_run(cmd: Command, runs: Path, signum: int) -> list[Entry]:
     """``cmd``, a ``run-task`` that got ``signum``: exited 130 within :data:`EXIT_S`, its record finished
     ``cancelled`` by that signal, nothing of its session left. Returns the record's entries."""
     code, took = cmd.interrupt(signum)
@@ -178,16 +179,15 @@ def cancelled_run(cmd: Command, runs: Path, signum: int) -> list[dict[str, Any]]
     assert cmd.session() == [], "processes of the command's session left"
     [record] = runs.glob("*/record.jsonl")
     assert cmd.text("stdout").strip().splitlines()[-1:] == [str(record)]
-    entries = read_record(record.parent)
-    assert entries[-1]["type"] == "run_finished", entries[-1]
-    assert (entries[-1]["status"], entries[-1]["reason"]) == ("cancelled", f"cancelled by {name}")
+    entries = read_entries(record.parent)
+    assert entries[-1].type == "run_finished", entries[-1]
+    assert (entries[-1].status, entries[-1].reason) == ("cancelled", f"cancelled by {name}")
     return entries
 
 
-def withdrawn(entries: list[dict[str, Any]], what: str) -> list[tuple[str, str, str | None]]:
+def withdrawn(entries: list[Entry], what: str) -> list[tuple[str, str, str | None]]:
     """The ``approval`` lines of ``what`` as (decision, by, message)."""
-    return [(e["decision"], e["by"], e.get("message")) for e in entries
-            if e["type"] == "approval" and e["what"] == what]
+    return [(e.decision, e.by, e.message) for e in entries if e.type == "approval" and e.what == what]
 
 
 def test_a_signal_while_the_terminal_asks_for_an_approval_withdraws_it(command, tmp_path):
@@ -198,7 +198,7 @@ def test_a_signal_while_the_terminal_asks_for_an_approval_withdraws_it(command, 
     cmd.shows("Approve these safety checks and run the call's actions? [y/N]")
     entries = cancelled_run(cmd, runs, signal.SIGTERM)
     assert withdrawn(entries, "safety_check") == [("withdrawn", "cancel", "cancelled by SIGTERM")]
-    assert "action" not in [e["type"] for e in entries]  # nothing of the call ran
+    assert "action" not in [e.type for e in entries]  # nothing of the call ran
 
 
 def test_a_signal_while_the_console_is_asked_without_a_terminal_withdraws_it(command, tmp_path):
@@ -208,7 +208,7 @@ def test_a_signal_while_the_console_is_asked_without_a_terminal_withdraws_it(com
     cmd.shows("waiting for an answer in the console")
     entries = cancelled_run(cmd, runs, signal.SIGINT)
     assert withdrawn(entries, "safety_check") == [("withdrawn", "cancel", "cancelled by SIGINT")]
-    assert "action" not in [e["type"] for e in entries]
+    assert "action" not in [e.type for e in entries]
 
 
 def test_a_signal_while_an_origin_request_is_held_withdraws_it(command, tmp_path):
@@ -247,7 +247,7 @@ def test_a_signal_while_a_sign_in_request_is_asked_withdraws_it(command, tmp_pat
                   terminal=True)
     cmd.shows("Have you verified the sign-in destination? [y/N]")
     entries = cancelled_run(cmd, runs, signal.SIGTERM)
-    assert [(e["outcome"], e["detail"], e["submitted"]) for e in entries if e["type"] == "sign_in"] == [
+    assert [(e.outcome, e.detail, e.submitted) for e in entries if e.type == "sign_in"] == [
         ("withdrawn", "cancelled by SIGTERM", [])]
 
 
@@ -288,7 +288,7 @@ def test_a_signal_while_the_live_model_is_asked_ends_the_request(command, tmp_pa
     cmd.wait_for("the model request", lambda: heads)
     time.sleep(0.5)
     entries = cancelled_run(cmd, runs, signum)
-    assert "model_response" not in [e["type"] for e in entries]
+    assert "model_response" not in [e.type for e in entries]
     time.sleep(0.3)
     assert len(heads) == 1 and heads[0].startswith(b"POST /v1/responses ")  # not sent again
 
@@ -338,8 +338,8 @@ def test_a_signal_while_a_desktop_program_holds_the_x_server_cuts_the_agent_call
             grabber.close()
     assert took < 2.5, f"{took:.1f}s from SIGTERM to the sandbox's removal:\n{cmd.text()[-3000:]}"
     assert cmd.proc.wait(timeout=EXIT_S * 2) == 130, cmd.text()[-3000:]
-    entries = read_record(record.parent)
-    assert (entries[-1]["type"], entries[-1]["status"], entries[-1]["reason"]) == (
+    entries = read_entries(record.parent)
+    assert (entries[-1].type, entries[-1].status, entries[-1].reason) == (
         "run_finished", "cancelled", "cancelled by SIGTERM")
 
 
@@ -350,7 +350,7 @@ def test_a_signal_while_a_ready_file_is_awaited_ends_the_wait(command, tmp_path)
     cmd = command("plain", "run-task", task, "--offline", "--runs-dir", runs)
     cmd.shows("launched terminal (pid")
     entries = cancelled_run(cmd, runs, signal.SIGHUP)
-    assert "model_response" not in [e["type"] for e in entries]
+    assert "model_response" not in [e.type for e in entries]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])

@@ -11,6 +11,7 @@ import pytest
 from openai import ComputerToolset
 from openai.lib.computer import ComputerUseError
 
+from tests.helpers import FnSeam
 from controller.run.approvals import SafetyCheckApprover
 from controller.run.driver import SandboxDriver, ScreenshotPolicy
 from controller.run.runner import build_params
@@ -276,7 +277,7 @@ def test_unsupported_input_raises(desk, driver, action):
 
     driver.capture()
     forwarded: list[list[dict]] = []
-    driver.on_forward = forwarded.append
+    driver.seam = FnSeam(forward=forwarded.append)
     mark = desk.probe.mark()
     with pytest.raises(DriverError):
         driver.to_screen_action(action)

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 from tests.helpers import chromium_desktop, chromium_missing
@@ -40,19 +40,19 @@ def _on(sb: LocalSandbox, script: Path | None = None):
 
 
 def test_browser_pickup_passes_on_the_real_agent_with_browser_calls_only(desktop, tmp_path):
-    outcome = run_task(_on(desktop), lambda task: desktop, RunOptions(runs_dir=tmp_path, live=False, asker=None))
-    entries = read_record(outcome.record_dir)
-    calls = [e for e in entries if e["type"] == "browser_call"]
+    outcome = run_task(_on(desktop), lambda task: desktop, RunOptions(runs_dir=tmp_path, live=False, terminal=False))
+    entries = read_entries(outcome.record_dir)
+    calls = [e for e in entries if e.type == "browser_call"]
     assert outcome.status == "passed", (outcome.reason, calls[-3:])
-    assert [c["member"] for c in calls if c["member"] in ("type", "click")] == ["type", "type", "click", "type", "click"]
-    assert all(c["ok"] for c in calls), [c for c in calls if not c["ok"]]
-    assert calls[0]["member"] == "read_page" and calls[0]["result"]["kind"] == "read" and calls[0]["result"]["elements"]
-    typed = [c for c in calls if c["member"] == "type"]
-    assert all(c["target"] and c["viewport"] for c in typed)  # the field's box, and where the viewport is
-    assert not [e for e in entries if e["type"] in ("computer_call", "action")]
-    text = json.dumps([e for e in entries if e["type"] not in ("check", "run_finished")])
+    assert [c.member for c in calls if c.member in ("type", "click")] == ["type", "type", "click", "type", "click"]
+    assert all(c.ok for c in calls), [c for c in calls if not c.ok]
+    assert calls[0].member == "read_page" and calls[0].result.kind == "read" and calls[0].result.elements
+    typed = [c for c in calls if c.member == "type"]
+    assert all(c.target and c.viewport for c in typed)  # the field's box, and where the viewport is
+    assert not [e for e in entries if e.type in ("computer_call", "action")]
+    text = json.dumps([e.as_json() for e in entries if e.type not in ("check", "run_finished")])
     assert "Ada Lovelace" not in text and "2 boxes of books" not in text  # typed text: its length only
-    assert [c["arguments"]["text_length"] for c in typed] == [12, 10, 16]
+    assert [c.arguments["text_length"] for c in typed] == [12, 10, 16]
 
 
 def test_a_wrong_browser_script_fails_on_the_check(desktop, tmp_path):
@@ -62,7 +62,7 @@ def test_a_wrong_browser_script_fails_on_the_check(desktop, tmp_path):
     script = tmp_path / "wrong.jsonl"
     script.write_text(wrong)
     outcome = run_task(_on(desktop), lambda task: desktop,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=script))
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, script=script))
     assert outcome.status == "failed", outcome.reason
     [check] = outcome.checks
     assert not check["passed"] and "2030-05-18" in json.dumps(check["observed"])
@@ -73,12 +73,12 @@ def test_a_denied_browser_click_ends_the_run_failed_before_the_next_turn(desktop
     run ends ``failed`` on that denial at once (the script's next turn, a 20 s ``wait_for``, never runs),
     as a denied computer action ends it."""
     outcome = run_task(_on(desktop), lambda task: desktop,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, confirm_actions=["click"]))
-    entries = read_record(outcome.record_dir)
-    calls = [e for e in entries if e["type"] == "browser_call"]
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, confirm_actions=["click"]))
+    entries = read_entries(outcome.record_dir)
+    calls = [e for e in entries if e.type == "browser_call"]
     assert outcome.status == "failed" and "browser click" in outcome.reason and "denied" in outcome.reason, outcome.reason
-    assert "wait_for" not in [c["member"] for c in calls]
-    assert [(a["decision"], a["by"]) for a in entries if a["type"] == "approval"][:1] == [("denied", "no-approver")]
+    assert "wait_for" not in [c.member for c in calls]
+    assert [(a.decision, a.by) for a in entries if a.type == "approval"][:1] == [("denied", "no-approver")]
     [check] = outcome.checks
     assert not check["passed"]  # the radio button's click was the first one denied: nothing booked
 

@@ -26,8 +26,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import load_task
 from tests.controller.origin_gateway import AskGateway, start_ask_gateway, until
 from tests.helpers import QuietHandler, chromium_desktop, reply, serve_http
@@ -51,9 +51,9 @@ def write_task(directory: Path, name: str, body: str, turns: list[dict[str, Any]
     return path
 
 
-def lines(entries: list[dict[str, Any]], kind: str) -> list[int]:
-    """The positions of the entries of type ``kind``."""
-    return [i for i, e in enumerate(entries) if e["type"] == kind]
+def lines(entries: list[Any], kind: str) -> list[int]:
+    """The positions of the entries (entry models) of type ``kind``."""
+    return [i for i, e in enumerate(entries) if e.type == kind]
 
 
 # -- the origin wait ----------------------------------------------------------------------------------
@@ -129,25 +129,26 @@ def test_a_browser_step_waits_for_the_origin_request_its_page_raised(tmp_path: P
                               chromium_args=(f"--proxy-server=http://127.0.0.1:{gateway.proxy[1]}",)) as sb:
             seen["home"] = sb.home
             (sb.home / "Documents/seed.txt").write_text("seed\n")
-            outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
-                                                              on_live=sb.live.append))
+            outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False),
+                               views=[watching(sb.live.append)])
     finally:
         server.shutdown()
         gateway.stop()
 
-    entries = read_record(outcome.record_dir)
-    assert outcome.status == "passed", (outcome.reason, [e for e in entries if e["type"] == "browser_call"])
+    entries = read_entries(outcome.record_dir)
+    assert outcome.status == "passed", (outcome.reason, [e for e in entries if e.type == "browser_call"])
     calls = [(i, entries[i]) for i in lines(entries, "browser_call")]
-    assert [c["member"] for _, c in calls] == ["read_page", "click", "get_page_text"]
-    assert all(c["ok"] for _, c in calls), calls
+    assert [c.member for _, c in calls] == ["read_page", "click", "get_page_text"]
+    assert all(c.ok for _, c in calls), calls
     origin = gateway.origin("ask")
     [(asked, approval)] = [(i, e) for i, e in enumerate(entries)
-                           if e["type"] == "approval" and e["what"] == "origin_access"]
-    assert (approval["origin"], approval["decision"], approval["by"]) == (origin, "timeout", "timeout")
+                           if e.type == "approval" and e.what == "origin_access"]
+    assert (approval.origin, approval.decision, approval.by) == (origin, "timeout", "timeout")
     responses = lines(entries, "model_response")
     assert len(responses) == 3
     # decided after the step's last browser call, before the model's next response: once per step, at its end
-    assert calls[2][0] < asked < responses[2], [(e["type"], e.get("member") or e.get("what")) for e in entries]
+    assert calls[2][0] < asked < responses[2], [(e.type, getattr(e, "member", None) or getattr(e, "what", None))
+                                                for e in entries]
 
 
 # -- the sign-in flow ---------------------------------------------------------------------------------
@@ -181,24 +182,24 @@ def test_a_browser_only_task_is_signed_in_before_the_model_looks_again(site: int
     creds.chmod(0o600)
     with chromium_desktop() as sb:
         outcome = run_task(load_task(task_path), lambda t: sb,
-                           RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, sign_in_file=creds))
+                           RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False, sign_in_file=creds))
 
-    entries = read_record(outcome.record_dir)
+    entries = read_entries(outcome.record_dir)
     signins = [(i, entries[i]) for i in lines(entries, "sign_in")]
     assert outcome.status == "passed", (outcome.reason, signins)
-    assert [(e["step"], e["method"], e["submitted"], e["outcome"], e["by"]) for _, e in signins] == [
+    assert [(e.step, e.method, e.submitted, e.outcome, e.by) for _, e in signins] == [
         (1, "password", [], "submitted", "sign-in file"), (2, None, ["email"], "submitted", "sign-in file"),
         (3, None, ["password"], "submitted", "sign-in file")]
     calls = [(i, entries[i]) for i in lines(entries, "browser_call")]
-    assert [(c["member"], c["ok"]) for _, c in calls] == [("wait_for", True), ("click", False)]
-    assert calls[1][1]["error"].startswith("stale_ref: ")
+    assert [(c.member, c.ok) for _, c in calls] == [("wait_for", True), ("click", False)]
+    assert calls[1][1].error.startswith("stale_ref: ")
     responses = lines(entries, "model_response")
     # once in the step, after its failed call (nothing of the step runs after it), before the next response
     assert calls[-1][0] < signins[0][0] and signins[-1][0] < responses[1]
     # the last state the model got for the step (the skipped call's) shows the account page: read after it
     outputs = {item.get("call_id"): item for request in outcome.scripted_requests for item in request.get("input") or []
                if isinstance(item, dict) and item.get("type") == "function_call_output"}
-    first = json.loads(outputs[calls[0][1]["call_id"]]["output"][0]["text"])
+    first = json.loads(outputs[calls[0][1].call_id]["output"][0]["text"])
     assert first["ok"] and [t["title"] for t in first["state"]["tabs"]] == ["Sign in – Demo"]
     [skipped] = [json.loads(o["output"][0]["text"]) for o in outputs.values()
                  if "Not executed" in o["output"][0]["text"]]
@@ -219,8 +220,8 @@ def test_a_sign_in_form_with_nobody_to_answer_types_nothing_and_the_run_goes_on(
         {"message": "not signed in"}])
     with chromium_desktop() as sb:
         outcome = run_task(load_task(task_path), lambda t: sb,
-                           RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None))
-    entries = read_record(outcome.record_dir)
-    signins = [e for e in entries if e["type"] == "sign_in"]
+                           RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False))
+    entries = read_entries(outcome.record_dir)
+    signins = [e for e in entries if e.type == "sign_in"]
     assert outcome.status == "passed", (outcome.reason, signins)
-    assert [(e["outcome"], e["submitted"]) for e in signins] == [("no_approver", [])]
+    assert [(e.outcome, e.submitted) for e in signins] == [("no_approver", [])]

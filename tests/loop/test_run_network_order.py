@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from controller.run.record import read_record, summarize
+from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import FileCheck, Task
 from tests.gateway.conftest import Gateway, start_gateway
@@ -89,7 +89,7 @@ def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match
             {"actions": [{"type": "move", "x": 10 * n, "y": 10}]} for n in range(1, 4)] + [{"message": "done"}]))
         with GatewayedSandbox(gateway) as sb:
             (sb.home / "Documents/seed.txt").write_text("seed\n")
-            outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+            outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False,
                                                               script=script))
         assert outcome.status == "passed", outcome.reason
         log = gateway.decisions()
@@ -100,15 +100,15 @@ def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match
         except subprocess.TimeoutExpired:
             gateway.process.kill()
 
-    entries = read_record(outcome.record_dir)
-    stamps = [e["ts"] for e in entries]
+    entries = read_entries(outcome.record_dir)
+    stamps = [e.ts for e in entries]
     assert stamps == sorted(stamps), "ts went back"
     assert sb.sent == [f"http://step-{n}.example.test" for n in (1, 2, 3)] + ["http://check-4.example.test"]
     assert sb.calls == ["actions_screenshot"] * 3  # each call's one action went with its capture
     # each decision right after the action it came with, the verification's one after the check
-    flow = [(e["type"], e.get("action") or e.get("origin") or e.get("target"))
-            for e in entries if e["type"] in ("action", "network", "check", "network_log")
-            and e.get("action") != "screenshot"]
+    flow = [(e.type, getattr(e, "action", None) or getattr(e, "origin", None) or getattr(e, "target", None))
+            for e in entries if e.type in ("action", "network", "check", "network_log")
+            and getattr(e, "action", None) != "screenshot"]
     assert flow == [
         ("action", "move"), ("network", "http://step-1.example.test"),
         ("action", "move"), ("network", "http://step-2.example.test"),
@@ -117,13 +117,12 @@ def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match
         ("network_log", None),
     ], flow
     # the gateway's log, line by line, exactly once, as the gateway wrote it
-    recorded = [(e["seq"], e["origin"], e["decision"], e["reason"], e["via"], e["at"])
-                for e in entries if e["type"] == "network"]
+    recorded = [(e.seq, e.origin, e.decision, e.reason, e.via, e.at) for e in entries if e.type == "network"]
     assert recorded == [(n, d["origin"], d["decision"], d["reason"], d.get("via"), d["ts"])
                         for n, d in enumerate(log, 1)]
-    [netlog] = [e for e in entries if e["type"] == "network_log"]
-    assert netlog["complete"] is True and netlog["decisions"] == len(log) == 4
+    [netlog] = [e for e in entries if e.type == "network_log"]
+    assert netlog.complete is True and netlog.decisions == len(log) == 4
     assert summarize(entries)["network_denied"] == 4
     # the gateway's time (the same clock here) is before the time the controller read the decision
-    for e in (e for e in entries if e["type"] == "network"):
-        assert e["at"] <= e["ts"], e
+    for e in (e for e in entries if e.type == "network"):
+        assert e.at <= e.ts, e

@@ -24,8 +24,8 @@ import pytest
 from rich.console import Console
 
 from controller.gateway.policy import NetworkPolicy, Origin
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import FileCheck, Launch, Task
 from tests.controller.origin_gateway import AskGateway, ControlRelay, Fetch, start_ask_gateway, until
 from tests.loop.local_sandbox import LocalSandbox
@@ -96,9 +96,9 @@ def test_the_screenshot_waits_for_the_gateways_decision_and_the_record_reconcile
             {"message": "done"}]))
         with AskSandbox(gateway, ["ask", "other"]) as sb:
             (sb.home / "Documents/seed.txt").write_text("seed\n")
-            options = RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script,
-                                 approve_origins=[Origin.parse(gateway.origin("other"))], on_live=sb.live.append)
-            outcome = run_task(task, lambda t: sb, options)
+            options = RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False, script=script,
+                                 approve_origins=[Origin.parse(gateway.origin("other"))])
+            outcome = run_task(task, lambda t: sb, options, views=[watching(sb.live.append)])
             statuses = [f.result(15) for f in sb.fetches]
         assert outcome.status == "passed", outcome.reason
         log = gateway.decisions()
@@ -106,32 +106,32 @@ def test_the_screenshot_waits_for_the_gateways_decision_and_the_record_reconcile
         gateway.stop()
 
     assert statuses == [403, 200]
-    entries = read_record(outcome.record_dir)
-    approvals = [e for e in entries if e["type"] == "approval"]
+    entries = read_entries(outcome.record_dir)
+    approvals = [e for e in entries if e.type == "approval"]
     opt_in, *decided = approvals
-    assert (opt_in["what"], opt_in["by"], opt_in["origin"]) == ("opt-in", "command line", gateway.origin("other"))
-    assert [(a["what"], a["origin"], a["decision"], a["by"]) for a in decided] == [
+    assert (opt_in.what, opt_in.by, opt_in.origin) == ("opt-in", "command line", gateway.origin("other"))
+    assert [(a.what, a.origin, a.decision, a.by) for a in decided] == [
         ("origin_access", gateway.origin("ask"), "timeout", "timeout"),
         ("origin_access", gateway.origin("other"), "approved", "command line")]
-    network = [e for e in entries if e["type"] == "network"]
-    assert [(n["origin"], n["decision"], n["reason"]) for n in network] == [
+    network = [e for e in entries if e.type == "network"]
+    assert [(n.origin, n.decision, n.reason) for n in network] == [
         (gateway.origin("ask"), "deny", "timeout"), (gateway.origin("other"), "allow", "approved")]
     # the same ids end to end: the gateway's log, the network lines, the approval lines
-    assert [n["request_id"] for n in network] == [d["request_id"] for d in log] == [a["request_id"] for a in decided]
-    assert all(n["held_ms"] is not None for n in network)
+    assert [n.request_id for n in network] == [d["request_id"] for d in log] == [a.request_id for a in decided]
+    assert all(n.held_ms is not None for n in network)
     # the screenshot after the first step waited for the gateway's timeout, and came after the decision
-    shots = [(i, e) for i, e in enumerate(entries) if e["type"] == "screenshot"]
-    waited = [(i, e) for i, e in shots if e["waited_for_origin_ms"] is not None]
-    assert waited, [e["waited_for_origin_ms"] for _, e in shots]
+    shots = [(i, e) for i, e in enumerate(entries) if e.type == "screenshot"]
+    waited = [(i, e) for i, e in shots if e.waited_for_origin_ms is not None]
+    assert waited, [e.waited_for_origin_ms for _, e in shots]
     first_wait, shot = waited[0]
-    assert shot["waited_for_origin_ms"] >= 1000
+    assert shot.waited_for_origin_ms >= 1000
     timeout_line = entries.index(decided[0])
     assert timeout_line < first_wait, "the screenshot was taken before the decision"
     # the first screenshot (before any step) waited for nothing
-    assert shots[0][1]["waited_for_origin_ms"] is None
-    [netlog] = [e for e in entries if e["type"] == "network_log"]
-    assert netlog["complete"] is True and netlog["decisions"] == 2
-    assert not [a for a in approvals if a["by"] == "gateway_log"], "the watch missed nothing here"
+    assert shots[0][1].waited_for_origin_ms is None
+    [netlog] = [e for e in entries if e.type == "network_log"]
+    assert netlog.complete is True and netlog.decisions == 2
+    assert not [a for a in approvals if a.by == "gateway_log"], "the watch missed nothing here"
 
 
 # -- a control API that cannot be reached -----------------------------------------------------------------
@@ -182,9 +182,10 @@ def _run(tmp_path: Path, sb: _RelayedSandbox, gateway: AskGateway, launch: bool 
                                                               {"message": "done"}]))
     (sb.home / "Documents/seed.txt").write_text("seed\n")
     out = io.StringIO()
-    options = RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script, on_live=sb.live.append,
+    options = RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False, script=script,
                          approve_origins=[Origin.parse(gateway.origin("ask"))] if approve else [])
-    outcome = run_task(Task(**body), lambda t: sb, options, console=Console(file=out, width=200))
+    outcome = run_task(Task(**body), lambda t: sb, options, console=Console(file=out, width=200),
+                       views=[watching(sb.live.append)])
     return outcome, out.getvalue()
 
 
@@ -207,8 +208,8 @@ def test_a_control_api_that_refuses_at_first_is_waited_for_before_the_task_start
     assert outcome.status == "passed", (outcome.reason, printed[-2000:])
     assert "gateway control API: unreachable: GET /v1/origin-requests" in printed  # it was refused, then waited out
     assert statuses == [200]
-    entries = read_record(outcome.record_dir)
-    approvals = [(e["what"], e["decision"], e["by"]) for e in entries if e["type"] == "approval"]
+    entries = read_entries(outcome.record_dir)
+    approvals = [(e.what, e.decision, e.by) for e in entries if e.type == "approval"]
     assert approvals == [("opt-in", "approved", "command line"), ("origin_access", "approved", "command line")]
 
 
@@ -237,11 +238,10 @@ def test_a_control_api_that_stays_unreachable_ends_the_run_error_naming_it(tmp_p
     assert outcome.reason.startswith("gateway control API unreachable for 1s: unreachable: GET /v1/origin-requests"), \
         outcome.reason
     assert took < 8.0, took  # not the gateway's 10 s hold
-    entries = read_record(outcome.record_dir)
+    entries = read_entries(outcome.record_dir)
     if when == "at the start":
         assert fetched == [] and "launched" not in printed  # the task never started
-        assert "model_response" not in [e["type"] for e in entries]
+        assert "model_response" not in [e.type for e in entries]
     else:
-        origin = [(e["decision"], e["message"]) for e in entries
-                  if e["type"] == "approval" and e["what"] == "origin_access"]
+        origin = [(e.decision, e.message) for e in entries if e.type == "approval" and e.what == "origin_access"]
         assert origin == [("withdrawn", outcome.reason)]

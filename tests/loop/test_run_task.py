@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record, summarize
+from controller.run.entries import Entry
+from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 from tests.loop.conftest import interrupt_after_first_action
@@ -38,20 +39,20 @@ def _pickup_on(sb: LocalSandbox):
     return task.model_copy(update={"launch": launch})
 
 
-def _check_record_complete(record_dir: Path, status: str) -> list[dict]:
-    entries = read_record(record_dir)
-    types = [e["type"] for e in entries]
+def _check_record_complete(record_dir: Path, status: str) -> list[Entry]:
+    entries = read_entries(record_dir)
+    types = [e.type for e in entries]
     assert types[0] == "run_started" and types[-1] == "run_finished"
-    assert entries[0]["runner"] == "sdk"
-    assert entries[-1]["status"] == status
+    assert entries[0].runner == "sdk"
+    assert entries[-1].status == status
     for kind in ("model_response", "computer_call", "action", "screenshot"):
         assert kind in types, f"no {kind} entry"
-    for shot in (e for e in entries if e["type"] == "screenshot"):
+    for shot in (e for e in entries if e.type == "screenshot"):
         import hashlib
 
-        assert hashlib.sha256((record_dir / shot["file"]).read_bytes()).hexdigest() == shot["sha256"]
+        assert hashlib.sha256((record_dir / shot.file).read_bytes()).hexdigest() == shot.sha256
     # typed text never enters the model/action side of the record (checks name their own expectations)
-    text = json.dumps([e for e in entries if e["type"] not in ("check", "run_finished")])
+    text = json.dumps([e.as_json() for e in entries if e.type not in ("check", "run_finished")])
     assert "Ada Lovelace" not in text and "2 boxes of books" not in text
     return entries
 
@@ -60,7 +61,7 @@ def _check_record_complete(record_dir: Path, status: str) -> list[dict]:
 @needs_desktop_apps
 def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
     with LocalSandbox(openbox=True, pickup=True) as sb:
-        outcome = run_task(_pickup_on(sb), lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None))
+        outcome = run_task(_pickup_on(sb), lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, terminal=False))
     assert outcome.status == "passed", (outcome.reason, outcome.checks, str(outcome.record_dir))
     assert outcome.exit_code == 0 and [c["passed"] for c in outcome.checks] == [True, True, True]
     entries = _check_record_complete(outcome.record_dir, "passed")
@@ -68,7 +69,7 @@ def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
     # 7 script turns, each answered once the screen showed what it expects (waits inserted if not yet)
     assert s["steps"] == 7 + s["expectation_waits"] and s["checks_passed"] == 3 and s["usage"]["complete"]
     assert (s["expectations_met"], s["expectations_unmet"]) == (7, 0)
-    bound = [c for c in entries if c["type"] == "check" and c.get("bound")][0]["bound"]
+    bound = [c for c in entries if c.type == "check" and c.bound][0].bound
     assert list(bound.values())[0].startswith("PU-")
 
     # Deliberately wrong: the paste is missing, so the number never shows on the command line; the
@@ -81,11 +82,11 @@ def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
     wrong.write_text("".join(json.dumps(t) + "\n" for t in turns))
     with LocalSandbox(openbox=True, pickup=True) as sb:
         bad = run_task(_pickup_on(sb), lambda t: sb,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=wrong))
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, script=wrong))
     assert bad.status == "failed" and bad.exit_code == 1
     assert bad.reason.startswith("screen expectation unmet at turn 5 (deadline of 3s passed): not_color #ffffff")
-    (failure,) = [e for e in read_record(bad.record_dir) if e["type"] == "expectation" and not e["met"]]
-    assert failure["turn"] == 5 and failure["unmet"][0]["kind"] == "not_color"
+    (failure,) = [e for e in read_entries(bad.record_dir) if e.type == "expectation" and not e.met]
+    assert failure.turn == 5 and failure.unmet[0].kind == "not_color"
     passed = [c["passed"] for c in bad.checks]
     assert passed == [True, False, False]  # the booking exists; the file is missing and matches no row
 
@@ -95,25 +96,25 @@ def test_pickup_offline_passes_and_a_wrong_script_fails(tmp_path):
 def test_approval_demo_denied_without_terminal_then_approved_by_opt_in(tmp_path):
     task = load_task(TASKS / "approval-demo.toml")
     with LocalSandbox(openbox=True) as sb:
-        denied = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None))
+        denied = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, terminal=False))
         assert not (sb.home / "Documents/approval.txt").exists()
     assert denied.status == "failed"
     assert denied.reason.startswith("safety check sensitive_action denied by no-approver (denied: no terminal"), denied.reason
-    entries = read_record(denied.record_dir)
-    approvals = [e for e in entries if e["type"] == "approval"]
-    assert approvals and approvals[0]["decision"] == "denied" and approvals[0]["by"] == "no-approver"
-    call = [e for e in entries if e["type"] == "computer_call" and e["pending_checks"]][0]
-    assert call["pending_checks"][0]["code"] == "sensitive_action" and call["call_id"] == "call_0001"
+    entries = read_entries(denied.record_dir)
+    approvals = [e for e in entries if e.type == "approval"]
+    assert approvals and approvals[0].decision == "denied" and approvals[0].by == "no-approver"
+    call = [e for e in entries if e.type == "computer_call" and e.pending_checks][0]
+    assert call.pending_checks[0]["code"] == "sensitive_action" and call.call_id == "call_0001"
     # the title-bar click ran (no check on it); none of the checked call's actions did
-    assert {e["call_id"] for e in entries if e["type"] == "action"} == {"call_0000"}
+    assert {e.call_id for e in entries if e.type == "action"} == {"call_0000"}
 
     with LocalSandbox(openbox=True) as sb:
-        ok = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None,
+        ok = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, terminal=False,
                                                      approve_codes=["sensitive_action"]))
     assert ok.status == "passed", ok.reason
-    entries = read_record(ok.record_dir)
-    approvals = [e for e in entries if e["type"] == "approval"]
-    assert [a["by"] for a in approvals] == ["command line", "opt-in"]
+    entries = read_entries(ok.record_dir)
+    approvals = [e for e in entries if e.type == "approval"]
+    assert [a.by for a in approvals] == ["command line", "opt-in"]
     assert ok.scripted_requests is not None
     acked = [i for i in ok.scripted_requests[-1]["input"] if i.get("type") == "computer_call_output"
              and i.get("call_id") == "call_0001"]
@@ -132,7 +133,7 @@ sb = LocalSandbox().start()
 print(json.dumps({"xvfb": sb.xvfb.proc.pid, "agent": sb.agent_proc.proc.pid}), flush=True)
 task = Task(name="cancel", instructions="wait forever",
             checks=[FileCheck(kind="file", path="~/never", match="text", value="x")])
-out = run_task(task, lambda t: sb, RunOptions(runs_dir=runs, live=False, asker=None, script=script, max_steps=50))
+out = run_task(task, lambda t: sb, RunOptions(runs_dir=runs, live=False, terminal=False, script=script, max_steps=50))
 print(json.dumps({"status": out.status, "dir": str(out.record_dir)}), flush=True)
 sys.exit(out.exit_code)
 """
@@ -164,11 +165,11 @@ def test_ctrl_c_cancels_releases_and_tears_down(tmp_path):
     assert proc.returncode == 130, err  # cancelled: the shell's code for an interrupted command
     result = json.loads(out.strip().splitlines()[-1])
     assert result["status"] == "cancelled"
-    entries = read_record(result["dir"])
-    assert entries[-1]["type"] == "run_finished" and entries[-1]["status"] == "cancelled"
-    assert "SIGINT" in entries[-1]["reason"]
-    assert [e for e in entries if e["type"] == "check"] == []
-    steps = len([e for e in entries if e["type"] == "model_response"])
+    entries = read_entries(result["dir"])
+    assert entries[-1].type == "run_finished" and entries[-1].status == "cancelled"
+    assert "SIGINT" in entries[-1].reason
+    assert [e for e in entries if e.type == "check"] == []
+    steps = len([e for e in entries if e.type == "model_response"])
     assert 1 <= steps < 40
     assert not _alive(pids["xvfb"]) and not _alive(pids["agent"])  # torn down
 
@@ -187,14 +188,14 @@ def test_live_path_uses_the_same_loop_with_the_key_from_the_environment(tmp_path
         (sb.home / "Documents/seed.txt").write_text("present\n")
         task = Task(name="live-path", instructions="move the pointer",
                     checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])
-        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, asker=None))
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, terminal=False))
     assert outcome.status == "passed", outcome.reason
     first = model.requests[0]
     assert first["model"] == "gpt-6-astra" and first["tools"] == [{"type": "computer"}]
     content = first["input"][0]["content"]
     assert content[0]["type"] == "input_text" and content[1]["image_url"].startswith("data:image/png;base64,")
-    entries = read_record(outcome.record_dir)
-    assert entries[0]["mode"] == "live" and entries[0]["model"] == "gpt-6-astra"
+    entries = read_entries(outcome.record_dir)
+    assert entries[0].mode == "live" and entries[0].model == "gpt-6-astra"
     text = (outcome.record_dir / "record.jsonl").read_text()
     assert server.key not in text
 
@@ -223,13 +224,13 @@ def test_an_offline_run_hands_its_client_the_key_and_shows_it_nowhere(tmp_path, 
     script.write_text(json.dumps({"actions": [{"type": "move", "x": 5, "y": 6}]}) + "\n"
                       + json.dumps({"message": "ok"}) + "\n")
     framework = loop == "agent-framework"
-    options = RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None, script=script,
-                         loop=run_loop if framework else None, runner=loop if framework else None)
+    options = RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False, script=script,
+                         runner=loop if framework else None)
     with LocalSandbox() as sb:
         (sb.home / "Documents/seed.txt").write_text("present\n")
         task = Task(name="offline-key", instructions="move the pointer",
                     checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="present")])
-        outcome = run_task(task, lambda t: sb, options)
+        outcome = run_task(task, lambda t: sb, options, loop=run_loop if framework else None)
     assert outcome.status == "passed", outcome.reason
     (server,) = made
     assert outcome.scripted_requests is not None and len(outcome.scripted_requests) == 2
@@ -247,12 +248,12 @@ def test_a_sandbox_that_cannot_start_still_leaves_a_complete_record(tmp_path):
 
     task = Task(name="nostart", instructions="x", checks=[FileCheck(kind="file", path="~/x", match="text", value="")])
     outcome = run_task(task, broken,
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None, script=TASKS / "pickup.offline.jsonl"))
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False, script=TASKS / "pickup.offline.jsonl"))
     assert outcome.status == "error" and "image desktop-sandbox:latest missing" in outcome.reason
     assert outcome.exit_code == 1
-    entries = read_record(outcome.record_dir)
-    assert [e["type"] for e in entries] == ["run_started", "run_finished"]
-    assert entries[-1]["status"] == "error"
+    entries = read_entries(outcome.record_dir)
+    assert [e.type for e in entries] == ["run_started", "run_finished"]
+    assert entries[-1].status == "error"
 
 
 def test_an_unreadable_gateway_log_is_recorded_not_hidden(tmp_path):
@@ -279,12 +280,12 @@ def test_an_unreadable_gateway_log_is_recorded_not_hidden(tmp_path):
                 sb.decision_log = unreadable
             out = io.StringIO()
             outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / str(broken), live=False,
-                                                             asker=None, script=script),
+                                                             terminal=False, script=script),
                                Console(file=out, width=200))
-        entries = read_record(outcome.record_dir)
-        [netlog] = [e for e in entries if e["type"] == "network_log"]
+        entries = read_entries(outcome.record_dir)
+        [netlog] = [e for e in entries if e.type == "network_log"]
         results[broken] = (netlog, summarize(entries)["network_log_complete"], out.getvalue())
-    assert results[False][0]["complete"] is True and results[False][1] is True
+    assert results[False][0].complete is True and results[False][1] is True
     netlog, complete, console = results[True]
-    assert netlog["complete"] is False and "gateway gone \\x1b[2J" in netlog["error"] and complete is False
+    assert netlog.complete is False and "gateway gone \\x1b[2J" in netlog.error and complete is False
     assert "network decisions incomplete" in console and "\x1b[2J" not in console

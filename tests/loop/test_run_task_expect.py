@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from controller.run.record import read_record, summarize, summary_table
+from controller.run.record import read_entries, summarize, summary_table
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import FileCheck, Launch, Task
 from tests.loop.local_sandbox import LocalSandbox
@@ -39,9 +39,9 @@ def _run(tmp_path: Path, *turns: dict):
     console = Console(file=out, width=200, force_terminal=False)
     with LocalSandbox() as sb:
         (sb.home / "Documents/seed.txt").write_text("seed\n")
-        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False,
                                                           script=script), console=console)
-    return outcome, read_record(outcome.record_dir), out.getvalue()
+    return outcome, read_entries(outcome.record_dir), out.getvalue()
 
 
 TYPE_GO = {"expect": [WHITE_TERMINAL],
@@ -53,22 +53,22 @@ def test_the_scripted_model_waits_until_the_screen_shows_what_the_turn_expects(t
     outcome, entries, console = _run(tmp_path, TYPE_GO, {"expect": [RED_BAR, BAR_CHANGED], "message": "seen"})
     assert outcome.status == "passed", (outcome.reason, console)
     assert outcome.final_message == "seen"
-    calls = [e for e in entries if e["type"] == "computer_call"]
-    waits = [c for c in calls if c["call_id"].startswith("call_0001_wait_")]
+    calls = [e for e in entries if e.type == "computer_call"]
+    waits = [c for c in calls if c.call_id.startswith("call_0001_wait_")]
     # the bar comes 2 s after the typing: the screenshot after it cannot show it yet, so the model waited
-    assert waits and all(c["actions"] == [{"type": "wait"}] and c["pending_checks"] == [] for c in waits)
-    assert [c["call_id"] for c in calls] == ["call_0000"] + [f"call_0001_wait_{n:03d}" for n in
+    assert waits and all(c.actions == [{"type": "wait"}] and c.pending_checks == [] for c in waits)
+    assert [c.call_id for c in calls] == ["call_0000"] + [f"call_0001_wait_{n:03d}" for n in
                                                              range(1, len(waits) + 1)]
-    expectations = [e for e in entries if e["type"] == "expectation"]
-    assert [(e["turn"], e["met"], e["waits"]) for e in expectations] == [(0, True, 0), (1, True, len(waits))]
-    assert expectations[1]["waited_s"] > 0 and len(expectations[1]["expected"]) == 2
+    expectations = [e for e in entries if e.type == "expectation"]
+    assert [(e.turn, e.met, e.waits) for e in expectations] == [(0, True, 0), (1, True, len(waits))]
+    assert expectations[1].waited_s > 0 and len(expectations[1].expected) == 2
     # the task's max_steps (5) counts script turns: the waits did not use it up
     s = summarize(entries)
     assert s["steps"] == 2 + len(waits) and s["expectation_waits"] == len(waits)
     assert (s["expectations_met"], s["expectations_unmet"]) == (2, 0)
     assert f"screen: turn 1: 2 expectations met after {len(waits)} wait" in console
     # the screenshot the message turn was answered on shows the bar
-    shots = [e for e in entries if e["type"] == "screenshot"]
+    shots = [e for e in entries if e.type == "screenshot"]
     assert len(shots) == 2 + len(waits)
 
 
@@ -81,18 +81,18 @@ def test_past_the_deadline_the_run_fails_with_the_unmet_expectation_in_the_recor
                                      {"message": "never said"})
     assert outcome.status == "failed" and outcome.exit_code == 1, outcome.reason
     assert outcome.reason.startswith("screen expectation unmet at turn 1 (deadline of 4s passed): color #00cd00")
-    (failure,) = [e for e in entries if e["type"] == "expectation" and not e["met"]]
-    assert failure["turn"] == 1 and failure["timeout_s"] == 4 and failure["waited_s"] >= 4
-    assert failure["waits"] >= 2  # waited until the bar came (red held), and on for green
-    (unmet,) = failure["unmet"]
-    assert unmet["index"] == 1 and unmet["expectation"]["rgb"] == "#00cd00"
-    assert unmet["expected"] == "color #00cd00 +-24 in >=90% of 40x8 at (6,18)"
-    assert unmet["observed"].startswith("0.0% within 24 of #00cd00 (most common #cd0000")
+    (failure,) = [e for e in entries if e.type == "expectation" and not e.met]
+    assert failure.turn == 1 and failure.timeout_s == 4 and failure.waited_s >= 4
+    assert failure.waits >= 2  # waited until the bar came (red held), and on for green
+    (unmet,) = failure.unmet
+    assert unmet.index == 1 and unmet.expectation["rgb"] == "#00cd00"
+    assert unmet.expected == "color #00cd00 +-24 in >=90% of 40x8 at (6,18)"
+    assert unmet.observed.startswith("0.0% within 24 of #00cd00 (most common #cd0000")
     # the scripted turn's actions never ran, the checks still did, and the record ends failed
-    actions = [e for e in entries if e["type"] == "computer_call" and e["call_id"] == "call_0001"]
+    actions = [e for e in entries if e.type == "computer_call" and e.call_id == "call_0001"]
     assert actions == []
-    assert [e["passed"] for e in entries if e["type"] == "check"] == [True]
-    assert entries[-1]["status"] == "failed" and entries[-1]["reason"] == outcome.reason
+    assert [e.passed for e in entries if e.type == "check"] == [True]
+    assert entries[-1].status == "failed" and entries[-1].reason == outcome.reason
     assert "screen expectation unmet: turn 1: deadline of 4s passed: expect[1] color #00cd00" in console
     s = summarize(entries)
     assert s["expectations_unmet"] == 1 and s["expectations_unmet_detail"][0]["unmet"][0]["index"] == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record
+from controller.run.record import read_entries
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import FileCheck, Launch, Task
 from tests.loop.local_sandbox import LocalSandbox
@@ -33,13 +33,13 @@ def _script(tmp_path: Path, *turns: dict) -> Path:
 def _run(tmp_path: Path, task: Task, script: Path, **options):
     with LocalSandbox() as sb:
         (sb.home / "Documents/seed.txt").write_text("seed\n")
-        options.setdefault("asker", None)
+        asker = options.pop("asker", None)
         outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, script=script,
-                                                          **options))
+                                                          **options), asker=asker)
         agent_pid = sb.agent_proc.proc.pid if sb.agent_proc else None
-    entries = read_record(outcome.record_dir)
-    assert entries[0]["type"] == "run_started" and entries[-1]["type"] == "run_finished"
-    assert entries[-1]["status"] == outcome.status
+    entries = read_entries(outcome.record_dir)
+    assert entries[0].type == "run_started" and entries[-1].type == "run_finished"
+    assert entries[-1].status == outcome.status
     assert sb.agent_proc is None and sb._agent is None  # closed by the runner
     if agent_pid is not None:
         with pytest.raises(ProcessLookupError):
@@ -53,7 +53,7 @@ def test_launch_of_an_app_outside_the_allowlist_is_an_error_with_a_complete_reco
     outcome, entries = _run(tmp_path, task, script)
     assert outcome.status == "error" and outcome.exit_code == 1
     assert "rm" in outcome.reason and "400" in outcome.reason, outcome.reason
-    assert [e for e in entries if e["type"] == "model_response"] == []  # the model was never asked
+    assert [e for e in entries if e.type == "model_response"] == []  # the model was never asked
 
 
 def test_a_task_without_checks_never_passes(tmp_path):
@@ -69,17 +69,17 @@ def test_point_outside_the_model_image_stops_the_run_and_names_the_model_size(tm
                      {"message": "done"})
     outcome, entries = _run(tmp_path, _task(), script)
     assert outcome.status == "error" and "1280x800 model image" in outcome.reason, outcome.reason
-    actions = [e for e in entries if e["type"] == "action"]
-    assert [a["action"] for a in actions] == ["move", "click"]
-    assert actions[0]["error"] is None and "outside the 1280x800" in actions[1]["error"]
-    assert [c["passed"] for c in entries if c["type"] == "check"] == [True]  # verification still ran
+    actions = [e for e in entries if e.type == "action"]
+    assert [a.action for a in actions] == ["move", "click"]
+    assert actions[0].error is None and "outside the 1280x800" in actions[1].error
+    assert [c.passed for c in entries if c.type == "check"] == [True]  # verification still ran
 
 
 def test_a_script_that_never_answers_stops_at_max_steps(tmp_path):
     script = _script(tmp_path, *[{"actions": [{"type": "wait"}]}] * 5)
     outcome, entries = _run(tmp_path, _task(max_steps=3), script)
     assert outcome.status == "error" and "max_steps" in outcome.reason, outcome.reason
-    assert len([e for e in entries if e["type"] == "model_response"]) == 3
+    assert len([e for e in entries if e.type == "model_response"]) == 3
 
 
 def test_typed_text_never_enters_the_record_nor_the_unattended_approval_display(tmp_path, capsys):
@@ -92,8 +92,8 @@ def test_typed_text_never_enters_the_record_nor_the_unattended_approval_display(
     )
     outcome, entries = _run(tmp_path, _task(), script)
     assert outcome.status == "failed" and "approv" in outcome.reason  # nobody to ask: denied
-    calls = [e for e in entries if e["type"] == "computer_call"]
-    assert calls[0]["actions"] == [{"type": "type", "text_length": len(SECRET)}]
+    calls = [e for e in entries if e.type == "computer_call"]
+    assert calls[0].actions == [{"type": "type", "text_length": len(SECRET)}]
     record_text = (outcome.record_dir / "record.jsonl").read_text()
     assert SECRET not in record_text
     shown = capsys.readouterr()
@@ -122,11 +122,11 @@ def test_markup_in_the_model_message_and_guest_files_cannot_break_the_run(tmp_pa
     with LocalSandbox() as sb:
         (sb.home / "Documents/seed.txt").write_text("seed\n")
         (sb.home / "Documents/markup.txt").write_text("[/bold] [/]\n")
-        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False,
                                                           script=script))
     assert outcome.status == "failed" and outcome.reason == "1 of 2 checks failed", outcome.reason
     assert outcome.final_message.startswith("[/] done")
-    assert read_record(outcome.record_dir)[-1]["type"] == "run_finished"
+    assert read_entries(outcome.record_dir)[-1].type == "run_finished"
 
 
 class _HostileSandbox(LocalSandbox):
@@ -171,7 +171,7 @@ def test_no_text_from_the_model_the_guest_or_the_gateway_reaches_the_console_raw
     out = io.StringIO()
     with _HostileSandbox() as sb:
         (sb.home / "Documents/page.txt").write_text(EVIL)
-        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, asker=None,
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False,
                                                           approve_codes=[EVIL], script=_script(tmp_path, *turns)),
                            console=Console(file=out, width=400, force_terminal=False))
     shown = out.getvalue()

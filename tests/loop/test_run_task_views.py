@@ -14,8 +14,9 @@ from typing import Any, Callable
 import pytest
 
 from controller.run.live import LiveRun, NotInControl
-from controller.run.record import read_record
-from controller.run.runner import RunOptions, run_task
+from controller.run.entries import Action, Approval
+from controller.run.record import read_entries
+from controller.run.runner import RunOptions, run_task, watching
 from controller.run.tasks import load_task
 from tests.loop.local_sandbox import LocalSandbox
 from tests.require import require_commands
@@ -74,15 +75,15 @@ def wait_pending(live: LiveRun, timeout: float = 60.0):
     raise AssertionError(f"no approval request became pending (state {live.state})")
 
 
-def _approvals(record_dir: Path) -> list[dict[str, Any]]:
-    return [e for e in read_record(record_dir) if e["type"] == "approval"]
+def _approvals(record_dir: Path) -> list[Approval]:
+    return [e for e in read_entries(record_dir) if e.type == "approval"]
 
 
 def _run(tmp_path: Path, view: View, **options: Any):
     task = load_task(TASKS / "approval-demo.toml")
     with LocalSandbox(openbox=True) as sb:
-        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, asker=None, on_live=view,
-                                                          **options))
+        outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path, live=False, terminal=False, **options),
+                           views=[watching(view)])
     view.join()
     # the file check (run unless the run was cancelled) says whether the call's typing ran
     saved = any(c["passed"] for c in outcome.checks)
@@ -104,19 +105,19 @@ def test_the_console_answers_and_the_record_says_who(tmp_path, answer):
     assert request["screenshot"] and (outcome.record_dir / request["screenshot"]).is_file()
     assert any("mkdir" in a for a in request["actions"])  # the person asked sees what would be typed
     (approval,) = _approvals(outcome.record_dir)
-    assert approval["by"] == "console" and approval["request_id"] == request["id"]
-    assert approval["latency_ms"] >= 0 and approval["screenshot"] == request["screenshot"]
+    assert approval.by == "console" and approval.request_id == request["id"]
+    assert approval.latency_ms >= 0 and approval.screenshot == request["screenshot"]
     if answer == "approve":
         assert outcome.status == "passed", outcome.reason
-        assert saved and approval["decision"] == "approved"
+        assert saved and approval.decision == "approved"
     else:
-        assert outcome.status == "failed" and not saved and approval["decision"] == "denied"
+        assert outcome.status == "failed" and not saved and approval.decision == "denied"
         assert outcome.reason == "safety check sensitive_action denied by console"
         assert _actions_of(outcome.record_dir, request["call_id"]) == []
 
 
-def _actions_of(record_dir: Path, call_id: str) -> list[dict[str, Any]]:
-    return [e for e in read_record(record_dir) if e["type"] == "action" and e.get("call_id") == call_id]
+def _actions_of(record_dir: Path, call_id: str) -> list[Action]:
+    return [e for e in read_entries(record_dir) if e.type == "action" and e.call_id == call_id]
 
 
 def test_the_deadline_denies(tmp_path):
@@ -125,8 +126,8 @@ def test_the_deadline_denies(tmp_path):
 
     outcome, saved = _run(tmp_path, View(act), approval_timeout_s=1.0)
     (approval,) = _approvals(outcome.record_dir)
-    assert approval["decision"] == "denied" and approval["by"] == "timeout"
-    assert 900 <= approval["latency_ms"] < 30_000
+    assert approval.decision == "denied" and approval.by == "timeout"
+    assert 900 <= approval.latency_ms < 30_000
     assert outcome.status == "failed" and not saved
 
 
@@ -145,9 +146,9 @@ def test_cancel_withdraws_the_open_request_and_nothing_of_it_runs(tmp_path):
     assert outcome.status == "cancelled" and outcome.exit_code == 130 and not saved
     assert seen == {"state": "withdrawn", "late": 409}
     (approval,) = _approvals(outcome.record_dir)
-    assert approval["decision"] == "withdrawn" and approval["by"] == "cancel"
-    assert _actions_of(outcome.record_dir, approval["call_id"]) == []
-    assert read_record(outcome.record_dir)[-1]["status"] == "cancelled"
+    assert approval.decision == "withdrawn" and approval.by == "cancel"
+    assert _actions_of(outcome.record_dir, approval.call_id) == []
+    assert read_entries(outcome.record_dir)[-1].status == "cancelled"
 
 
 def test_take_over_pauses_at_a_step_boundary_and_human_actions_are_recorded_apart(tmp_path):
@@ -167,11 +168,11 @@ def test_take_over_pauses_at_a_step_boundary_and_human_actions_are_recorded_apar
         live.registry.answer(request.id, "deny", by="console")
 
     outcome, _ = _run(tmp_path, View(act))
-    entries = read_record(outcome.record_dir)
-    types = [e["type"] for e in entries]
-    human = [e for e in entries if e["type"] == "human_action"]
-    assert [e["control"] for e in entries if e["type"] == "takeover"] == ["human", "model"]
-    assert len(human) == 2 and "12 chars" in human[0]["action"] and "click" in human[1]["action"]
+    entries = read_entries(outcome.record_dir)
+    types = [e.type for e in entries]
+    human = [e for e in entries if e.type == "human_action"]
+    assert [e.control for e in entries if e.type == "takeover"] == ["human", "model"]
+    assert len(human) == 2 and "12 chars" in human[0].action and "click" in human[1].action
     assert "secret" not in (outcome.record_dir / "record.jsonl").read_text()
     assert seen["shown"] == {"type": "type", "text_length": 12}
     first, last = types.index("takeover"), len(types) - 1 - types[::-1].index("takeover")

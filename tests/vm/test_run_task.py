@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.run.record import read_record, summarize
+from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
 from controller.run.tasks import load_task
 
@@ -38,13 +38,13 @@ def pickup_on_the_vm(vm_image, tmp_path_factory):
         return sb
 
     outcome = run_task(load_task(TASKS / "pickup.toml"), opener,
-                       RunOptions(runs_dir=tmp_path_factory.mktemp("pickup-vm"), live=False, asker=None))
+                       RunOptions(runs_dir=tmp_path_factory.mktemp("pickup-vm"), live=False, terminal=False))
     return outcome, started
 
 
 def test_pickup_offline_exercise_passes_on_the_vm(pickup_on_the_vm):
     outcome, started = pickup_on_the_vm
-    entries = read_record(outcome.record_dir)
+    entries = read_entries(outcome.record_dir)
     s = summarize(entries)
     _timings.append(("pickup run-task", {"wall_s": s["wall_s"], "waits": s["expectation_waits"],
                                          **(s.get("timings") or {})}))
@@ -72,9 +72,9 @@ def test_a_recorded_pickup_run_replays_on_the_vm(pickup_on_the_vm, tmp_path):
     replay = build(recorded.record_dir)
     script = replay.write_script(tmp_path / "replay.offline.jsonl")
     outcome = run_task(load_task(replay.task_source), opener,
-                       RunOptions(runs_dir=tmp_path / "replays", live=False, asker=None, script=script))
-    entries = read_record(outcome.record_dir)
-    states = step_states(replay, entries)
+                       RunOptions(runs_dir=tmp_path / "replays", live=False, terminal=False, script=script))
+    entries = read_entries(outcome.record_dir)
+    states = step_states(replay, [e.as_json() for e in entries])
     s = summarize(entries)
     _timings.append(("pickup replay", {"wall_s": s["wall_s"], "waits": s["expectation_waits"],
                                        **(s.get("timings") or {})}))
@@ -88,11 +88,11 @@ def test_browser_pickup_passes_on_the_vm(vm_image, tmp_path):
     from controller.cli import sandbox_opener
 
     outcome = run_task(load_task(TASKS / "browser-pickup.toml"), sandbox_opener("vm", None),
-                       RunOptions(runs_dir=tmp_path, live=False, asker=None))
-    entries = read_record(outcome.record_dir)
-    calls = [e for e in entries if e["type"] == "browser_call"]
+                       RunOptions(runs_dir=tmp_path, live=False, terminal=False))
+    entries = read_entries(outcome.record_dir)
+    calls = [e for e in entries if e.type == "browser_call"]
     s = summarize(entries)
     _timings.append(("browser-pickup run-task", {"wall_s": s["wall_s"], **(s.get("timings") or {})}))
     assert outcome.status == "passed", (outcome.reason, calls[-3:])
-    assert calls and all(c["ok"] for c in calls)
+    assert calls and all(c.ok for c in calls)
     assert [c["passed"] for c in outcome.checks] == [True]

@@ -75,16 +75,20 @@
     $("no-approvals").hidden = cards.size > 0;
   }
 
-  const KINDS = { safety_check: "safety check", action: "action", origin_access: "origin access" };
+  /* A request says what its kind is called (label) and what it takes (answers: the server's table of
+     request kinds, controller/model/requests.py): one button per answer, in that order; a request
+     answered with submit / cancel is a sign-in form; one about an origin (origin set) shows it. */
+  const BUTTONS = { approve: "Approve", deny: "Deny", cancel: "Cancel" };
 
   function addCard(r) {
-    if (r.kind === SIGN_IN) { addSignInCard(r); return; }
-    const origin = r.kind === "origin_access";
+    const answers = Array.isArray(r.answers) ? r.answers.filter((a) => Object.hasOwn(BUTTONS, a) || a === "submit") : [];
+    if (answers.includes("submit")) { addSignInCard(r); return; }
+    const origin = typeof r.origin === "string";
     const el = node("div", null, origin ? "card origin" : "card");
     el.dataset.requestId = r.id;
     el.dataset.kind = r.kind;
     el.setAttribute("role", "group");
-    el.appendChild(node("div", KINDS[r.kind] || "question", "kind"));
+    el.appendChild(node("div", typeof r.label === "string" && r.label ? r.label : "question", "kind"));
     if (origin) {
       /* the gateway holds the guest's connection to this origin until an answer (or its deadline) */
       el.appendChild(node("p", "The guest asks to connect to", "question"));
@@ -114,27 +118,22 @@
     el.appendChild(countdown);
     const error = node("p", "", "error");
     const row = node("div", null, "buttons");
-    const approve = node("button", "Approve", "approve");
-    const deny = node("button", "Deny", "deny");
-    const buttons = [approve, deny];
-    row.append(approve, deny);
-    if (origin) {
-      const cancel = node("button", "Cancel", "cancel");
-      buttons.push(cancel);
-      row.append(cancel);
-      cancel.addEventListener("click", () => answer(r.id, "cancel", card));
-    }
-    buttons.forEach((b) => { b.type = "button"; });
+    const buttons = answers.map((a) => {
+      const b = node("button", BUTTONS[a], a);
+      b.type = "button";
+      b.addEventListener("click", () => answer(r.id, a, card));
+      return b;
+    });
+    row.append(...buttons);
+    const deny = buttons[answers.indexOf("deny")];
     el.append(row, error);
     const card = { el, error, buttons, left: r.seconds_left, received: Date.now(), countdown, origin };
-    approve.addEventListener("click", () => answer(r.id, "approve", card));
-    deny.addEventListener("click", () => answer(r.id, "deny", card));
     cards.set(r.id, card);
     $("cards").appendChild(el);
     $("no-approvals").hidden = true;
     /* the safe answer is the default one, unless the person is typing into a sign-in card: a key
        meant for a value must not land on another card's button */
-    if (!inSignIn(document.activeElement)) deny.focus();
+    if (deny && !inSignIn(document.activeElement)) deny.focus();
   }
 
   function addShot(el, r) {
@@ -155,7 +154,6 @@
      straight into the request body (sendSignIn), and every input is cleared and removed before the
      POST is even answered: no value stays in the page, in a variable, in storage or in the URL. A
      refusal shows its message and new, empty inputs; a request decided elsewhere removes the card. */
-  const SIGN_IN = "browser_authentication";
   let serial = 0; /* makes the inputs' and radio groups' ids unique in the page */
 
   function inSignIn(el) {

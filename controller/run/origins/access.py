@@ -14,13 +14,14 @@ from controller.run.approvals import OriginPrompter, TerminalAsker
 from controller.run.entries import Approval
 from controller.run.origins.bounds import MAX_PENDING, UNREACHABLE_S
 from controller.run.origins.control import GatewayControl
+from controller.model.errors import DesktopSandboxError
 from controller.run.origins.decisions import reconcile_approvals
 from controller.run.origins.watcher import GatewayWatcher
 from controller.run.registry import ApprovalRegistry
 from controller.text import clean
 
 
-class ControlUnreachable(Exception):
+class ControlUnreachable(DesktopSandboxError):
     """The sandbox's gateway control API answered no call for :data:`UNREACHABLE_S` seconds at the run's
     start: nobody could see or answer the origin requests it holds. The message names it and its last
     error (``gateway control API unreachable for 15s: unreachable: GET ...: ConnectError ...``)."""

@@ -18,6 +18,7 @@ import httpcore
 
 from controller import json_semantics
 from controller.agent_transport import DeadlineBackend, Deadlines
+from controller.model.errors import DesktopSandboxError
 from controller.run.origins.bounds import (
     CALL_TIMEOUT_S, MAX_BODY_BYTES, MAX_EVENT_BYTES, MAX_REQUESTS, SSE_IDLE_S, SSE_LIFETIME_S,
 )
@@ -32,7 +33,7 @@ BY = ("terminal", "console", "command line")
 
 
 
-class GatewayError(Exception):
+class GatewayError(DesktopSandboxError):
     """A control API call that failed: ``status`` (the HTTP status; 0 when there was no usable
     answer), ``code`` (the gateway's error code, or ``unreachable``, ``deadline``, ``too_large``,
     ``bad_response``) and ``message`` (escaped)."""
