@@ -213,10 +213,16 @@ async def _stream(hub: SessionHub, session_id: str, start: int, closing: Any) ->
     yield CONNECTED
     while closing is None or not closing.is_set():
         version = hub.notifier.version(session_id)
-        rows = await asyncio.to_thread(hub.store.events_after, session_id, seq)
+        rows = hub.recent_after(session_id, seq)  # what the server just sent, from memory
+        if rows is None:
+            rows = await asyncio.to_thread(hub.store.events_after, session_id, seq)
         for number, event in rows:
             seq = number
-            yield sse(number, await asyncio.to_thread(_public, hub, event, number))
+            shot = (event.get("item") or {}).get("_shot") if isinstance(event.get("item"), dict) else None
+            if shot is None or hub.has_shot(shot):  # nothing to read from disk
+                yield sse(number, _public(hub, event, number))
+            else:
+                yield sse(number, await asyncio.to_thread(_public, hub, event, number))
         if rows and rows[-1][1].get("type") in TERMINAL:
             return
         if rows:

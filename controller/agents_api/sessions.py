@@ -46,10 +46,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import io
 import os
 import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -70,6 +71,8 @@ BY = "agents-api"
 """Who decided, in the registry and the record, for an answer that came through this API."""
 MAX_SHOT_BYTES = 16 * 1024 * 1024
 """Largest screenshot file read back from a run record for an event (bytes)."""
+RECENT_EVENTS = 256
+"""Events of each session kept in memory for its streams (the store holds them all)."""
 MAX_SHOTS_KEPT = 32
 """Screenshots kept in memory for the event streams (the latest ones, all sessions together)."""
 DEFAULT_APPS = [{"app": "browser", "args": ["about:blank"]}]
@@ -189,29 +192,60 @@ class SessionHub:
         self.stopping = False
         self._shots: OrderedDict[str, str] = OrderedDict()
         self._shots_lock = threading.Lock()
+        self._recent: dict[str, tuple[int, deque[tuple[int, dict[str, Any]]]]] = {}
+        self._emit_lock = threading.Lock()
         self.owner = owner_label()
 
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, session_id: str, event: dict[str, Any]) -> int:
-        """Store ``event`` for the session and wake its streams; returns its number."""
-        seq = self.store.add_event(session_id, {**event, "session_id": session_id}
-                                   if "session" not in event else event)
+        """Store ``event`` for the session, keep it among the session's recent events (what its streams
+        send without reading the store back, :meth:`recent_after`) and wake its streams; returns its
+        number."""
+        stored = {**event, "session_id": session_id} if "session" not in event else event
+        with self._emit_lock:  # stored and kept in one order
+            seq = self.store.add_event(session_id, stored)
+            floor, ring = self._recent.get(session_id) or (seq - 1, deque())
+            if len(ring) == RECENT_EVENTS:
+                floor = ring.popleft()[0]
+            ring.append((seq, stored))
+            self._recent[session_id] = (floor, ring)
         self.notifier.notify(session_id)
         return seq
 
+    def recent_after(self, session_id: str, seq: int) -> list[tuple[int, dict[str, Any]]] | None:
+        """The session's events numbered above ``seq`` from memory, or None when some of them are only
+        in the store (older than the :data:`RECENT_EVENTS` kept, or stored by an earlier server)."""
+        with self._emit_lock:
+            kept = self._recent.get(session_id)
+            if kept is None or seq < kept[0]:
+                return None
+            return [(number, event) for number, event in kept[1] if number > seq]
+
+    def forget_events(self, session_id: str) -> None:
+        """Let the session's recent events go (it is deleted or failed: its streams read the store)."""
+        with self._emit_lock:
+            self._recent.pop(session_id, None)
+
+    def has_shot(self, path: str) -> bool:
+        """Whether the screenshot ``path`` is in memory (:meth:`screenshot_url` then reads no file)."""
+        with self._shots_lock:
+            return path in self._shots
+
     def remember_shot(self, path: str, data: bytes, mime: str) -> None:
         """Keep a screenshot the model was just sent (its bytes from the run's bus) for the events that
-        carry it: the stream sends it from memory, not read back from the record (:meth:`screenshot_url`)."""
-        url = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+        carry it, as the stream sends it (:meth:`shot_url`): it is never read back from the record."""
+        url = shot_url(data, mime)
+        if url is None:
+            return
         with self._shots_lock:
             self._shots[path] = url
             while len(self._shots) > MAX_SHOTS_KEPT:
                 self._shots.popitem(last=False)
 
     def screenshot_url(self, path: str) -> str | None:
-        """A record's screenshot as a ``data:`` URL, as the model got it (PNG or JPEG): from memory when
-        the turn's events kept it (:meth:`remember_shot`), else read from the run record (a stream
-        reading older events) under the rule every reader of a record's screenshots follows
+        """A record's screenshot as ``data:image/jpeg;base64,…`` (:func:`shot_url`): from memory when the
+        turn's events kept it (:meth:`remember_shot`), else read from the run record (a stream reading
+        older events) under the rule every reader of a record's screenshots follows
         (:mod:`controller.run.shots`: ``path`` is the run directory and a ``shot-NNNN.png|jpg`` name in
         it); None when the file is gone, too large or refused."""
         with self._shots_lock:
@@ -222,14 +256,12 @@ class SessionHub:
         data, _why = read_shot(os.path.dirname(path), os.path.basename(path), MAX_SHOT_BYTES)
         if data is None:
             return None
-        image, _why = decode_shot(data)  # what the name says it is, within the pixel cap
-        if image is None:
-            return None
-        url = f"data:{shot_type(os.path.basename(path))};base64," + base64.b64encode(data).decode("ascii")
-        with self._shots_lock:
-            self._shots[path] = url
-            while len(self._shots) > MAX_SHOTS_KEPT:
-                self._shots.popitem(last=False)
+        url = shot_url(data, shot_type(os.path.basename(path)))
+        if url is not None:
+            with self._shots_lock:
+                self._shots[path] = url
+                while len(self._shots) > MAX_SHOTS_KEPT:
+                    self._shots.popitem(last=False)
         return url
 
     # -- sessions --------------------------------------------------------------------------------------
@@ -267,9 +299,11 @@ class SessionHub:
         return session.as_json()
 
     def release(self, session_id: str) -> None:
-        """The session's sandbox is gone and its thread ended: its place is free."""
+        """The session's sandbox is gone and its thread ended: its place is free (and its recent events
+        are read from the store from now on)."""
         with self._lock:
             self.holding.discard(session_id)
+        self.forget_events(session_id)
 
     def _task_for(self, params: SessionParams) -> tuple[Any, str | None]:
         from controller.offline.script import ScriptError, load_task_script
@@ -463,9 +497,16 @@ class LiveSession:
                 "metadata": self.metadata, "error": self.error, "task": self.task_file}
 
     def required_actions(self) -> list[dict[str, Any]]:
+        """The pending requests of this session: those its events named, and those of the turn under way
+        (also one whose event is still on its way)."""
         with self._lock:
-            pending = [(reg.get(rid), turn_id) for rid, (reg, turn_id) in self.requests.items()]
-        return [shapes.approval_action(r, t) for r, t in pending if r.pending]
+            pending = {rid: (reg.get(rid), turn_id) for rid, (reg, turn_id) in self.requests.items()}
+            turn = self.current
+            run = turn.run if turn is not None else None
+        if run is not None:
+            for request in run.registry.pending():
+                pending.setdefault(request.id, (request, turn.id))
+        return [shapes.approval_action(r, t) for r, t in pending.values() if r.pending]
 
     def as_json(self) -> dict[str, Any]:
         """``AgentSession``."""
@@ -530,6 +571,13 @@ class LiveSession:
         another session's), 400 when ``response_type`` does not fit the request."""
         with self._lock:
             known = self.requests.get(request_id)
+            run = self.current.run if self.current is not None else None
+        if known is None and run is not None:  # opened by the turn under way, its event not yet sent
+            try:
+                run.registry.get(request_id)
+                known = (run.registry, self.current.id if self.current else "")
+            except (KeyError, AnswerRefused):
+                known = None
         if known is None:
             raise ApiError(404, "unknown_request", "no approval request with this id in this session",
                            "request_id")
@@ -708,7 +756,8 @@ class LiveSession:
             if self.hub.options.on_live is not None:
                 with contextlib.suppress(Exception):
                     self.hub.options.on_live(view)
-            outcome = run.execute(lambda _t: self.sandbox, own=False)  # its bus drained: every event sent
+            outcome = run.execute(lambda _t: self.sandbox, own=False)
+            events.subscription.join(TURN_EVENTS_DRAIN_S)  # every event of the run sent before the turn's end
             self._carry(outcome.conversation)
             self._finish_turn(turn, outcome.status, outcome.reason, outcome.final_message, outcome.checks,
                               events.outputs)
@@ -719,7 +768,7 @@ class LiveSession:
         finally:
             quiet.file.close()
             with self._lock:
-                turn.run = None
+                turn.run = turn.record = None  # the record's path is in the metadata; its events kept no image
 
     def _turn_text(self, turn: Turn) -> str:
         """What the turn's run says to the model before its first screenshot: the turn's text, after the
@@ -736,11 +785,15 @@ class LiveSession:
         """Keep the conversation a turn's run left (:attr:`controller.run.runner.RunOutcome.conversation`)
         for the next turn: a call no output answered cut (:func:`controller.run.conversation.continuable`),
         the screenshots of all but the last :data:`controller.run.conversation.KEEP_IMAGE_TURNS` turns
-        left out (:func:`controller.run.conversation.bound_images`). A run that left none (cancelled or
-        failed before the model answered) changes nothing: the next turn continues from the one before."""
-        from controller.run.conversation import bound_images, continuable
+        left out (:func:`controller.run.conversation.bound_images`), only items the API takes back and
+        no lone surrogate (:func:`controller.run.conversation.sanitized`: an answer of a hostile model
+        never breaks the next turn), the oldest turns left out past
+        :data:`controller.run.conversation.MAX_CONVERSATION_BYTES` (:func:`controller.run.conversation.trimmed`).
+        A run that left none (cancelled or failed before the model answered) changes nothing: the next
+        turn continues from the one before."""
+        from controller.run.conversation import bound_images, continuable, sanitized, trimmed
 
-        items = bound_images(continuable(list(items)))
+        items = trimmed(bound_images(continuable(sanitized(list(items)))))
         if items:
             self.conversation = items
 
@@ -818,9 +871,30 @@ class LiveSession:
             self._fail(reason, environment=False)
 
 
+def shot_url(data: bytes, mime: str) -> str | None:
+    """A screenshot as the hosted API sends one: ``data:image/jpeg;base64,…`` (a JPEG as it is, a PNG
+    re-encoded at quality 80); None when the bytes are not the image they claim, or past the pixel
+    cap (:func:`controller.run.shots.decode_shot`)."""
+    if mime != "image/jpeg":
+        image, _why = decode_shot(data)
+        if image is None:
+            return None
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=80)
+        data = out.getvalue()
+    return "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
+
+
 def clean_text(text: str) -> str:
     """The answer's text with control characters escaped line by line (newlines kept)."""
     return "\n".join(clean(line, 20000) for line in text.split("\n"))[:40000]
+
+
+TURN_ENTRIES = frozenset({"run_started", "computer_call", "screenshot"})
+"""The record entries a turn's events are made of (:class:`_TurnEvents`)."""
+TURN_EVENTS_DRAIN_S = 120.0
+"""At a turn's end, the most its events may take to be sent after the run returned (seconds; each store
+write has its own deadline): the turn's last event comes after every other of the turn."""
 
 
 class _TurnEvents:
@@ -842,8 +916,11 @@ class _TurnEvents:
         self._signin_items: set[str] = set()  # sign-in requests whose request item was written
         self._signin_results: set[str] = set()  # ... and whose result item was
         self._entry, self._approval = EntryWritten, ApprovalChanged
-        run.bus.subscribe(self._handle, name=f"agents-api {session.id}",
-                          accepts=lambda event: isinstance(event, (EntryWritten, ApprovalChanged)))
+        # only what becomes events counts against the queue: a flood of network decisions never drops it
+        self.subscription = run.bus.subscribe(
+            self._handle, name=f"agents-api {session.id}",
+            accepts=lambda event: isinstance(event, ApprovalChanged) or (
+                isinstance(event, EntryWritten) and event.entry.type in TURN_ENTRIES))
 
     def _handle(self, published: Any) -> None:
         event = published.event

@@ -292,7 +292,7 @@ def _is_message(item: Any, role: str) -> bool:
 def check_input(exp: UserMessageExpectation | AssistantMessageExpectation | CallExpectation,
                 items: list[Any]) -> Outcome:
     """Check ``exp`` on a request's ``input`` items (Responses input items, as sent). ``observed`` says
-    what the input holds instead (texts escaped and cut to 80 characters each, at most 8 of them)."""
+    what the input holds instead (the last 80 characters of each text, escaped; at most 8 texts)."""
     if exp.kind == "call":
         calls = [str(item.get("call_id")) for item in items if isinstance(item, dict)
                  and item.get("type") in ("computer_call", "function_call")]
@@ -309,7 +309,8 @@ def check_input(exp: UserMessageExpectation | AssistantMessageExpectation | Call
         texts = [text for item in items if _is_message(item, "assistant") for text in _texts(item, "output_text")]
         where = "assistant messages"
     held = any(exp.text in text for text in texts)
-    seen = [repr(clean(text, 80)) for text in texts[-8:]]
+    # the end of each text: a first message is the instructions, then what the person wrote
+    seen = [repr(clean(text if len(text) <= 80 else "..." + text[-77:], 80)) for text in texts[-8:]]
     return Outcome(held, None, f"{where}: {', '.join(seen) or 'none'}")
 
 

@@ -252,7 +252,8 @@ class ScriptedModel:
         answered = sum(1 for start in self._starts if start < len(self.turns))
         if message >= answered:
             return self._refuse("script_exhausted",
-                                f"the script answers {answered} user messages (the turns up to each message turn); "
+                                f"the script answers {answered} user message{'' if answered == 1 else 's'} (the "
+                                "turns up to each message turn); "
                                 f"this request continues user message {message + 1}")
         since = items[users[-1]:] if users else items
         index = self._starts[message] + sum(

@@ -134,6 +134,17 @@ class _Queued:
         except queue.Full:
             return False
 
+    def drop(self) -> None:
+        """Dropped for falling behind: what was queued is let go, the thread ends after the event it is
+        handling."""
+        self.dropped = True
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        self.end()
+
     def end(self) -> None:
         """No more events: the thread ends once the queue is empty (at once when dropped)."""
         self.done = True
@@ -190,8 +201,17 @@ class RunBus:
         self._history: deque[Published] = deque(maxlen=history)
         self._inline: list[tuple[Callable[[Published], None], Callable[[Any], bool] | None]] = []
         self._queued: list[_Queued] = []
+        self._delivering = False  # an inline delivery is under way (on the thread holding the lock)
+        self._nested: deque[Published] = deque()  # published by an inline subscriber meanwhile
         self.closed = False
         self.on_dropped: Callable[[str, int], None] | None = None
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The bus's lock: a source that changes its state and publishes the change (the record, the
+        approval registry) holds it around both, taken before its own lock, so that the bus's order is
+        the order of the changes."""
+        return self._lock
 
     @property
     def last_seq(self) -> int:
@@ -201,7 +221,8 @@ class RunBus:
     def publish(self, event: Any) -> int:
         """Publish ``event`` (one of :data:`EVENT_KINDS`; TypeError otherwise) and return its sequence
         number; 0 once the bus is closed (the event goes nowhere). Inline subscribers have run when it
-        returns; queued ones have it in their queue, or are dropped."""
+        returns (an event published by an inline subscriber is delivered after the one it reacted to,
+        to every inline subscriber); queued ones have it in their queue, or are dropped."""
         if type(event) not in EVENT_KINDS:
             raise TypeError(f"not a bus event: {type(event).__name__}")
         dropped: list[_Queued] = []
@@ -218,20 +239,33 @@ class RunBus:
                 if not sub.offer(item):
                     sub.dropped = True
                     self._queued.remove(sub)
-                    sub.end()
+                    sub.drop()
                     dropped.append(sub)
-            for handler, accepts in list(self._inline):
-                if accepts is not None and not accepts(event):
-                    continue
+            if self._delivering:  # published by an inline subscriber: after the event under way
+                self._nested.append(item)
+            else:
+                self._delivering = True
                 try:
-                    handler(item)
-                except Exception:  # noqa: BLE001 - a broken view never stops the run
-                    pass
+                    self._deliver_inline(item)
+                    while self._nested:
+                        self._deliver_inline(self._nested.popleft())
+                finally:
+                    self._delivering = False
+                    self._nested.clear()
         for sub in dropped:
             if self.on_dropped is not None:
                 with contextlib.suppress(Exception):
                     self.on_dropped(sub.name, sub.queue.maxsize)
         return item.seq
+
+    def _deliver_inline(self, item: Published) -> None:
+        for handler, accepts in list(self._inline):
+            if accepts is not None and not accepts(item.event):
+                continue
+            try:
+                handler(item)
+            except Exception:  # noqa: BLE001 - a broken view never stops the run
+                pass
 
     def subscribe(self, handler: Callable[[Published], None], *, name: str, inline: bool = False,
                   capacity: int = CAPACITY, accepts: Callable[[Any], bool] | None = None,
@@ -239,9 +273,12 @@ class RunBus:
         """Deliver each event published from now on to ``handler(published)`` -- queued (its own
         thread, ``capacity`` events) or ``inline`` (module docstring). ``accepts(event)``: only events
         it returns True for are delivered (and count against the capacity). ``replay``: first deliver
-        the events still kept (:data:`HISTORY`), in order, none twice."""
+        the events still kept (:data:`HISTORY`; a queued subscriber the last ``capacity`` of them), in
+        order, none twice."""
         with self._lock:
             earlier = list(self._history) if replay else []
+            if replay and not inline:
+                earlier = [item for item in earlier if accepts is None or accepts(item.event)][-capacity:]
             if inline:
                 entry = (handler, accepts)
                 for item in earlier:
@@ -275,13 +312,17 @@ class RunBus:
 
     def close(self, drain_s: float = DRAIN_S) -> None:
         """Publish nothing more; let the queued subscribers handle what they were sent (at most
-        ``drain_s`` seconds all together) and end their threads."""
+        ``drain_s`` seconds all together) and end their threads. The events kept for late joiners lose
+        their images (a screenshot stays named in its entry): a finished run holds no pixels."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             subs, self._queued = list(self._queued), []
             self._inline.clear()
+            for index, item in enumerate(self._history):
+                if isinstance(item.event, EntryWritten) and item.event.image is not None:
+                    self._history[index] = Published(item.seq, EntryWritten(item.event.entry, None, item.event.mime))
             self._cond.notify_all()
         for sub in subs:
             sub.end()

@@ -20,8 +20,8 @@ import threading
 from typing import Any
 
 MAX_CONVERSATION_BYTES = 64 * 1024 * 1024
-"""The most a conversation may weigh as JSON (bytes); a run that leaves more leaves none (the next run
-starts afresh rather than sending a request the API refuses or a session that grows without end)."""
+"""The most a carried conversation may weigh as JSON (bytes): past it its oldest turns are left out
+(:func:`trimmed`), so a session never grows without end nor sends a request the API refuses."""
 
 
 class ConversationTail:
@@ -32,7 +32,6 @@ class ConversationTail:
         self._lock = threading.Lock()
         self._input: list[Any] | None = None
         self._output: list[Any] | None = None
-        self._size = 0
 
     def observe(self, request_body: bytes, response_body: Any) -> None:
         """Keep one exchange when it succeeded (an answer with ``output``); ignore anything else."""
@@ -49,13 +48,12 @@ class ConversationTail:
             return
         with self._lock:
             self._input, self._output = items, response_body["output"]
-            self._size = len(request_body)
 
     def items(self) -> list[dict[str, Any]]:
         """The conversation after the last exchange: its request's input items and its answer's output
-        items, in order ([] before any exchange, or when it outgrew :data:`MAX_CONVERSATION_BYTES`)."""
+        items, in order ([] before any exchange)."""
         with self._lock:
-            if self._input is None or self._output is None or self._size > MAX_CONVERSATION_BYTES:
+            if self._input is None or self._output is None:
                 return []
             return [item for item in [*self._input, *self._output] if isinstance(item, dict)]
 
@@ -127,3 +125,67 @@ def _without_images(item: dict[str, Any]) -> dict[str, Any]:
 
 def _is_image(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "input_image"
+
+
+def _input_item_types() -> frozenset[str]:
+    """The ``type`` of every Responses input item the installed SDK declares (its
+    ``ResponseInputItemParam``): what a request may carry back to the API."""
+    import typing
+
+    from openai.types.responses.response_input_item_param import ResponseInputItemParam
+
+    names: set[str] = set()
+    for member in typing.get_args(ResponseInputItemParam):
+        hint = getattr(member, "__annotations__", {}).get("type")
+        text = getattr(hint, "__forward_arg__", str(hint))
+        names.update(part.split("'")[1] for part in text.split("Literal[")[1:] if "'" in part)
+    return frozenset(names)
+
+
+INPUT_ITEM_TYPES = _input_item_types()
+"""Item types a conversation may carry (the SDK's input items); an answer's item of another type (a
+model or server of its own making) is not carried."""
+if not {"message", "computer_call", "computer_call_output", "reasoning"} <= INPUT_ITEM_TYPES:
+    raise ImportError("the installed openai SDK's input items lack the computer-use ones")
+
+
+def sanitized(items: list[Any]) -> list[dict[str, Any]]:
+    """``items`` fit to be sent again: only objects whose ``type`` is an input item type
+    (:data:`INPUT_ITEM_TYPES`; a message may leave it out), every string with a lone surrogate
+    (which UTF-8 cannot carry) replaced by ``?`` where it stood. Items that change are copies."""
+    kept = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("type", "message" if "role" in item else None) not in INPUT_ITEM_TYPES:
+            continue
+        kept.append(_encodable(item))
+    return kept
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    return value
+
+
+def trimmed(items: list[dict[str, Any]], max_bytes: int = MAX_CONVERSATION_BYTES) -> list[dict[str, Any]]:
+    """``items`` within ``max_bytes`` of JSON: the oldest turns (a user message and what follows it,
+    :func:`is_user_message`) left out, one at a time, the last turn always kept. Unchanged (the same
+    list) when it fits."""
+    size = len(json.dumps(items, ensure_ascii=False).encode("utf-8", "replace"))
+    if size <= max_bytes:
+        return items
+    starts = [i for i, item in enumerate(items) if is_user_message(item)]
+    for start in starts[1:]:
+        rest = items[start:]
+        if len(json.dumps(rest, ensure_ascii=False).encode("utf-8", "replace")) <= max_bytes:
+            return rest
+    return items[starts[-1]:] if starts else items
+

@@ -162,6 +162,7 @@ class LiveRun:
         self._human = False  # a person may act: set and read under _agent_lock
         self._agent_lock = threading.Lock()
         self._last_action: dict[str, Any] | None = None
+        self._last_lock = threading.Lock()  # never held while publishing, nor taken with _cond
         # a browser call the record got is also an action drawn on the live screen
         follow_entries(self.bus, self._browser_action, name="live-browser-actions")
         self.bus.subscribe(self._note_action, name="live-last-action", inline=True,
@@ -210,7 +211,7 @@ class LiveRun:
     @property
     def last_action(self) -> dict[str, Any] | None:
         """The last action sent (an ``action`` event's data), for a view that connects late."""
-        with self._cond:
+        with self._last_lock:
             return self._last_action
 
     @staticmethod
@@ -221,8 +222,9 @@ class LiveRun:
         event = published.event
         if event.action.get("type") in ("wait", "screenshot"):
             return
-        with self._cond:
-            self._last_action = {"by": event.by, "action": self._shown(event), "screen": list(self.screen or (0, 0))}
+        shown = {"by": event.by, "action": self._shown(event), "screen": list(self.screen or (0, 0))}
+        with self._last_lock:  # an inline subscriber runs under the bus's lock: never _cond here
+            self._last_action = shown
 
     def _browser_action(self, entry: Any) -> None:
         data = entry.as_json() if hasattr(entry, "as_json") else dict(entry)

@@ -103,19 +103,20 @@ class RunRecord:
         return self._write(entry)
 
     def _write(self, entry: Any, image: bytes | None = None, mime: str | None = None) -> Any:
-        with self._lock:
-            if self._file.closed:
-                raise ValueError("record is closed")
-            now = _dt.datetime.now(_dt.timezone.utc)
-            if self._last is not None and now < self._last:
-                now = self._last
-            self._last = now
-            entry = entry.model_copy(update={"ts": now.isoformat(timespec="milliseconds")})
-            line = json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
-            # a lone surrogate (a model's text may hold one) cannot be UTF-8: written as its JSON escape
-            self._file.write(line.encode("utf-8", "backslashreplace").decode("utf-8"))
-        self.bus.publish(EntryWritten(entry, image, mime))  # subscribers never break the record
-        return entry
+        with self.bus.lock:  # taken first: the bus publishes entries in the order of their lines
+            with self._lock:
+                if self._file.closed:
+                    raise ValueError("record is closed")
+                now = _dt.datetime.now(_dt.timezone.utc)
+                if self._last is not None and now < self._last:
+                    now = self._last
+                self._last = now
+                entry = entry.model_copy(update={"ts": now.isoformat(timespec="milliseconds")})
+                line = json.dumps(entry.as_json(), ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
+                # a lone surrogate (a model's text may hold one) cannot be UTF-8: written as its JSON escape
+                self._file.write(line.encode("utf-8", "backslashreplace").decode("utf-8"))
+            self.bus.publish(EntryWritten(entry, image, mime))  # subscribers never break the record
+            return entry
 
     def save_image(self, data: bytes, mime: str) -> str:
         """Store an image a person is shown but the model is not (the screen an approval is asked again

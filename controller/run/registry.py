@@ -264,14 +264,15 @@ class ApprovalRegistry:
     def _add(self, request: Request) -> Request:
         """Register a new pending request and tell the views; one asked after the run was cancelled or
         ended is withdrawn at once. Returns it."""
-        with self._lock:
-            self._requests[request.id] = request
-            self.version += 1
-            closed = self.closed
-        if closed is not None:
-            self.withdraw(request, closed)
-        self._publish(request)
-        return request
+        with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
+            with self._lock:
+                self._requests[request.id] = request
+                self.version += 1
+                closed = self.closed
+            if closed is not None:
+                self.withdraw(request, closed)
+            self._publish(request)
+            return request
 
     def open_signin(self, reason: str, *, credential_origin: str, fields: Iterable[dict[str, Any]],
                     options: Iterable[dict[str, Any]], screenshot: str | None = None) -> Request:
@@ -357,17 +358,18 @@ class ApprovalRegistry:
             deadline_s=None if deadline is None else max(0.0, round((deadline - created).total_seconds(), 3)),
             _created=now_mono - age, _forward=forward,
         )
-        with self._lock:
-            known = self._requests.get(request_id)
-            if known is not None:
-                return known, False
-            self._requests[request.id] = request
-            self.version += 1
-            closed = self.closed
-        if closed is not None:
-            self.withdraw(request, closed)
-        self._publish(request)
-        return request, True
+        with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
+            with self._lock:
+                known = self._requests.get(request_id)
+                if known is not None:
+                    return known, False
+                self._requests[request.id] = request
+                self.version += 1
+                closed = self.closed
+            if closed is not None:
+                self.withdraw(request, closed)
+            self._publish(request)
+            return request, True
 
     def resolve(self, request_id: str, state: State, *, by: str, reason: str | None = None) -> bool:
         """Decide a pending request from what its owner (the gateway) says: ``state`` approved |
@@ -410,18 +412,19 @@ class ApprovalRegistry:
                 keep: Callable[[], None] | None = None) -> bool:
         """Decide ``request`` if it is still pending (under the lock; ``keep`` runs there too, before the
         decision, to store what comes with it); True when this call decided it."""
-        with self._lock:
-            if not request.pending:
-                return False
-            if keep is not None:
-                keep()
-            request.state, request.by, request.reason = state, by, reason
-            request.decided_at = _now_iso()
-            request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
-            self.version += 1
-        request._decided.set()
-        self._publish(request)
-        return True
+        with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
+            with self._lock:
+                if not request.pending:
+                    return False
+                if keep is not None:
+                    keep()
+                request.state, request.by, request.reason = state, by, reason
+                request.decided_at = _now_iso()
+                request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
+                self.version += 1
+            request._decided.set()
+            self._publish(request)
+            return True
 
     def answer(self, request_id: str, answer: Any, *, by: str) -> Request:
         """A person's answer (``approve`` | ``deny``; for an origin request also ``cancel``) from the
@@ -476,23 +479,24 @@ class ApprovalRegistry:
         withdrawn at once. ``then`` (the run's cancellation flag) runs under the same lock as the
         withdrawal, so no answer can land between the two: a request is either decided before, or
         withdrawn. Returns the requests withdrawn."""
-        withdrawn: list[Request] = []
-        with self._lock:
-            self.closed = self.closed or reason
-            if then is not None:
-                then()
-            for request in self._requests.values():
-                if request.pending:
-                    request.state, request.by, request.reason = "withdrawn", "cancel", reason
-                    request.decided_at = _now_iso()
-                    request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
-                    withdrawn.append(request)
-            if withdrawn:
-                self.version += 1
-        for request in withdrawn:
-            request._decided.set()
-            self._publish(request)
-        return withdrawn
+        with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
+            withdrawn: list[Request] = []
+            with self._lock:
+                self.closed = self.closed or reason
+                if then is not None:
+                    then()
+                for request in self._requests.values():
+                    if request.pending:
+                        request.state, request.by, request.reason = "withdrawn", "cancel", reason
+                        request.decided_at = _now_iso()
+                        request.latency_ms = round((time.monotonic() - request._created) * 1000, 1)
+                        withdrawn.append(request)
+                if withdrawn:
+                    self.version += 1
+            for request in withdrawn:
+                request._decided.set()
+                self._publish(request)
+            return withdrawn
 
     def wait(self, request: Request, cancelled: Callable[[], bool] | None = None) -> Request:
         """Block until ``request`` is decided: by an answer, its deadline (denied, ``by="timeout"``) or

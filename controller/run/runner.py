@@ -294,7 +294,7 @@ class Run:
                 self._stopped(exc)
             except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised when not an Exception
                 self._failed(exc)
-                if not isinstance(exc, Exception):
+                if not isinstance(exc, (Exception, SandboxInterrupted)):  # a signal during a start: cancelled
                     try:
                         self._end(own)
                     finally:

@@ -7,6 +7,7 @@ runner and the scripted model on a Docker desktop -- is in ``test_session_conver
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -134,3 +135,32 @@ def test_an_offline_tasks_instructions_go_with_the_first_message_the_model_sees(
     assert first.startswith("In the Pickup desk page in the browser") and first.endswith('saved.\n\nBook it.')
     live._carry(turn(first, "call_0000", "done"))
     assert live._turn_text(message("Thanks.")) == "Thanks."
+
+
+def test_a_hostile_answer_is_not_carried_into_the_next_turn():
+    """An answer with an item type the API refuses as input and a lone surrogate in its text (a model
+    or a server of its own making): what is carried encodes as UTF-8 and holds only input items."""
+    from controller.run.conversation import INPUT_ITEM_TYPES, sanitized
+
+    answer = [{"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok \ud800!"}]},
+              {"type": "made_up_item", "payload": 1}, "not an item", {"no": "type"}]
+    carried = sanitized(answer)
+    json.dumps(carried, ensure_ascii=False).encode("utf-8")  # a lone surrogate would raise here
+    assert [item.get("type", "message") for item in carried] == ["message", "message"]
+    assert carried[1]["content"][0]["text"] == "ok ?!"
+    assert all(item.get("type", "message") in INPUT_ITEM_TYPES for item in carried)
+
+
+def test_a_conversation_past_its_bound_loses_its_oldest_turns_not_its_newest():
+    from controller.run.conversation import trimmed
+
+    def turn(n):
+        return [{"role": "user", "content": [{"type": "input_text", "text": f"turn {n}"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x" * 1000}]}]
+
+    items = [item for n in range(10) for item in turn(n)]
+    assert trimmed(items, 10**6) is items
+    kept = trimmed(items, 3500)
+    assert kept == items[-6:]  # the last three turns
+    assert trimmed(items, 10) == items[-2:]  # the last turn always stays

@@ -1,7 +1,7 @@
 """A session is one conversation on one desktop, through the real openai client (sync and async) against
 ``serve``'s server on loopback, on a real Docker sandbox.
 
-The session's task (``tasks/session-terminal.toml`` beside this file) has an offline script of two
+The session's task (``tasks/session-terminal.toml``, shipped as the docs' example) has an offline script of two
 parts, one per user message. The first message's turn writes ``first`` into a file with the terminal;
 the second's must be answered from the conversation the first left -- the scripted model's captured
 requests show its first request carrying the first message, the first turn's computer calls with their
@@ -26,7 +26,7 @@ from controller.offline.scripted_server import ScriptedModel
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-TASKS = Path(__file__).resolve().parent / "tasks"
+TASKS = Path(__file__).resolve().parents[2] / "tasks"
 TASK = TASKS / "session-terminal.toml"
 ENDS = ("agent.session.turn.completed", "agent.session.turn.failed", "agent.session.turn.cancelled",
         "agent.session.failed")
@@ -36,7 +36,7 @@ FIRST, SECOND = "Write first into the file.", "Now append second."
 @pytest.fixture(scope="module")
 def conversation_api(tmp_path_factory: pytest.TempPathFactory, desktop_image: str,
                      test_labels: dict[str, str]) -> Iterator[AgentsServer]:
-    """A server with real Docker sandboxes whose offline tasks are the ones beside this file."""
+    """A server with real Docker sandboxes whose offline tasks are the shipped ones (tasks/)."""
     runs = tmp_path_factory.mktemp("conversation") / "runs"
     server = AgentsServer(ServeOptions(hub=HubOptions(runs_dir=runs, image=desktop_image, tasks_dir=TASKS,
                                                       extra_labels=dict(test_labels)))).start()

@@ -104,16 +104,14 @@ def test_pickup_through_the_sync_client_resumed_with_last_event_id_then_deleted(
     assert entries[-1].type == "run_finished" and entries[-1].status == "passed"
     assert not [e for e in entries if e.type == "agents_event"]  # the events are the server's, not the record's
 
-    # each screenshot event carries the image the model got, byte for byte (no re-encoding, no disk read)
+    # each screenshot event carries the image the model got, as a JPEG (the hosted API's form)
     shots = [e.item for e in seen if e.type == "agent.session.turn.item.done" and e.item.type == "computer_use_call"]
     recorded = [e for e in entries if e.type == "screenshot"]
     assert len(shots) >= 5 and len(shots) == len(recorded) and all(s.status == "completed" for s in shots)
-    for shot, line in zip(shots, recorded):
-        prefix = f"data:{line.mime};base64,"
-        assert shot.output is not None and shot.output.image_url.startswith(prefix)
-        assert base64.b64decode(shot.output.image_url[len(prefix):], validate=True) == (record.parent / line.file).read_bytes()
-    with Image.open(io.BytesIO((record.parent / recorded[-1].file).read_bytes())) as image:
-        assert image.size == (1280, 800)
+    prefix = "data:image/jpeg;base64,"
+    assert all(s.output is not None and s.output.image_url.startswith(prefix) for s in shots)
+    with Image.open(io.BytesIO(base64.b64decode(shots[-1].output.image_url[len(prefix):], validate=True))) as image:
+        assert image.format == "JPEG" and image.size == (1280, 800)
 
     paged = list(c.beta.agents.sessions.items.list(session.id, order="asc", limit=3))
     whole = c.beta.agents.sessions.items.list(session.id, order="asc", limit=100)

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from controller.run.bus import (
-    ActionSent, ApprovalChanged, ControlChanged, EntryWritten, RunBus, RunEnded, follow_entries, of_kind,
+    ActionSent, ApprovalChanged, ControlChanged, EntryWritten, Published, RunBus, RunEnded, follow_entries,
+    of_kind,
 )
 from controller.run.entries import Check, ViewDropped
 from controller.run.record import RunRecord, read_entries
@@ -134,3 +135,129 @@ def test_the_record_and_the_registry_publish_on_one_bus(tmp_path):
     record.write(Check(kind="file", target="~/y", passed=False))
     assert entries == ["check"]
     record.close()
+
+
+def _all_end(threads: list[threading.Thread], within_s: float) -> bool:
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + within_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)
+
+
+def test_a_view_taking_over_while_actions_are_published_never_deadlocks(tmp_path):
+    """The console's take over, resume and first paint (LiveRun's state lock, then the bus) while the
+    run publishes actions and record lines (the bus, then the inline subscribers): no lock is ever
+    taken in the other order."""
+    from controller.run.live import LiveRun
+
+    sys_interval = __import__("sys").getswitchinterval()
+    __import__("sys").setswitchinterval(1e-5)
+    try:
+        bus = RunBus()
+        record = RunRecord(tmp_path, "r", bus=bus)
+        registry = ApprovalRegistry(30, bus=bus)
+        live = LiveRun(record.run_id, record.dir, registry)
+        live.attach(object(), (1280, 800), cancel=lambda by: None, record_human=lambda data: None)
+        stop = time.monotonic() + 1.5
+
+        def actions():
+            while time.monotonic() < stop:
+                live.on_forward([{"type": "click", "x": 1, "y": 2}])
+                record.write(Check(kind="file", target="~/x", passed=True))
+
+        def views():
+            while time.monotonic() < stop:
+                live.take_over()
+                live.describe()
+                live.resume()
+
+        threads = [threading.Thread(target=actions, daemon=True) for _ in range(2)]
+        threads += [threading.Thread(target=views, daemon=True) for _ in range(2)]
+        assert _all_end(threads, 20), "deadlocked"
+        record.close()
+    finally:
+        __import__("sys").setswitchinterval(sys_interval)
+
+
+def test_an_event_published_by_an_inline_subscriber_comes_after_the_one_it_reacted_to():
+    """A registry listener that opens a request while told of another (as a replay's answerer does):
+    every inline subscriber sees the first request's change before the second's."""
+    bus = RunBus()
+    registry = ApprovalRegistry(30, bus=bus)
+    registry.views.add("console")
+    opened: list[str] = []
+
+    def chain(request):
+        if request.pending and request.question == "first?":
+            opened.append(registry.open("action", "second?").id)
+
+    registry.subscribe(chain)
+    seen: list[str] = []
+    bus.subscribe(lambda p: seen.append(p.event.request.question), name="later", inline=True,
+                  accepts=of_kind(ApprovalChanged))
+    registry.open("action", "first?")
+    assert seen == ["first?", "second?"]
+    assert [p.event.request.question for p in bus.since(0)] == ["first?", "second?"]
+
+
+def test_the_bus_order_is_the_record_order_and_each_request_is_pending_before_decided(tmp_path):
+    """Writers and answerers on several threads: the bus publishes record entries in the order of their
+    lines, and a request's pending change before its decision."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        bus = RunBus(history=100000)
+        record = RunRecord(tmp_path, "r", bus=bus)
+        registry = ApprovalRegistry(30, bus=bus)
+        registry.views.add("console")
+
+        def write(n):
+            for i in range(400):
+                record.write(Check(kind="file", target=f"~/{n}-{i}", passed=True))
+
+        def ask():
+            for _ in range(150):
+                registry.open("action", "go?")
+
+        def answer():
+            for _ in range(3000):
+                for request in registry.pending():
+                    try:
+                        registry.answer(request.id, "deny", by="console")
+                    except Exception:  # noqa: BLE001 - another answerer was first
+                        pass
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+        threads += [threading.Thread(target=ask), threading.Thread(target=answer)]
+        assert _all_end(threads, 60)
+        record.close()
+        published = [p.event.entry.target for p in bus.since(0) if isinstance(p.event, EntryWritten)]
+        assert published == [e.target for e in read_entries(record.path)]
+        states: dict[str, list[str]] = {}
+        for p in bus.since(0):
+            if isinstance(p.event, ApprovalChanged):
+                states.setdefault(p.event.changed["id"], []).append(p.event.changed["state"])
+        assert states and all(s[0] == "pending" for s in states.values())
+        versions = [p.event.snapshot["version"] for p in bus.since(0) if isinstance(p.event, ApprovalChanged)]
+        assert versions == sorted(versions)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_closed_bus_keeps_no_pixels_and_a_dropped_subscriber_lets_its_queue_go(tmp_path):
+    bus = RunBus()
+    record = RunRecord(tmp_path, "r", bus=bus)
+    stuck = threading.Event()
+    sub = bus.subscribe(lambda p: stuck.wait(10), name="stuck", capacity=4)
+    for _ in range(10):
+        record.save_screenshot(b"\x89PNG\r\n\x1a\n" + b"x" * 1000, "image/png", image_size=(1, 1), frame=(0, 0, 1, 1))
+    assert sub.dropped and not [item for item in sub._queued.queue.queue if isinstance(item, Published)]
+    stuck.set()
+    record.close()
+    bus.close()
+    kept = [p.event for p in bus.since(0) if isinstance(p.event, EntryWritten)]
+    assert len(kept) == 10 and all(e.image is None and e.entry.file.startswith("shot-") for e in kept)

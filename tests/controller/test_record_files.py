@@ -158,7 +158,7 @@ def test_the_agents_api_sends_the_screenshot_event_without_an_image(tmp_path, ca
     run, name = hostile_run(tmp_path, case)
     hub = SessionHub(Store(tmp_path / "agents.db"), HubOptions(runs_dir=tmp_path / "runs"))
     try:
-        assert hub.screenshot_url(os.path.join(run, "shot-0001.png")).startswith("data:image/png;base64,")
+        assert hub.screenshot_url(os.path.join(run, "shot-0001.png")).startswith("data:image/jpeg;base64,")
         assert quickly(lambda: hub.screenshot_url(os.path.join(run, name)), run / "shot-0003.png") is None
     finally:
         hub.store.close()

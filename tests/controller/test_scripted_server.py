@@ -747,7 +747,7 @@ def test_a_user_message_past_the_scripts_message_turns_is_refused_as_exhausted(s
         {"role": "user", "content": "two"}]}
     resp = scripted.post(s, body)
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "script_exhausted"
-    assert "answers 1 user messages" in resp.json()["error"]["message"]
+    assert "answers 1 user message (" in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("line, why", [
