@@ -259,20 +259,24 @@ class ApprovalRegistry:
                     for c in checks],
             actions=[clean(a, 1000) for a in actions], screenshot=screenshot, deadline_s=self.timeout_s,
         )
-        return self._add(request)
+        return self._add(request)[0]
 
-    def _add(self, request: Request) -> Request:
+    def _add(self, request: Request, *, once: bool = False) -> tuple[Request, bool]:
         """Register a new pending request and tell the views; one asked after the run was cancelled or
-        ended is withdrawn at once. Returns it."""
+        ended is withdrawn at once. ``once``: a request with this id already known is returned as it is,
+        nothing added. Returns the request and whether it was added."""
         with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
             with self._lock:
+                known = self._requests.get(request.id) if once else None
+                if known is not None:
+                    return known, False
                 self._requests[request.id] = request
                 self.version += 1
                 closed = self.closed
             if closed is not None:
                 self.withdraw(request, closed)
             self._publish(request)
-            return request
+            return request, True
 
     def open_signin(self, reason: str, *, credential_origin: str, fields: Iterable[dict[str, Any]],
                     options: Iterable[dict[str, Any]], screenshot: str | None = None) -> Request:
@@ -288,7 +292,7 @@ class ApprovalRegistry:
             options=[{"id": clean(o["id"], 80), "label": clean(o.get("label", ""), 200),
                       "field_ids": [clean(i, 80) for i in o.get("field_ids", [])]} for o in options],
         )
-        return self._add(request)
+        return self._add(request)[0]
 
     def answer_signin(self, request_id: str, response: Any, *, by: str) -> Request:
         """A person's answer to a sign-in request: ``{"action": "cancel"}`` or ``{"action": "submit",
@@ -358,18 +362,7 @@ class ApprovalRegistry:
             deadline_s=None if deadline is None else max(0.0, round((deadline - created).total_seconds(), 3)),
             _created=now_mono - age, _forward=forward,
         )
-        with self.bus.lock:  # the bus first, then ours: the changes and their events in one order
-            with self._lock:
-                known = self._requests.get(request_id)
-                if known is not None:
-                    return known, False
-                self._requests[request.id] = request
-                self.version += 1
-                closed = self.closed
-            if closed is not None:
-                self.withdraw(request, closed)
-            self._publish(request)
-            return request, True
+        return self._add(request, once=True)
 
     def resolve(self, request_id: str, state: State, *, by: str, reason: str | None = None) -> bool:
         """Decide a pending request from what its owner (the gateway) says: ``state`` approved |
