@@ -195,14 +195,15 @@ class LiveRun:
         returns everything kept."""
         deadline = time.monotonic() + timeout
         while True:
-            shown = [e for e in map(self.view_event, self.bus.since(seq, max(0.0, deadline - time.monotonic())))
-                     if e is not None]
+            published = self.bus.since(seq, max(0.0, deadline - time.monotonic()))
+            shown = [e for e in map(self.view_event, published) if e is not None]
             if shown:
                 return shown
-            last = self.bus.last_seq
-            if time.monotonic() >= deadline or self.bus.closed or (self.state == "finished" and last <= seq):
+            if published:  # only events views do not show: look past them, and only them
+                seq = max(seq, published[-1].seq)
+            if time.monotonic() >= deadline or self.bus.closed or (
+                    self.state == "finished" and self.bus.last_seq <= seq):
                 return []
-            seq = max(seq, last)
 
     @property
     def last_seq(self) -> int:

@@ -261,3 +261,25 @@ def test_a_closed_bus_keeps_no_pixels_and_a_dropped_subscriber_lets_its_queue_go
     bus.close()
     kept = [p.event for p in bus.since(0) if isinstance(p.event, EntryWritten)]
     assert len(kept) == 10 and all(e.image is None and e.entry.file.startswith("shot-") for e in kept)
+
+
+def test_a_view_reading_past_hidden_events_misses_none_published_meanwhile(tmp_path):
+    """The console's feed skips the events it does not show (a ``wait`` action) by their own numbers:
+    a control change published right after them still reaches the view."""
+    from controller.run.live import LiveRun
+
+    registry = ApprovalRegistry(30)
+    live = LiveRun("r", tmp_path, registry)
+    bus = live.bus
+    bus.publish(ActionSent({"type": "wait"}))
+    since, once = bus.since, []
+
+    def racing(seq, timeout=0.0):
+        out = since(seq, timeout)
+        if out and not once:  # the run goes on between the view's two reads
+            once.append(bus.publish(ControlChanged("running", "console")))
+        return out
+
+    bus.since = racing
+    events = live.events_after(0, timeout=2)
+    assert [(e["kind"], e.get("state")) for e in events] == [("control", "running")]
