@@ -388,6 +388,12 @@ class AgentClient:
         settled = _SETTLED[raw_settled] if raw_settled is not None else None
         return AgentStep(executed, settled, self._shot(answer, what, max_width, max_height, crop))
 
+    def replace_token(self, new: str) -> None:
+        """Tell the agent to accept only ``new`` as its bearer token from now on (``POST /v1/token``;
+        32 to 256 visible ASCII characters). This client keeps sending the old one: make a new client
+        with ``new``. Raises AgentError (``invalid_request`` for a malformed token)."""
+        self._request("POST", "/v1/token", JSON_MAX_BYTES, json_body={"token": new})
+
     def release(self) -> None:
         """Release every key and button the guest reports down (answer capped at :data:`JSON_MAX_BYTES`)."""
         self._request("POST", "/v1/release", JSON_MAX_BYTES)

@@ -23,13 +23,15 @@ import typer
 from controller.commands import servers
 from controller.commands.audit import audit as audit_command
 from controller.commands.build import build as build_command
-from controller.commands.common import console
+from controller.commands.common import console, refuse
 from controller.commands.down import down as down_command
 from controller.commands.render import render as render_command
 from controller.commands.replay import replay_run
 from controller.commands.report import report as report_command
 from controller.commands.run_suite import run_suite
 from controller.commands.run_task import run_task, sandbox_opener
+from controller.commands import snapshot as snapshot_commands
+from controller.commands.pool import capabilities as capabilities_command, keep_pool as pool_command, pool_size
 from controller.commands.up import up as up_command
 from controller.sandbox.registry import DEFAULT_BACKEND, backend_names
 from controller.text import clean_lines
@@ -98,6 +100,19 @@ def up(
     detach: bool = typer.Option(False, help="Leave it running; print where its token is and exit."),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
     arch: str = typer.Option("", "--arch", help=ARCH_HELP),
+    from_snapshot: Optional[str] = typer.Option(
+        None, "--from", help="Restore from this snapshot (an id under $DESKTOP_SANDBOX_SNAPSHOTS or ./snapshots, "
+                             "or its directory) instead: its screen, policy and backend; refused if its state "
+                             "cannot be proven."),
+    count: int = typer.Option(1, "--count", help="With --from: restore this many independent sandboxes (1-16)."),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="N|auto",
+                                       help="Keep a warm pool of N sandboxes instead (auto: what this host's memory "
+                                            "holds, at most 4) and serve claims until Ctrl-C: prints the claim "
+                                            "socket for run-task --pool. Of --width x --height with no apps, or of "
+                                            "each --task's template (its screen and the apps it launches)."),
+    pool_task: list[Path] = typer.Option([], "--task", help="With --pool: keep N sandboxes of this task's template "
+                                                           "(repeatable), so that its runs claim one."),
+    capabilities: bool = typer.Option(False, "--capabilities", help="Print what each backend can do and exit."),
 ) -> None:
     """Start a sandbox, print how to reach its agent (token file, example curl line), and keep it until
     Ctrl-C (or `down ID`, when detached).
@@ -105,7 +120,44 @@ def up(
     Ctrl-C or SIGTERM while it starts abandons the start (exit 130); afterwards it removes the sandbox
     and the token file (exit 0). Either way nothing is left, also under a second signal.
     """
+    if from_snapshot is not None or count != 1:
+        changed = [name for name, given in (("--width", width != 1280), ("--height", height != 800),
+                                            ("--allow", bool(allow)), ("--arch", bool(arch)),
+                                            ("--backend", backend != DEFAULT_BACKEND), ("--pool", pool is not None),
+                                            ("--capabilities", capabilities), ("--task", bool(pool_task))) if given]
+        snapshot_commands.up_from(from_snapshot, count=count, detach=detach, image_tag=image_tag, changed=changed)
+        return
+    if capabilities:
+        capabilities_command()
+        return
+    if pool is not None:
+        ignored = [name for name, given in (("--allow", bool(allow)), ("--detach", detach)) if given]
+        if ignored:
+            refuse(f"{', '.join(ignored)}: not with --pool (a claim gives each sandbox its task's policy; "
+                   "the pool lives as long as this command)")
+        pool_command(image_tag, width=width, height=height, size=pool_size(pool), backend=backend, arch=arch,
+                     tasks=pool_task)
+        return
+    if pool_task:
+        refuse("--task: only with --pool")
     up_command(image_tag, width=width, height=height, allow=allow, detach=detach, backend=backend, arch=arch)
+
+
+@app.command()
+def snapshot(
+    sandbox_id: str = typer.Argument(..., help="A running sandbox's id, as `up` prints it."),
+    task: Optional[Path] = typer.Option(None, "--task", help="Task file: the files and app records its "
+                                        "checks read go into the state proof."),
+    snapshots_dir: Optional[Path] = typer.Option(None, "--dir", help="Where snapshots go (default "
+                                                 "$DESKTOP_SANDBOX_SNAPSHOTS, else ./snapshots)."),
+) -> None:
+    """Save a running sandbox (started by `up`, also from another shell) as a snapshot; print its id.
+
+    Docker: the guest's homes as files (processes do not survive: a restore starts the apps again); VM:
+    the whole machine. `up --from ID [--count N]` restores it, after proving the restored state equals
+    the saved one. Exit 2 for a bad id or task, or a backend that cannot snapshot; 1 when it fails.
+    """
+    snapshot_commands.snapshot(sandbox_id, task_file=task, root=snapshots_dir)
 
 
 @app.command()
@@ -163,6 +215,10 @@ def run_task_cmd(
         False, "--record-typed-text", help="Keep the text the model (or a person taking over) typed in the run "
                                            "record, so that `replay` can type it again; off by default (typed "
                                            "text may hold secrets)."),
+    pool: Optional[Path] = typer.Option(
+        None, "--pool", envvar="DESKTOP_SANDBOX_POOL",
+        help="Claim the sandbox from the warm pool whose claim socket this is (`up --pool N` prints it; "
+             "run-suite --pool sets it for its runs); an empty or unreachable pool means a cold start."),
 ) -> None:
     """Run a task in a fresh sandbox through the SDK loop, verify it from the guest, write runs/<id>/.
 
@@ -187,7 +243,7 @@ def run_task_cmd(
              legacy=legacy, approve_safety_check=approve_safety_check, approve_origin=approve_origin,
              confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, backend=backend, ui=ui,
              approval_timeout=approval_timeout, runner=runner, arch=arch, opener=sandbox_opener, sign_in=sign_in,
-             attach_network=attach_network, record_typed_text=record_typed_text)
+             attach_network=attach_network, record_typed_text=record_typed_text, pool=pool)
 
 
 @app.command()
@@ -264,12 +320,16 @@ def audit(
     image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP),
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
     arch: str = typer.Option("", "--arch", help=ARCH_HELP),
+    swap_from: Optional[Path] = typer.Option(None, "--swap-from", help="Start the sandbox with this policy file "
+                                             "and swap the audited policy in at runtime first (docker)."),
+    via_pool: bool = typer.Option(False, "--via-pool", help="Audit a sandbox claimed from a warm pool (docker)."),
 ) -> None:
     """Probe the network policy from inside the guest; print a table, optionally write JSON.
 
     Without --policy/--task the policy is deny-all. Exit 0 only if every probe passed; 1 if any failed.
     """
-    audit_command(policy, task, json_out=json_out, image_tag=image_tag, backend=backend, arch=arch)
+    audit_command(policy, task, json_out=json_out, image_tag=image_tag, backend=backend, arch=arch,
+                  swap_from=swap_from, via_pool=via_pool)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -288,6 +348,9 @@ def bench(ctx: typer.Context) -> None:
     largest N at which every run passed (--levels 1,2,4,8, --task FILE, --image TAG, --idle-samples N,
     --runs-dir DIR, --json FILE). Exit 0 when the task passed alone.
 
+    With --pool first: a warm pool beside cold starts (controller.bench_pool): a pool sandbox's idle
+    memory, time to the first screenshot and a run-task run cold vs on a pool hit, N runs at once on a pool.
+
     With --agents-api first: the local Agents API (controller.agents_api.bench): session create to first
     screenshot event, and each step's screenshot from the guest to the SSE event, beside run-task's own
     step time (--steps 20, --sessions 3, --image TAG, --runs-dir DIR, --json FILE).
@@ -297,6 +360,10 @@ def bench(ctx: typer.Context) -> None:
         from controller.bench_suite import main as suite_main
 
         report = suite_main(args[1:])
+    elif args[:1] == ["--pool"]:
+        from controller.bench_pool import main as pool_main
+
+        report = pool_main(args[1:])
     elif args[:1] == ["--agents-api"]:
         from controller.agents_api.bench import main as agents_main
 
@@ -323,6 +390,10 @@ def run_suite_cmd(
     junit_out: Optional[Path] = typer.Option(None, "--junit", help="Also write the report as JUnit XML here."),
     run_timeout: float = typer.Option(900.0, "--run-timeout", min=10.0, max=86400.0,
                                       help="Seconds one run may take; then it is cancelled (SIGTERM)."),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="N|auto",
+                                       help="Keep N sandboxes per task template warm while the suite runs (auto: "
+                                            "what this host's memory holds, at most 4); each run claims one (an "
+                                            "empty pool: a cold start)."),
 ) -> None:
     """Run task files, each --repeat times in a fresh sandbox, at most --parallel at once; report.
 
@@ -339,7 +410,8 @@ def run_suite_cmd(
            record finished `cancelled`), runs not started are reported as not_started
     """
     run_suite(paths, parallel=parallel, repeat=repeat, backend=backend, image_tag=image_tag, live=live,
-              model=model, runs_dir=runs_dir, json_out=json_out, junit_out=junit_out, run_timeout=run_timeout)
+              model=model, runs_dir=runs_dir, json_out=json_out, junit_out=junit_out, run_timeout=run_timeout,
+              pool=pool_size(pool) if pool is not None else 0)
 
 
 @app.command()
@@ -351,10 +423,14 @@ def render(
                                                  "else desktop-sandbox)."),
     image_tag: Optional[str] = typer.Option(None, "--image", help="Image the cluster pulls (default "
                                             "$DESKTOP_SANDBOX_K8S_IMAGE, else desktop-sandbox:latest)."),
+    pool: Optional[int] = typer.Option(None, "--pool", min=0, help="Print instead a warm pool of this many "
+                                       "sandboxes as agent-sandbox objects (SandboxTemplate, SandboxWarmPool, "
+                                       "SandboxClaim); deny-all tasks only."),
 ) -> None:
     """Print the Kubernetes manifests (YAML) of one sandbox for TASK, as `--backend kubernetes` creates
-    them; nothing is contacted. Exit 2 for a bad task or another backend."""
-    render_command(task_file, backend=backend, namespace=namespace, image_tag=image_tag)
+    them, or with --pool N a warm pool of N; nothing is contacted. Exit 2 for a bad task or another
+    backend."""
+    render_command(task_file, backend=backend, namespace=namespace, image_tag=image_tag, pool=pool)
 
 
 @app.command("console")
@@ -388,6 +464,10 @@ def serve_cmd(
                                              "as a task's network policy allows them."),
     max_sessions: int = typer.Option(8, "--max-sessions", min=1, max=256,
                                      help="Sessions holding a sandbox at once (one more is refused: 429)."),
+    pool: Optional[str] = typer.Option(None, "--pool", metavar="N|auto",
+                                       help="Keep N sandboxes (1280x800, no apps) warm (auto: what this host's memory "
+                                            "holds, at most 4); a new session claims one (an empty pool: a cold "
+                                            "start)."),
 ) -> None:
     """Serve the Agents API's sessions (client.beta.agents.sessions of the openai SDK) on 127.0.0.1.
 
@@ -400,7 +480,7 @@ def serve_cmd(
     """
     servers.serve(port=port, key_file=key_file, backend=backend, image_tag=image_tag, runs_dir=runs_dir, db=db,
                   approval_timeout=approval_timeout, ui=ui, attach_network=attach_network,
-                  max_sessions=max_sessions)
+                  max_sessions=max_sessions, pool=pool_size(pool) if pool is not None else 0)
 
 
 if __name__ == "__main__":

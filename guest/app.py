@@ -26,7 +26,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -73,6 +75,9 @@ class AgentConfig:
     wait_cap: float = WAIT_CAP_S
     wait_quiet: float = WAIT_QUIET_S
     request_timeout: float = REQUEST_TIMEOUT_S
+    token_file: str | None = None
+    on_token: Callable[[str], None] | None = None
+    """Told each new token ``POST /v1/token`` takes (the connection guard's own copy)."""
 
 
 def _first_problem(exc: ValidationError) -> str:
@@ -124,11 +129,36 @@ def _json_problem(value: Any) -> str | None:
     return None
 
 
+def _replace_token_file(path: str, token: str) -> None:
+    """Write ``token`` over the token file (a new 0400 file renamed into place), so that the agent,
+    restarted, reads the token in force and not the one it started with. Best effort: a directory the
+    agent cannot write keeps the old file (logged)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    partial = os.path.join(folder, f".token.{secrets.token_hex(6)}")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(token + "\n")
+        os.replace(partial, path)
+    except OSError as exc:
+        logging.getLogger("guest.app").warning("the token file was not rewritten: %s", exc.strerror or exc)
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+
+
+TOKEN_MIN_CHARS = 32
+"""Shortest bearer token ``POST /v1/token`` accepts."""
+TOKEN_MAX_CHARS = 256
+"""Longest bearer token ``POST /v1/token`` accepts."""
+
+
 def create_app(config: AgentConfig) -> FastAPI:
     """Build the agent app for ``config``; the X connections open on first use."""
     if not config.token:
         raise ValueError("the bearer token must not be empty")
-    token = config.token.encode()
+    token = [config.token.encode()]  # one cell: POST /v1/token replaces it
     conn = DisplayConnection(config.display)
     capture = Capture(config.display)
     executor = Executor(conn, capture, busy_timeout=config.busy_timeout, wait_cap=config.wait_cap,
@@ -152,7 +182,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     async def authorize(request: Request) -> None:
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token[0]):
             raise Unauthorized()
 
     @app.exception_handler(Unauthorized)
@@ -220,6 +250,26 @@ def create_app(config: AgentConfig) -> FastAPI:
     async def livez() -> dict[str, str]:
         """Liveness: 200 ``{"status": "ok"}`` while the process serves (no token needed)."""
         return {"status": "ok"}
+
+    @app.post("/v1/token", dependencies=auth)
+    async def rotate_token(request: Request) -> Response:
+        """Replace the bearer token: ``{"token": "<new>"}`` (:data:`TOKEN_MIN_CHARS` to
+        :data:`TOKEN_MAX_CHARS` visible ASCII characters), sent with the current one; 204, and from then
+        on only the new token is accepted (connections already open keep no privilege: every request is
+        checked). What a claim from a warm pool or a restored snapshot does first, so whoever held the
+        sandbox before can no longer drive it. 400 ``invalid_request`` for a malformed token."""
+        body = await json_body(request)
+        new = body.get("token") if isinstance(body, dict) else None
+        if (not isinstance(body, dict) or set(body) != {"token"} or not isinstance(new, str)
+                or not TOKEN_MIN_CHARS <= len(new) <= TOKEN_MAX_CHARS or not all(33 <= ord(c) < 127 for c in new)):
+            raise ActionError(400, "invalid_request", f"the body must be {{\"token\": TEXT}} with {TOKEN_MIN_CHARS} "
+                                                      f"to {TOKEN_MAX_CHARS} visible ASCII characters")
+        token[0] = new.encode()
+        if config.on_token is not None:
+            config.on_token(new)
+        if config.token_file:
+            _replace_token_file(config.token_file, new)
+        return Response(status_code=204)
 
     @app.get("/v1/display", dependencies=auth)
     def display() -> dict[str, int]:

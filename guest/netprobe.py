@@ -25,6 +25,13 @@ Kinds and their outcomes:
   ``request`` {path, host}: one plaintext GET of ``path`` inside the tunnel (``host`` as for ``http``,
   default the CONNECT authority), ``status:<code>`` of that request (detail: ``hops``, ``connect``: 200)
 
+* ``hold`` {proxy_host, proxy_port, url, hold_s, release}: one absolute-form GET of ``url`` through the
+  proxy on a keep-alive connection, then that connection held open, read, until the proxy closes it or
+  resets it (``cut``), or ``hold_s`` seconds pass (at most :data:`HOLD_MAX_S`) or a file ``release``
+  exists (``held``); a refused GET is ``status:<code>``. Detail: ``client`` (this end's ``ip:port``, as
+  the proxy sees it), ``hops``, ``held_s``, ``ended`` (``eof``, ``reset``, ``deadline``, ``released``),
+  ``unexpected_bytes`` (bytes that arrived while held, counted, not kept)
+
 Every HTTP response is read with a deadline (``timeout``, default 6 s, for the whole exchange) and a
 cap (a head of at most 16 KiB, 512 body bytes); a slower or longer answer is cut off there.
 * ``scan`` {host, ports: [[first, last], ...]}: TCP connect scan; ``open:<ports>`` | ``none-open``
@@ -329,6 +336,65 @@ def probe_connect(p: dict) -> tuple[str, Any]:
         sock.close()
 
 
+HOLD_MAX_S = 60.0
+"""Seconds a ``hold`` probe keeps its connection open at most."""
+HOLD_POLL_S = 0.1
+"""Seconds between a ``hold`` probe's looks at its ``release`` file while it waits on the connection."""
+
+
+def _client_text(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def probe_hold(p: dict) -> tuple[str, Any]:
+    url = str(p["url"])
+    hold_s = min(float(p.get("hold_s", HOLD_MAX_S)), HOLD_MAX_S)
+    release = p.get("release")
+    if release is not None and not isinstance(release, str):
+        raise ValueError("release must be a path")
+    lines = _host_lines(None, urlsplit(url).netloc)
+    deadline = _deadline(p)
+    try:
+        sock = socket.create_connection((p["proxy_host"], int(p["proxy_port"])), timeout=TIMEOUT * 3)
+    except OSError as exc:
+        return _error_word(exc), str(exc)
+    detail: dict[str, Any] = {"client": _client_text(sock), "hops": []}
+    try:
+        sock.sendall(f"GET {url} HTTP/1.1\r\n{lines}\r\n".encode("utf-8"))  # keep-alive: no Connection: close
+        hop = _read_response(sock, deadline)
+        hop["url"] = url
+        detail["hops"].append(hop)
+        if hop["status"] != 200:
+            return f"status:{hop['status']}", detail
+        started = time.monotonic()
+        unexpected = 0
+        while True:
+            held = time.monotonic() - started
+            ended = "deadline" if held >= hold_s else "released" if release and os.path.exists(release) else None
+            if ended is not None:
+                detail.update(held_s=round(held, 3), ended=ended, unexpected_bytes=unexpected)
+                return "held", detail
+            sock.settimeout(max(min(HOLD_POLL_S, hold_s - held), 0.001))
+            try:
+                data = sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                detail.update(held_s=round(time.monotonic() - started, 3), ended="reset", error=str(exc),
+                              unexpected_bytes=unexpected)
+                return "cut", detail
+            if not data:
+                detail.update(held_s=round(time.monotonic() - started, 3), ended="eof", unexpected_bytes=unexpected)
+                return "cut", detail
+            unexpected += len(data)
+    except (OSError, http.client.HTTPException) as exc:
+        detail["error"] = str(exc)
+        return _error_word(exc), detail
+    finally:
+        sock.close()
+
+
 def probe_scan(p: dict) -> tuple[str, Any]:
     host = p["host"]
     ports = [port for first, last in p["ports"] for port in range(int(first), int(last) + 1)]
@@ -403,6 +469,7 @@ PROBES = {
     "connect": probe_connect,
     "scan": probe_scan,
     "ipv6": probe_ipv6,
+    "hold": probe_hold,
 }
 
 

@@ -244,7 +244,7 @@ def serve(ns: argparse.Namespace) -> int:
         log.debug("malloc keeps no freed screenshot buffers here (no glibc mallopt); screenshots are slower")
     config = AgentConfig(display=ns.display, token=token, files_roots=roots, max_file_bytes=ns.max_file_bytes,
                          apps=apps, channel_apps=channel_apps, busy_timeout=ns.busy_timeout, wait_cap=ns.wait_cap,
-                         wait_quiet=ns.wait_quiet, request_timeout=ns.request_timeout)
+                         wait_quiet=ns.wait_quiet, request_timeout=ns.request_timeout, token_file=ns.token_file)
     app = create_app(config)
     port = sock.getsockname()[1]
     log.info("%s", start_line(bind.url(port), config.display, app.state.executor, apps, roots))
@@ -253,6 +253,7 @@ def serve(ns: argparse.Namespace) -> int:
     # An authenticated idle connection stays open 300 s, past a live model's thinking time between steps;
     # the controller's client gives it up sooner (controller.agent_transport.KEEPALIVE_EXPIRY_S, 240 s).
     guarded = ConnectionGuard(asgi, token=token, check_host=False)
+    config.on_token = lambda new: setattr(guarded, "expected", new.encode())  # POST /v1/token: the guard follows
     server = uvicorn.Server(uvicorn_config(guarded, protocol=http_protocol(), log_config=None, log_level=None,
                                            access_log=False, timeout_keep_alive=300))
     server.run(sockets=[sock])

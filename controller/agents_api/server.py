@@ -165,6 +165,7 @@ class AgentsServer:
         self.store = Store(self.db_path)
         self.hub = SessionHub(self.store, self.options.hub)
         self.recovered = self.hub.recover()
+        self.hub.start_pool()
         # the connection rules (wire.connections): Host checked before the key, a head deadline, a cap on
         # connections that have not carried the key
         app = ConnectionGuard(create_app(self.hub, self.key, closing=self.closing), token=self.key,

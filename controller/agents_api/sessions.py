@@ -163,7 +163,9 @@ class HubOptions:
     the task's policy allows), ``max_sessions`` (sessions holding a sandbox at once, counted until
     the sandbox is gone, see the module docstring; one more is 429 ``too_many_sessions``),
     ``tasks_dir`` (the folder ``offline:`` task files must be in, relative to the working directory
-    at start: :func:`controller.agents_api.requests.confined_task_file`)."""
+    at start: :func:`controller.agents_api.requests.confined_task_file`), ``pool`` (sandboxes of the
+    default template kept warm, :mod:`controller.sandbox.pool`; a session's sandbox is claimed from
+    them, or started cold when none is ready; 0: none)."""
 
     runs_dir: Path = Path("runs")
     backend: str = "docker"
@@ -174,6 +176,7 @@ class HubOptions:
     attach_networks: list[str] = field(default_factory=list)
     max_sessions: int = 8
     tasks_dir: Path = Path("tasks")
+    pool: int = 0
 
 
 class SessionHub:
@@ -195,6 +198,23 @@ class SessionHub:
         self._recent: dict[str, tuple[int, deque[tuple[int, dict[str, Any]]]]] = {}
         self._emit_lock = threading.Lock()
         self.owner = owner_label()
+        self.pool: Any = None
+        """The warm pool sessions claim from (:meth:`start_pool`), or None."""
+
+    def start_pool(self) -> None:
+        """Start keeping ``options.pool`` sandboxes of the default template warm (after :meth:`recover`:
+        the pool's sandboxes are this server's). Raises CapabilityMissing when the backend keeps none."""
+        if not self.options.pool:
+            return
+        from controller.sandbox.pool import Template, WarmPool
+        from controller.sandbox.registry import get_backend
+
+        cls = get_backend(self.options.backend)
+        options = cls.make_options(image=self.options.image)
+        if hasattr(options, "extra_labels"):
+            options.extra_labels = {**options.extra_labels, **self.options.extra_labels,
+                                    LABEL_STORE: self.store.store_id}
+        self.pool = WarmPool(cls, options, [Template()], self.options.pool).start()
 
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, session_id: str, event: dict[str, Any]) -> int:
@@ -366,6 +386,8 @@ class SessionHub:
             sessions = list(self.live.values())
         for session in sessions:
             session.shut("the server stopped", fail=True)
+        if self.pool is not None:
+            self.pool.close()
         return len(sessions)
 
     def recover(self) -> list[str]:
@@ -681,7 +703,8 @@ class LiveSession:
         with self._lock:
             if self.deleted or self._stopped.is_set():  # deleted (or the server stops) before it began
                 return
-        sandbox = cls.start(spec, options)
+        pool = self.hub.pool
+        sandbox = pool.claim(spec, cold_options=options) if pool is not None else cls.start(spec, options)
         try:
             for network in self.hub.options.attach_networks:
                 sandbox.attach_gateway(network)

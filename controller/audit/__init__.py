@@ -12,7 +12,8 @@ Modules: ``backends`` (each backend's audit by its registry name; not imported h
 package), ``topology`` (what the audit knows of a sandbox, per backend), ``probes`` (the one probe
 list) and ``judges`` (its verdict parts), ``targets`` (the target containers; ``target_server.py``
 runs in them), ``canary`` (the host canary), ``console`` (the host's web console as a target: its
-probes and the host's positive control), ``runner`` (running and judging), ``report`` (JSON model and
+probes and the host's positive control), ``runner`` (running and judging), ``swap`` (a policy swapped
+in at runtime across a held connection, a sandbox claimed from a warm pool), ``report`` (JSON model and
 text table), ``errors``.
 
 Rules come from ARCHITECTURE.md (isolation model) and docs/audit.md, which also documents the JSON report.
@@ -26,16 +27,19 @@ from controller.audit.errors import (
     ConsoleNotStarted,
     GatewayNotListening,
     ProbeRunFailed,
+    SwapFailed,
 )
 from controller.audit.judges import DENY_BODY, Probe, _proxy_refused, host_port, ip_forms, through_proxy
 from controller.audit.probes import ProbePlan, build_probes
 from controller.audit.report import REPORT_VERSION, AuditReport, ProbeResult, render_table
 from controller.audit.runner import audit, run_audit
+from controller.audit.swap import SwapRecord
 from controller.audit.vm import audit_vm
 from controller.audit.targets import (
     ALLOWED_NAME,
     DENIED_NAME,
     FIXTURE_ORIGIN,
+    SWAP_ORIGIN,
     TARGET_DOMAIN,
     TARGET_HTTP_PORT,
     AuditTargets,
@@ -44,10 +48,10 @@ from controller.audit.targets import (
 from controller.audit.topology import AuditTopology, audit_topology
 
 __all__ = [
-    "ALLOWED_NAME", "DENIED_NAME", "DENY_BODY", "FIXTURE_ORIGIN", "REPORT_VERSION", "TARGET_DOMAIN",
+    "ALLOWED_NAME", "DENIED_NAME", "DENY_BODY", "FIXTURE_ORIGIN", "REPORT_VERSION", "SWAP_ORIGIN", "TARGET_DOMAIN",
     "TARGET_HTTP_PORT", "AuditError", "AuditImageMissing", "AuditReport", "AuditTargets", "AuditTargetsFailed",
     "AuditTopology", "ConsoleNotStarted", "GatewayNotListening", "HostCanary", "Probe", "ProbePlan", "ProbeResult",
-    "ProbeRunFailed",
+    "ProbeRunFailed", "SwapFailed", "SwapRecord",
     "_proxy_refused", "audit", "audit_vm", "build_probes", "audit_topology",
     "effective_policy", "host_port", "ip_forms", "render_table", "run_audit", "through_proxy",
 ]

@@ -40,6 +40,11 @@ stand-in set on the package, as tests/audit/standin.py sets ``controller.audit.a
 WITHOUT_AUDIT: frozenset[str] = frozenset({"kubernetes"})
 """The registry's backends that have no network audit (docs/kubernetes.md: not on that backend)."""
 
+SWAPPED_AUDITS: frozenset[str] = frozenset({"docker"})
+"""The backends of :data:`AUDITS` whose audit also takes ``swap_from`` (a policy swapped in at runtime)
+and ``via_pool`` (a sandbox claimed from a warm pool): those with the audit's targets (the swap holds a
+connection to one)."""
+
 
 def audit_function(name: str) -> BackendAudit:
     """The network audit for backend ``name``. Raises KeyError when it has none (a backend of
@@ -52,13 +57,16 @@ def audit_function(name: str) -> BackendAudit:
 
 def check_complete(registered: Collection[str]) -> None:
     """Raise ImportError unless the backends ``registered`` (the registry's names) are exactly those of
-    :data:`AUDITS` and :data:`WITHOUT_AUDIT`, no name is in both, and every audit :data:`AUDITS` names is a
-    function of :mod:`controller.audit`; the message names each misfit."""
+    :data:`AUDITS` and :data:`WITHOUT_AUDIT`, no name is in both, every audit :data:`AUDITS` names is a
+    function of :mod:`controller.audit` and every backend of :data:`SWAPPED_AUDITS` is in :data:`AUDITS`;
+    the message names each misfit."""
     problems = [f"backend {name!r} is neither in AUDITS nor in WITHOUT_AUDIT"
                 for name in registered if name not in AUDITS and name not in WITHOUT_AUDIT]
     problems += [f"{name!r} is not a backend of the registry" for name in [*AUDITS, *sorted(WITHOUT_AUDIT)]
                  if name not in registered]
     problems += [f"backend {name!r} is in both AUDITS and WITHOUT_AUDIT" for name in AUDITS if name in WITHOUT_AUDIT]
+    problems += [f"backend {name!r} is in SWAPPED_AUDITS but not in AUDITS" for name in sorted(SWAPPED_AUDITS)
+                 if name not in AUDITS]
     problems += [f"controller.audit has no function {attr!r} (the audit of backend {name!r})"
                  for name, attr in AUDITS.items() if not callable(getattr(audit_package, attr, None))]
     if problems:

@@ -33,3 +33,8 @@ class ProbeRunFailed(AuditError):
 class ConsoleNotStarted(AuditError):
     """The web console the audit runs on the host (its ``console`` probes' target) did not start
     listening on 127.0.0.1."""
+
+
+class SwapFailed(AuditError):
+    """An audit of a swapped policy could not run: the gateway did not take the audited policy, or the
+    warm pool gave no sandbox of its own to audit (controller.audit.swap)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
@@ -50,6 +50,11 @@ class AuditReport(BaseModel):
     target_hits: list[dict[str, Any]] = Field(default_factory=list)
     host_hits: list[dict[str, Any]] = Field(default_factory=list)
     decisions: list[dict[str, Any]] = Field(default_factory=list)
+    swap: Optional[dict[str, Any]] = None
+    """How the audited policy got into the running gateway when the sandbox did not start with it
+    (controller.audit.swap.SwapRecord.summary): ``how`` (``set_policy`` | ``pool-claim``), ``from``,
+    ``policy`` (the gateway's answer), ``closed``, ``pending_refused``, ``decisions_before``, ``claim``;
+    None when the sandbox started with it."""
 
     @property
     def passed(self) -> bool:
@@ -74,6 +79,17 @@ def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def swap_note(swap: Optional[dict[str, Any]]) -> str:
+    """The title's words on a swapped policy (empty when the sandbox started with the audited one):
+    ``, swapped in at runtime from <mode>`` and/or ``, on a sandbox claimed from a warm pool``."""
+    if not isinstance(swap, dict):
+        return ""
+    start = swap.get("from")
+    mode = start.get("mode") if isinstance(start, dict) else None
+    claimed = isinstance(swap.get("claim"), dict)
+    return f", swapped in at runtime from {mode}" + (", on a sandbox claimed from a warm pool" if claimed else "")
+
+
 def render_table(report: AuditReport, console: Any) -> None:
     """Print the report on ``console`` (a rich Console) as a table (one row per probe) and a verdict line;
     on a console narrower than :data:`NARROW_COLUMNS`, one line per probe (``pass name (category) target:
@@ -90,8 +106,8 @@ def render_table(report: AuditReport, console: Any) -> None:
     def cell(markup: str) -> Text:
         return Text.from_markup(markup, emoji=False)
 
-    title = Text.from_markup(shown(f"network audit of {report.sandbox} ({report.policy.get('mode')})"),
-                             style="table.title", emoji=False)
+    title = Text.from_markup(shown(f"network audit of {report.sandbox} ({report.policy.get('mode')})"
+                                   + swap_note(report.swap)), style="table.title", emoji=False)
 
     def verdict(p: ProbeResult) -> str:
         return "[green]pass[/]" if p.passed else ("[bold red]ESCAPED[/]" if p.escaped else "[red]fail[/]")

@@ -4,7 +4,8 @@
 ``audit`` (Docker: targets, sandbox, gateway attached to the targets) and controller.audit.vm's
 ``audit_vm`` (VM: no targets; the gateway is a host process) start what it needs — the host canary and
 the web console (controller.audit.console) first, so both run for the audit's whole duration — and
-remove it afterwards.
+remove it afterwards. ``audit`` can also start the sandbox with another policy and swap the audited one
+in at runtime (``swap_from``), or claim the sandbox from a warm pool (``via_pool``): controller.audit.swap.
 
 The guest is hostile: netprobe's output is read under a deadline (``timeout``) and a size cap
 (:data:`MAX_PROBE_OUTPUT`), every observation is checked against the probe it claims to answer, and one
@@ -27,6 +28,7 @@ from controller.audit.console import ConsoleLike, audit_console, console_control
 from controller.audit.errors import AuditImageMissing, ConsoleNotStarted, GatewayNotListening, ProbeRunFailed
 from controller.audit.judges import Hits, Probe
 from controller.audit.report import AuditReport, ProbeResult, utc_now
+from controller.audit.swap import AuditPool, SwapRecord, hits_after, pool_claim_record, swap_in, swap_results
 from controller.audit.targets import AuditTargets, effective_policy, new_canary_name
 from controller.audit.topology import AuditTopology, audit_topology
 from controller.gateway.policy import NetworkPolicy
@@ -42,7 +44,7 @@ _NETPROBE = Path(__file__).resolve().parents[2] / "guest" / "netprobe.py"
 
 def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Optional[AuditTargets] = None,
               host_canary: Optional[HostCanary] = None, console: Optional[ConsoleLike] = None,
-              timeout: float = 300.0) -> AuditReport:
+              timeout: float = 300.0, swap: Optional[SwapRecord] = None) -> AuditReport:
     """Run every probe in the guest of ``topology``'s sandbox and judge them; return the report.
 
     The sandbox's gateway enforces ``effective_policy(policy, targets)`` and, with ``targets``, is
@@ -50,8 +52,10 @@ def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Option
     ``console``: the web console running on the host's 127.0.0.1 (a real one is started on a temporary
     runs directory and stopped here when None); the ``console`` probes aim at its port and the host's
     own requests to it, before and after the guest's probes, are the positive control.
-    ``timeout``: seconds for the probe run in the guest. Raises GatewayNotListening, ProbeRunFailed (both
-    AuditError), ConsoleNotStarted (AuditError: the console did not start) or
+    ``timeout``: seconds for the probe run in the guest. ``swap``: how the policy got into the running
+    gateway (controller.audit.swap; the report's ``swap`` and its ``swap`` rows, first; the targets'
+    hits of the swap phase are left out of the probes' judging). Raises GatewayNotListening,
+    ProbeRunFailed (both AuditError), ConsoleNotStarted (AuditError: the console did not start) or
     controller.sandbox.SandboxError.
     """
     started = utc_now()
@@ -71,14 +75,18 @@ def run_audit(topology: AuditTopology, policy: NetworkPolicy, *, targets: Option
         if targets is not None:
             targets.flush()
         hits = targets.hits() if targets is not None else []
+        judged_hits = hits_after(hits, swap.hits_before) if swap is not None else hits
         report = AuditReport(
             started=started, sandbox=topology.sandbox_id, image=topology.image_id,
             policy=policy.model_dump(mode="json"),
             effective_policy=effective_policy(policy, targets).model_dump(mode="json"),
             canary=plan.canary_name, target_hits=hits, host_hits=list(canary.hits),
+            swap=swap.summary() if swap is not None else None,
         )
-        report.probes.extend(judge_probes(probes, observations, hits + canary.target_hits()))
         report.decisions = topology.decision_log()
+        if swap is not None:
+            report.probes.extend(swap_results(swap, report.decisions))
+        report.probes.extend(judge_probes(probes, observations, judged_hits + canary.target_hits()))
         if targets is not None:
             report.probes.extend(target_summary_probes(targets, hits))
         report.probes.append(host_canary_probe(canary, f"{topology.host_label}-canary"))
@@ -188,14 +196,22 @@ def target_summary_probes(targets: AuditTargets, hits: Hits) -> list[ProbeResult
 
 
 def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = None,
-          ready_timeout: float = 120.0, console: Optional[ConsoleLike] = None) -> AuditReport:
+          ready_timeout: float = 120.0, console: Optional[ConsoleLike] = None,
+          swap_from: Optional[NetworkPolicy] = None, via_pool: bool = False) -> AuditReport:
     """Start the host canary, the web console (unless ``console``, one already listening, is given),
     targets and a Docker sandbox with ``policy`` (``image``: the guest image tag, default the sandbox's;
     ``client``: a docker.DockerClient), attach the gateway to the targets, run the audit, remove
     everything; return the report.
 
-    Raises AuditImageMissing, another AuditError, controller.sandbox.SandboxError or
-    docker.errors.DockerException when the run cannot start.
+    ``swap_from``: start the sandbox with this policy instead (it should let the guest reach
+    :data:`~controller.audit.targets.SWAP_ORIGIN`) and swap ``policy`` in at runtime before the probes,
+    across a connection held open (controller.audit.swap; the report's ``swap`` rows). ``via_pool``:
+    claim the sandbox from a warm pool of one (``WarmPool(DockerSandbox, options, [Template()], 1)``)
+    with the starting policy, swapped in by the claim, instead of starting it.
+
+    Raises AuditImageMissing, another AuditError (SwapFailed: the policy could not be swapped in, the
+    pool gave no sandbox), controller.sandbox.SandboxError or docker.errors.DockerException when the run
+    cannot start.
     """
     import docker
 
@@ -212,14 +228,24 @@ def audit(policy: NetworkPolicy, *, image: Optional[str] = None, client: Any = N
     with contextlib.ExitStack() as stack:
         canary = stack.enter_context(HostCanary())
         console = console if console is not None else stack.enter_context(audit_console())
+        pool = stack.enter_context(AuditPool(DockerSandbox, DockerOptions(image=image), ready_timeout=ready_timeout)) \
+            if via_pool else None  # fills while the targets start
         targets = AuditTargets.start(client, image, {LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
                                                      LABEL_OWNER_ID: owner_id()})
         try:
-            spec = SandboxSpec(policy=effective_policy(policy, targets), ready_timeout=ready_timeout)
-            with DockerSandbox.start(spec, DockerOptions(image=image), client=client) as sandbox:
+            start_policy = swap_from if swap_from is not None else policy
+            spec = SandboxSpec(policy=effective_policy(start_policy, targets), ready_timeout=ready_timeout)
+            opened = pool.claim(spec) if pool is not None else \
+                DockerSandbox.start(spec, DockerOptions(image=image), client=client)
+            with opened as sandbox:
                 targets.gateway_ip, targets.gateway_ip6 = sandbox.attach_gateway(targets.network_name)
-                return run_audit(audit_topology(sandbox), policy, targets=targets, host_canary=canary,
-                                 console=console)
+                topology = audit_topology(sandbox)
+                claim = dict(sandbox.provenance or {}) if pool is not None else None
+                swap: Optional[SwapRecord] = None
+                if swap_from is not None:
+                    swap = swap_in(topology, sandbox.set_policy, targets, swap_from, policy, run_probes, claim=claim)
+                elif pool is not None:
+                    swap = pool_claim_record(sandbox)
+                return run_audit(topology, policy, targets=targets, host_canary=canary, console=console, swap=swap)
         finally:
             targets.close()
-

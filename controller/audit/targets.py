@@ -1,9 +1,11 @@
 """The audit's targets: throwaway containers on a private ``internal`` Docker network of their own that
 only the sandbox's gateway is attached to (never real internet addresses).
 
-* ``allowed.audit.test`` — HTTP on 8080; ``/redirect?to=URL`` answers 302. The origin
+* ``allowed.audit.test`` — HTTP on 8080 and 8081; ``/redirect?to=URL`` answers 302. The origin
   ``http://allowed.audit.test:8080`` is what an allowlist names to exercise the allowed and redirect
-  probes; the audit then adds an ``allow_addresses`` rule for that target's private address.
+  probes; ``http://allowed.audit.test:8081`` (:data:`SWAP_ORIGIN`) is what the policy a swapped audit
+  starts with names (controller.audit.swap). For a policy naming either, the audit adds an
+  ``allow_addresses`` rule for that target's private address.
 * recorder (``denied.audit.test``, ``doh.audit.test``, ``dot.audit.test`` and the run's random DNS canary
   name) — accepts TCP on 22, 53, 80, 443, 853, 3128, 8000, 8080 and UDP on 53, 123, 443, 853, 9999 and
   records every hit. The gateway *can* reach it, so only the policy keeps the guest from it.
@@ -37,6 +39,10 @@ DOT_NAME = f"dot.{TARGET_DOMAIN}"
 TARGET_HTTP_PORT = 8080
 FIXTURE_ORIGIN = f"http://{ALLOWED_NAME}:{TARGET_HTTP_PORT}"
 """The allowed target's origin; an allowlist that names it gets the allowed and redirect probes."""
+SWAP_PORT = 8081
+SWAP_ORIGIN = f"http://{ALLOWED_NAME}:{SWAP_PORT}"
+"""The allowed target's second origin: what the policy a swapped audit starts with lets the guest reach
+before the swap (its probe, and the connection held open across the swap; controller.audit.swap)."""
 RECORDER_TCP_PORTS = [22, 53, 80, 443, 853, 3128, 8000, 8080]
 RECORDER_UDP_PORTS = [53, 123, 443, 853, 9999]
 MAX_LOG_LINES = 5000
@@ -104,7 +110,7 @@ class AuditTargets:
             )
             targets.allowed = client.containers.run(
                 image,
-                command=[json.dumps({"role": "allowed", "http": [TARGET_HTTP_PORT]})],
+                command=[json.dumps({"role": "allowed", "http": [TARGET_HTTP_PORT, SWAP_PORT]})],
                 name=f"{ident}-allowed",
                 labels={**labels, LABEL_ROLE: "audit-allowed"},
                 networking_config={network.name: client.api.create_endpoint_config(aliases=[ALLOWED_NAME])},
@@ -239,11 +245,12 @@ def _addresses(container: "Container", network: str) -> tuple[str, Optional[str]
 
 def effective_policy(policy: NetworkPolicy, targets: Optional[AuditTargets]) -> NetworkPolicy:
     """``policy`` plus address rules for the allowed target (its IPv4 and, when it has one, IPv6 address)
-    when there are targets and the policy names their origin, to allow or (mode ask) to ask for: the
-    gateway refuses a name if ANY of its addresses is refused. ``policy`` itself otherwise."""
-    fixture = Origin.parse(FIXTURE_ORIGIN)
-    if targets is None or (fixture not in policy.origins and (policy.ask_match(fixture) is None
-                                                               or policy.quiet_match(fixture) is not None)):
+    when there are targets and the policy names one of its origins (:data:`FIXTURE_ORIGIN`,
+    :data:`SWAP_ORIGIN`), to allow or (mode ask) to ask for: the gateway refuses a name if ANY of its
+    addresses is refused. ``policy`` itself otherwise."""
+    if targets is None or not any(
+            origin in policy.origins or (policy.ask_match(origin) is not None and policy.quiet_match(origin) is None)
+            for origin in (Origin.parse(FIXTURE_ORIGIN), Origin.parse(SWAP_ORIGIN))):
         return policy
     data = policy.model_dump(mode="json")
     own = [a for a in (targets.allowed_ip, targets.allowed_ip6) if a]

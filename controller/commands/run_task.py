@@ -25,9 +25,11 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
              approve_safety_check: list[str], approve_origin: list[str], confirm_actions: str, step: bool,
              runs_dir: Path, backend: str, ui: bool, approval_timeout: float, runner: str, arch: str,
              opener: Callable[..., Callable[[Any], Any]], sign_in: Optional[Path] = None,
-             attach_network: Optional[list[str]] = None, record_typed_text: bool = False) -> None:
+             attach_network: Optional[list[str]] = None, record_typed_text: bool = False,
+             pool: Optional[Path] = None) -> None:
     """Run ``task_file`` with the command's options; the sandbox comes from ``opener(backend, image_tag)``
-    (``arch=`` added when given; :func:`sandbox_opener` unless replaced). Prints the record path on stdout
+    (``arch=``, ``attach_networks=``, ``pool=`` added when given; :func:`sandbox_opener` unless
+    replaced). Prints the record path on stdout
     and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
     from controller.offline.script import ScriptError, load_task_script
     from controller.run.runner import RunOptions, watching
@@ -74,7 +76,8 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
             try:  # may build the image (minutes): a signal stops that at once, nothing else is started
                 with raise_on_signals(INTERRUPT_SIGNALS):
                     open_sandbox = opener(backend, image_tag, **({"arch": arch} if arch else {}),
-                                          **({"attach_networks": list(attach_network)} if attach_network else {}))
+                                          **({"attach_networks": list(attach_network)} if attach_network else {}),
+                                          **({"pool": pool} if pool else {}))
             except (KeyboardInterrupt, SandboxInterrupted) as exc:
                 noted.append(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else exc.signum)
                 console.print(f"interrupted before the run ({signal.Signals(noted[-1]).name})", markup=False)
@@ -165,12 +168,13 @@ def _not_opened(task: Any) -> Any:
 
 
 def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "",
-                   attach_networks: Sequence[str] = ()) -> Callable[[Any], Any]:
+                   attach_networks: Sequence[str] = (), pool: Optional[Path] = None) -> Callable[[Any], Any]:
     """``open_sandbox(task) -> Sandbox`` for ``run-task``: a fresh sandbox of the registry's ``backend``
     from ``image_tag`` (None: the backend's default image) for guest architecture ``arch`` ('' = the
     host's), built first when missing, sized and policed by the task, its gateway joined to each Docker
-    network of ``attach_networks`` (``--attach-network``). Refuses (exit 2) when the backend cannot be
-    reached."""
+    network of ``attach_networks`` (``--attach-network``); with ``pool`` (a warm pool's claim socket,
+    ``--pool``) claimed from that pool when it has one of the task's template, else started cold.
+    Refuses (exit 2) when the backend cannot be reached."""
     from controller.sandbox import BackendUnavailable
 
     cls = backend_class(backend)
@@ -181,8 +185,15 @@ def sandbox_opener(backend: str, image_tag: Optional[str], arch: str = "",
 
     def open_sandbox(t):  # noqa: ANN001, ANN202
         spec = t.sandbox_spec(cls.default_ready_timeout)
-        with console.status(f"starting {backend} sandbox"):
-            sandbox = cls.start(spec, options)
+        with console.status(f"claiming a {backend} sandbox" if pool else f"starting {backend} sandbox"):
+            if pool:
+                from controller.sandbox.pool_keeper import claim_from
+
+                launch, ready = t.pool_apps()
+                sandbox = claim_from(pool, spec, cls, start_cold=lambda: cls.start(spec, options), launch=launch,
+                                     ready=ready)
+            else:
+                sandbox = cls.start(spec, options)
             try:
                 for network in attach_networks:
                     sandbox.attach_gateway(network)

@@ -37,13 +37,14 @@ def console(runs_dir: Path) -> None:
 
 def serve(*, port: int, key_file: Optional[Path], backend: str, image_tag: Optional[str], runs_dir: Path,
           db: Optional[Path], approval_timeout: float, ui: bool, attach_network: list[str],
-          max_sessions: int) -> None:
+          max_sessions: int, pool: int = 0) -> None:
     """Serve the Agents API (:func:`controller.agents_api.server.serve_forever`) with the command's
     options until Ctrl-C or SIGTERM. Refuses (exit 2) a bad option, key file, a database another server
     uses, or a port that cannot be had."""
     from controller.agents_api.server import KeyFileError, ServeOptions, serve_forever
     from controller.agents_api.sessions import HubOptions
     from controller.agents_api.store import StoreError
+    from controller.sandbox import CapabilityMissing
 
     backend_class(backend)
     writable_runs_dir(runs_dir)
@@ -52,10 +53,13 @@ def serve(*, port: int, key_file: Optional[Path], backend: str, image_tag: Optio
     options = ServeOptions(port=port, key_file=key_file, db=db,
                            hub=HubOptions(runs_dir=runs_dir, backend=backend, image=image_tag,
                                           approval_timeout_s=approval_timeout, attach_networks=list(attach_network),
-                                          max_sessions=max_sessions))
+                                          max_sessions=max_sessions, pool=pool))
+    if pool:
+        typer.echo(f"agents-api: keeping a warm pool of {pool} sandbox(es) (1280x800, no apps); sessions claim "
+                   f"from it", err=True)
     try:
         serve_forever(options, ui=ui, say=lambda line: typer.echo(line, err=True))
-    except (KeyFileError, StoreError) as exc:  # StoreBusy is one
+    except (KeyFileError, StoreError, CapabilityMissing) as exc:  # StoreBusy is one
         refuse(str(exc))
     except (OSError, RuntimeError) as exc:  # the port is taken
         refuse(f"cannot serve: {exc}")

@@ -45,7 +45,8 @@ import asyncio
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+import ipaddress
+from typing import Any, Callable, Optional
 
 from mitmproxy import connection, http, tls
 from mitmproxy.proxy import server_hooks
@@ -117,8 +118,10 @@ class EgressPolicy:
         log_path: Optional[Path] = None,
         resolver: Resolver = system_resolver,
         own_endpoint: Optional[OwnEndpoint] = None,
+        close_client: Optional[Callable[[str], bool]] = None,
     ) -> None:
         self.policy = policy
+        self.close_client = close_client or _close_live_client
         self.log = DecisionLog(log_path)
         self.resolver = resolver
         self.own_endpoint = own_endpoint
@@ -131,6 +134,51 @@ class EgressPolicy:
         self._refused_tunnels: set[str] = set()
         # connections held now: id(ticket) -> the decision fields of its line (origin, client, via)
         self._held: dict[int, dict[str, Optional[str]]] = {}
+
+    # -- the policy, replaced at runtime -----------------------------------------------------------
+
+    def set_policy(self, policy: NetworkPolicy) -> dict[str, Any]:
+        """Enforce ``policy`` from now on (call on the proxy's event loop: the control API does). Every
+        decision after this call is the new policy's. Connections opened under the old one that the new
+        one refuses (their origin no longer admitted, or the address they were pinned to now refused)
+        are closed, client connection and all, each logged as a deny ``policy_swapped``; pending
+        origin requests the new policy does not ask about are answered ``cancelled`` by ``policy``
+        (their held connections are refused). A connection whose verdict was still being made is
+        judged again under the new policy; one whose held request was approved but that had not resumed
+        yet is refused ``policy_swapped`` unless the new policy admits it (:meth:`_decide`). Returns
+        ``{"policy": the policy as JSON, "closed": n, "pending_refused": n}``."""
+        self.policy = policy
+        pending_refused = self.requests.reconfigure(policy.hold_timeout, policy.pending_limit,
+                                                    lambda origin: policy.ask_match(origin) is not None
+                                                    and not policy.admits_origin(origin))
+        refused_clients: dict[str, Decision] = {}
+        for (client_id, _host, _port), decision in list(self._allowed.items()):
+            if client_id not in refused_clients and not self._still_allowed(decision):
+                refused_clients[client_id] = decision
+        closed = 0
+        for client_id, decision in refused_clients.items():
+            for key in [k for k in self._allowed if k[0] == client_id]:
+                del self._allowed[key]
+            self.log.write(Decision(origin=decision.origin, decision="deny", reason="policy_swapped",
+                                    client=decision.client, via="policy"))
+            if self.close_client(client_id):
+                closed += 1
+        return {"policy": policy.model_dump(mode="json"), "closed": closed, "pending_refused": pending_refused}
+
+    def _still_allowed(self, decision: Decision) -> bool:
+        """Whether an allow decision made under an earlier policy holds under the current one: its origin
+        in the allow tier (or, in mode ask, an approved origin the ask tier still names) and its pinned
+        address not refused."""
+        try:
+            origin = Origin.parse(decision.origin)
+            address = ipaddress.ip_address(decision.address or "")
+        except (PolicyError, ValueError):
+            return False
+        if not self.policy.admits_origin(origin):
+            remembered = self.requests.memory(origin)
+            if not (remembered and remembered[0] == "approved" and self.policy.ask_match(origin) is not None):
+                return False
+        return self.policy.address_refusal(address) is None
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -147,12 +195,20 @@ class EgressPolicy:
         """The decision on (scheme, host, port) for ``flow``'s client: the policy's verdict; an allow
         (or an ask) becomes a deny with the reason ``mismatch(origin)`` gives when that is not None; an
         ask holds ``flow`` until its request is answered (:meth:`_hold`, ``hold_via`` names how it came).
-        Logged once; an allow is kept for ``server_connect``."""
+        Logged once; an allow is kept for ``server_connect``.
+
+        A policy swapped in while the verdict was being made (the name lookup runs on a worker thread)
+        makes it again under the new policy; one swapped in while the connection was held refuses an
+        approval the new policy no longer admits (``policy_swapped``)."""
         client = flow.client_conn
-        verdict: Verdict = await asyncio.to_thread(
-            self.policy.evaluate, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver,
-            memory=self.requests.memory, own_endpoint=self.own_endpoint,
-        )
+        while True:
+            policy = self.policy
+            verdict: Verdict = await asyncio.to_thread(
+                policy.evaluate, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver,
+                memory=self.requests.memory, own_endpoint=self.own_endpoint,
+            )
+            if self.policy is policy:
+                break
         decision = verdict.decision
         if verdict.action != "deny":
             try:
@@ -166,6 +222,10 @@ class EgressPolicy:
                 decision = await self._hold(flow, verdict, hold_via)
                 if decision.reason == HELD_REASONS["gateway_stopped"]:
                     return decision  # refused by the stop, its line written then (done)
+                if decision.allowed and self.policy is not policy and not self._still_allowed(decision):
+                    decision = Decision(origin=decision.origin, decision="deny", reason="policy_swapped",
+                                        client=decision.client, via=via, request_id=decision.request_id,
+                                        held_ms=decision.held_ms)
         self.log.write(decision)
         if decision.allowed:
             self._allowed[(client.id, host, port)] = decision
@@ -328,6 +388,19 @@ class EgressPolicy:
             if fields is not None and ticket.future.done():
                 self.log.write(self._held_decision(ticket.future.result(), fields, None))
         self.log.close()
+
+
+def _close_live_client(client_id: str) -> bool:
+    """Close the client connection ``client_id`` of the running proxy (its upstream connections go with
+    it); False when it is already gone."""
+    from mitmproxy import ctx
+
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = getattr(proxyserver, "connections", {}).get(client_id) if proxyserver is not None else None
+    if handler is None:
+        return False
+    handler.close_connection(handler.client)
+    return True
 
 
 __all__ = ["DENIED_PREFIX", "DENIED_STATUS", "HELD_REASONS", "DecisionLog", "EgressPolicy"]

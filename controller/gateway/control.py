@@ -25,6 +25,13 @@ Endpoints (JSON; errors ``{"error": {"code", "message"}}``):
   ``Last-Event-ID`` the missed events are replayed from a ring buffer (a fresh snapshot when they are
   no longer all there); a comment line (``: ping``) every 15 s without events.
 
+* ``GET /v1/policy`` -> ``{"policy": the policy enforced now}``;
+* ``PUT /v1/policy`` with a ``[network]`` table as strict JSON (at most :data:`MAX_POLICY_BYTES`) -> 200
+  ``{"policy", "closed", "pending_refused"}``: the gateway enforces it from then on and closes what it
+  refuses (:meth:`controller.gateway.addon.EgressPolicy.set_policy`); 400 ``invalid_policy`` (not
+  JSON, not a policy: the message says which field); 413 ``too_large``. Only the controller holds the
+  token; the guest's network is refused before the token is looked at.
+
 OriginRequest: :meth:`controller.gateway.holds.OriginRequest.to_json`. Rule source: ARCHITECTURE.md,
 "Gateway control API".
 """
@@ -36,12 +43,13 @@ import ipaddress
 import json
 import socket
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
 
 from controller.gateway.addresses import IPNetwork, _unmapped
 from controller.gateway.holds import AnswerRefused, OriginRequests
 from controller.model.errors import DesktopSandboxError
 from controller import json_semantics
+from controller.text import clean
 from wire.connections import HOST_REFUSED, governed, mark_authenticated, scope_host_refusal, uvicorn_config
 
 PING_INTERVAL_S = 15.0
@@ -49,6 +57,9 @@ PING_INTERVAL_S = 15.0
 
 MAX_BODY_BYTES = 4096
 """Largest decision body accepted (bytes)."""
+
+MAX_POLICY_BYTES = 256 * 1024
+"""Largest policy body accepted by ``PUT /v1/policy`` (bytes)."""
 
 MAX_BY_CHARS = 64
 """Longest ``by`` label (characters)."""
@@ -91,12 +102,22 @@ def _sse(name: str, data: dict[str, Any], seq: Optional[int]) -> bytes:
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class PolicyAccess:
+    """The control API's way to the enforced policy: ``current()`` -> the policy as JSON;
+    ``replace(data)`` -> the swap's answer, raising ValueError (pydantic's included) for a policy that
+    does not validate. The gateway builds it over its addon (:func:`controller.gateway.serve.serve`)."""
+
+    def __init__(self, current: Callable[[], dict[str, Any]], replace: Callable[[Any], dict[str, Any]]) -> None:
+        self.current, self.replace = current, replace
+
+
 def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] = (),
-             ping_interval: float = PING_INTERVAL_S) -> Any:
+             ping_interval: float = PING_INTERVAL_S, policy: Optional[PolicyAccess] = None) -> Any:
     """The control API as an ASGI app (FastAPI) over ``requests``.
 
     ``token``: the bearer token (non-empty); ``refused``: networks whose peers are refused (403);
-    ``ping_interval``: seconds between pings on a quiet event stream.
+    ``ping_interval``: seconds between pings on a quiet event stream; ``policy``: the enforced policy's
+    getter and setter (``/v1/policy``; None: those endpoints answer 404).
     """
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -111,6 +132,26 @@ def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] 
         if exc.status_code == 404:
             return _error(404, "not_found", "no such endpoint")
         return _error(exc.status_code, "http_error", str(exc.detail))
+
+    if policy is not None:
+        @app.get("/v1/policy")
+        async def policy_now() -> Any:
+            return JSONResponse({"policy": policy.current()})
+
+        @app.put("/v1/policy")
+        async def policy_swap(request: Request) -> Any:
+            body = await _read_body(request, MAX_POLICY_BYTES)
+            if body is None:
+                return _error(413, "too_large", f"body larger than {MAX_POLICY_BYTES} bytes")
+            try:
+                data = json_semantics.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                return _error(400, "invalid_policy", "body is not JSON (strict: no duplicate keys)")
+            try:
+                answer = policy.replace(data)
+            except ValueError as exc:  # pydantic.ValidationError included
+                return _error(400, "invalid_policy", clean(_first_error(exc), 1000))
+            return JSONResponse(answer)
 
     @app.get("/v1/origin-requests")
     async def listing(request: Request) -> Any:
@@ -187,13 +228,26 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-async def _read_body(request: Any) -> Optional[bytes]:
-    """The request body, or None when it is larger than :data:`MAX_BODY_BYTES`."""
+def _first_error(exc: ValueError) -> str:
+    """The first problem of a validation error, with where it is (``loc: message``)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "policy"
+            return f"{where}: {first.get('msg', '')}"
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    return str(exc)
+
+
+async def _read_body(request: Any, limit: int = MAX_BODY_BYTES) -> Optional[bytes]:
+    """The request body, or None when it is larger than ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
@@ -324,6 +378,6 @@ class ControlServer:
 
 
 __all__ = [
-    "ControlConfigError", "ControlServer", "MAX_BODY_BYTES", "MAX_BY_CHARS", "PING_INTERVAL_S", "listen_sockets",
+    "ControlConfigError", "ControlServer", "MAX_BODY_BYTES", "MAX_BY_CHARS", "MAX_POLICY_BYTES", "PolicyAccess", "PING_INTERVAL_S", "listen_sockets",
     "make_app", "read_token",
 ]

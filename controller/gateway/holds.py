@@ -29,7 +29,7 @@ import datetime as _dt
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Callable, Any, Literal, Optional
 
 from controller.gateway.policy import Origin
 from controller.model.errors import DesktopSandboxError
@@ -191,6 +191,23 @@ class OriginRequests:
             stopped.extend(request.tickets)
             self._resolve(request, "timeout", None, outcome="gateway_stopped")
         return stopped
+
+    def reconfigure(self, hold_timeout: float, max_pending: int, still_asked: Callable[[Origin], bool]) -> int:
+        """A new policy took over: requests opened from now on wait ``hold_timeout`` seconds, at most
+        ``max_pending`` at once (those pending keep their deadlines); each pending request whose origin
+        ``still_asked(origin)`` is False is answered ``cancelled`` by ``policy`` (its held connections
+        are refused, the stream says ``resolved``); remembered answers for such origins are forgotten.
+        Returns how many pending requests were answered so."""
+        self.hold_timeout = float(hold_timeout)
+        self.max_pending = int(max_pending)
+        for origin in [o for o in self._remembered if not still_asked(o)]:
+            del self._remembered[origin]
+        ended = 0
+        for request in list(self._pending.values()):
+            if not still_asked(request.origin):
+                self._resolve(request, "cancelled", "policy")
+                ended += 1
+        return ended
 
     # -- the control API's side ---------------------------------------------------------------------
 

@@ -103,7 +103,13 @@ class Decision(BaseModel):
     ``ts``: ISO-8601 UTC; ``origin``: canonical origin text (or the raw target when it could not be
     parsed); ``decision``: allow | deny; ``reason``: short machine-readable reason; ``client``: the
     client's ``ip:port`` as the gateway saw it; ``address``: the checked address the gateway connects to
-    (allow only); ``via``: which proxy step decided (``connect``, ``request``, ``tls``, ``server``).
+    (allow only); ``via``: which proxy step decided (``connect``, ``request``, ``tls``, ``server``,
+    ``policy``: a policy swap, :meth:`controller.gateway.addon.EgressPolicy.set_policy`).
+
+    Every mode: ``policy_swapped``: the policy swapped in at runtime refuses what an earlier one allowed:
+    with ``via`` ``policy``, a connection it had open, which it closed; with the hook's ``via``, a
+    decision under way when the swap landed (a name being resolved, a held connection approved), judged
+    again under the new policy.
 
     Reasons in mode ``ask`` (besides the ones every mode has: ``allowlisted``, ``invalid-origin: ...``,
     ``resolve-failed: ...``, ``host-mismatch: ...``, ``sni-...``): ``approved`` (a person approved the

@@ -32,9 +32,15 @@ def load_policy(path: Optional[str], inline_json: Optional[str]) -> NetworkPolic
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     else:
         return NetworkPolicy.from_toml(path)
+    return NetworkPolicy.model_validate(_network_table(data))
+
+
+def _network_table(data: object) -> object:
+    """A policy document as :func:`load_policy` reads one: the ``[network]`` table, or an object with a
+    ``network`` key holding it."""
     if isinstance(data, dict) and "network" in data:
-        data = data["network"]
-    return NetworkPolicy.model_validate(data)
+        return data["network"]
+    return data
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -131,7 +137,9 @@ def serve(
     from mitmproxy.tools.dump import DumpMaster
 
     from controller.gateway.addon import EgressPolicy
-    from controller.gateway.control import ControlConfigError, ControlServer, listen_sockets, make_app, read_token
+    from controller.gateway.control import (
+        ControlConfigError, ControlServer, PolicyAccess, listen_sockets, make_app, read_token,
+    )
 
     state_dir = confdir or tempfile.mkdtemp(prefix="gateway-mitmproxy-")
     sockets = []
@@ -157,7 +165,9 @@ def serve(
         master.addons.add(addon)
         server = None
         if control is not None:
-            server = ControlServer(make_app(addon.requests, token, control.exclude), sockets)
+            access = PolicyAccess(lambda: addon.policy.model_dump(mode="json"),
+                                  lambda data: addon.set_policy(NetworkPolicy.model_validate(_network_table(data))))
+            server = ControlServer(make_app(addon.requests, token, control.exclude, policy=access), sockets)
             try:
                 await server.start()
             except ControlConfigError as exc:

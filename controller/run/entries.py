@@ -27,7 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
-FORMAT = 7
+FORMAT = 8
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
@@ -36,7 +36,9 @@ origin access: ``approval`` lines for origin requests (``what`` origin_access, `
 ``screenshot``. Format 4 added ``agents_event`` (a run that is a turn of a local Agents API session).
 Format 5 added ``sign_in`` (a sign-in request and what came of it, contract 8) and ``page`` checks.
 Format 6 added ``browser_call`` (a call of the SDK's browser tools, contract 9). Format 7 added
-``destination`` to ``sign_in``. Records of formats 1 to 6 read unchanged."""
+``destination`` to ``sign_in``. Format 8 added ``claim`` to ``run_started`` (a sandbox from a warm pool or
+a cold start beside one) and the ``policy`` entry (the network policy swapped at runtime). Records of
+formats 1 to 7 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -85,7 +87,11 @@ class RunStarted(_Entry):
     script path; ``sandbox_start_s``: seconds the sandbox took to start; ``runner``: the model loop that
     drove the run (``sdk``: the openai SDK's ``ComputerToolset``, or its ``ResponsesToolRunner`` for a task
     with the browser tools; ``agent-framework``: an Agent Framework agent, ``run-task --runner``; ``replay``:
-    the SDK's loop on a recorded run's steps, ``desktop-sandbox replay``);
+    the SDK's loop on a recorded run's steps, ``desktop-sandbox replay``); ``claim``: where the sandbox
+    came from when someone handed it out (``source``: ``pool`` (a warm pool's, ``claim_s``: seconds the
+    claim took: token, policy swap) or ``cold`` (started for this run beside a pool: ``reason``
+    ``empty``, ``no_template`` or ``claim_failed``), ``template``: the pool template's key); None: started
+    for this run with no pool;
     ``screen_binding``: the comparison rule approvals were bound to the screen with (``margin``,
     ``tolerance``, ``max_changed``; None: the task's ``[approvals] bind_screen = false``, approved calls
     ran unchecked); ``typed_text``: typed text is kept in ``computer_call`` lines (``--record-typed-text``)."""
@@ -108,6 +114,7 @@ class RunStarted(_Entry):
     runner: Optional[str] = None
     screen_binding: Optional[dict[str, Any]] = None
     typed_text: bool = False
+    claim: Optional[dict[str, Any]] = None
 
 
 class Usage(_Model):
@@ -337,6 +344,20 @@ class AgentsEvent(_Entry):
     item_id: Optional[str] = None
 
 
+class PolicySwap(_Entry):
+    """The sandbox's network policy was replaced at runtime, through the gateway's control channel
+    (never the guest): ``policy``, enforced from this line on; ``closed``: connections the gateway had
+    open that the new policy refuses, which it closed (each also a ``network`` deny ``policy_swapped``);
+    ``pending_refused``: origin requests the new policy does not ask about, answered ``cancelled``;
+    ``why``: ``claim`` (a warm pool's sandbox given the task's policy before the run began)."""
+
+    type: Literal["policy"] = "policy"
+    policy: dict[str, Any]
+    closed: int = 0
+    pending_refused: int = 0
+    why: Literal["claim", "swap"] = "claim"
+
+
 class ViewDropped(_Entry):
     """A follower of the run (``view``: its name on the run's bus, e.g. the Agents API's session or a
     console feed) fell behind by ``queued`` events and was dropped: it got nothing after this line, and
@@ -445,7 +466,7 @@ class RunFinished(_Entry):
 
 Entry = Annotated[
     Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, RunFinished],
+          NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
@@ -453,7 +474,7 @@ Entry = Annotated[
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
     for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, RunFinished)
+                NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, RunFinished)
 }
 """Entry model per ``type``."""
 
@@ -508,7 +529,7 @@ def reference_markdown() -> str:
 
 
 __all__ = [
-    "ENTRY_TYPES", "FORMAT", "Action", "AgentsEvent", "Approval", "BrowserCall", "BrowserResult", "Check",
+    "ENTRY_TYPES", "FORMAT", "PolicySwap", "Action", "AgentsEvent", "Approval", "BrowserCall", "BrowserResult", "Check",
     "ComputerCall", "browser_arguments", "Entry", "EntryError", "Expectation",
     "HumanAction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",

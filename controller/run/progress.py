@@ -42,8 +42,9 @@ from rich.text import Text
 
 from controller.run.entries import (
     Action, Approval, BrowserCall, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
-    RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
+    PolicySwap, RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
 from controller.model.requests import ORIGIN_ACCESS, SAFETY_CHECK, request_kind
+from controller.sandbox.pool import COLD_REASONS
 from controller.text import SHORT, clean
 from wire.actions import describe
 
@@ -57,6 +58,16 @@ WIDTH = 100
 """Most columns a line of a run's output takes: its progress lines and its summary table (also
 ``desktop-sandbox report``'s). Longer values are shortened with an ellipsis; ``report --json``, the
 HTML report and the record hold them whole."""
+
+
+def policy_text(policy: dict) -> str:
+    """``mode allowlist, 2 allowed origin(s)`` / ``mode ask, 1 allowed, asks for 3 pattern(s)``."""
+    mode = clean(policy.get("mode"), 20)
+    allow = len(policy.get("allow") or [])
+    text = f"mode {mode}" + (f", {allow} allowed origin(s)" if mode != "deny-all" else "")
+    if mode == "ask":
+        text += f", asks for {len(policy.get('ask') or [])} pattern(s)"
+    return text
 
 
 @dataclass(frozen=True)
@@ -313,6 +324,9 @@ class RunPrinter:
                     self.line("check ", *head, Kept(outcome), style="green" if entry.passed else "red")
                 case BrowserCall():
                     self.line("  ", *browser_call_parts(entry.as_json()), style=None if entry.ok else "red")
+                case PolicySwap():
+                    self.line(f"network policy set at {entry.why}: {policy_text(entry.policy)}"
+                              + (f"; {entry.closed} connection(s) closed" if entry.closed else ""))
                 case SignIn():
                     self.line(f"  {sign_in_text(entry.as_json())}",
                               style="green" if entry.outcome == "submitted" else "yellow")
@@ -339,7 +353,13 @@ class RunPrinter:
             return
         image = clean(e.image or "?", 200)[:19]  # sha256: and 12 hex digits
         emulated = f"; under emulation: deadlines x{e.time_scale:g}" if (e.time_scale or 1.0) > 1.0 else ""
-        self.line(f"sandbox {clean(e.sandbox, 40)} started{took_text} (image {image}{emulated})")
+        claim = e.claim or {}
+        if claim.get("source") == "pool":
+            self.line(f"sandbox {clean(e.sandbox, 40)} claimed from the warm pool in {claim.get('claim_s', 0):.2f}s "
+                      f"(image {image}{emulated})")
+            return
+        cold = f"; cold start: {COLD_REASONS.get(str(claim.get('reason')), 'the warm pool gave none')}" if claim else ""
+        self.line(f"sandbox {clean(e.sandbox, 40)} started{took_text} (image {image}{emulated}{cold})")
 
     def _on_model_response(self, e: ModelResponse) -> None:
         status = e.http_status or 200

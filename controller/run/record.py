@@ -32,7 +32,7 @@ from controller.run.entries import (
 )
 from controller.offline.call_ids import SCRIPT_CALL
 from controller.run.bus import EntryWritten, RunBus
-from controller.run.progress import Fitted, Kept, check_parts, expectation_text, fitted, print_fitted
+from controller.run.progress import COLD_REASONS, Fitted, Kept, check_parts, expectation_text, fitted, print_fitted
 from controller import json_semantics
 from controller.validation import read_input_file
 from controller.text import clean
@@ -319,6 +319,7 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
         "mode": started[0].mode if started else None,
         "runner": runner,
         "replay": replayed,
+        "claim": started[0].claim if started else None,
         "steps": len(responses),
         "computer_calls": sum(len(step.calls) for step in record_steps),
         "actions": len(inputs),
@@ -392,6 +393,11 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
             cell.no_wrap, cell.overflow = (False, "fold") if whole else (True, "ellipsis")
         table.add_row(Text.from_markup(what, emoji=False), cell)
 
+    claim = s["claim"] or {}
+    if claim.get("source") == "pool":
+        row("sandbox", shown(f"claimed from the warm pool in {claim.get('claim_s', 0):.2f}s"))
+    elif claim:
+        row("sandbox", shown(f"cold start: {COLD_REASONS.get(str(claim.get('reason')), 'the warm pool gave none')}"))
     if replayed:
         row("steps replayed", f"{_count(replayed['steps'], 'recorded call')} sent again: {replayed['matched']} matched "
                               f"the recorded screen, {replayed['diverged']} diverged; {replayed['performed']} performed")

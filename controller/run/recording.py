@@ -427,7 +427,7 @@ def run_started_entry(task: Task, sandbox: Any, *, mode: str, model: str, legacy
         model_view=task.model.model_dump(mode="json"), script=str(script) if script else None,
         sandbox_start_s=sandbox_start_s, runner=runner,
         screen_binding=(rule.model_dump() if (rule := task.approvals.rule()) is not None else None),
-        typed_text=typed_text,
+        typed_text=typed_text, claim=getattr(sandbox, "provenance", None),
     )
 
 

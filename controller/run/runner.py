@@ -58,7 +58,7 @@ from controller.run.bus import RunBus, follow_entries
 from controller.run.cancel import Cancellation, RunStopped
 from controller.run.conversation import ConversationTail
 from controller.run.driver import SandboxDriver, ScreenChanged, ScreenshotPolicy
-from controller.run.entries import Approval, Check, HumanAction, Takeover, ViewDropped
+from controller.run.entries import Approval, Check, HumanAction, PolicySwap, Takeover, ViewDropped
 from controller.run.live import LiveRun
 from controller.run.loops import browser_loop, browser_params, build_params
 from controller.run.model_client import live_client, offline_client
@@ -381,9 +381,12 @@ class Run:
         t = time.monotonic()
         if self.task.browser_channel:  # every request of the agent's chromium is judged by the task's rule
             self.agent.browser_rule(self._url_rules().guest_rule())
-        for launch in self.task.launch:
-            pid = self.agent.launch(launch.app, launch.args)
-            print_fitted(self.console, fitted(f"launched {clean(launch.app, 80)} (pid {pid})"))
+        if (getattr(self.sandbox, "provenance", None) or {}).get("launched"):
+            print_fitted(self.console, fitted("apps launched by the warm pool before the claim"))
+        else:
+            for launch in self.task.launch:
+                pid = self.agent.launch(launch.app, launch.args)
+                print_fitted(self.console, fitted(f"launched {clean(launch.app, 80)} (pid {pid})"))
         observed = wait_ready(self.agent, self.task, self.home, self.options.ready_timeout_s, self.time_scale,
                               self.cancel)
         self.timings["launch_ready"] = round(time.monotonic() - t, 3)
@@ -618,6 +621,9 @@ class Run:
             legacy=self.legacy, max_steps=self.max_steps, script=script,
             sandbox_start_s=self.timings.get("sandbox_start"),
             runner=opts.runner or ("sdk" if self.loop_fn is None else "custom"), typed_text=self.typed_text))
+        swapped = getattr(self.sandbox, "policy_swap", None)
+        if isinstance(swapped, dict):
+            self.record.write(PolicySwap(**swapped, why="claim"))
 
 
 @dataclass

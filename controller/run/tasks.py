@@ -279,6 +279,17 @@ class Task(_Strict):
         return SandboxSpec(screen_width=self.screen.width, screen_height=self.screen.height,
                            policy=self.network.model_dump(mode="json"), browser_channel=self.browser_channel, **extra)
 
+    def pool_apps(self) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], tuple[tuple[str, float], ...]]:
+        """The apps a warm pool may launch for this task before it is claimed, and the ready files that
+        say they are up: ``(((app, (args...)), ...), ((file, timeout_s), ...))``
+        (:class:`controller.sandbox.pool.Template`). Empty unless the task's network is deny-all (the pool
+        launches under deny-all: an app that loads a page of an allowed origin would get a refusal) and
+        the task drives no browser channel (its rule is set before the launch)."""
+        if self.network.mode != "deny-all" or self.browser_channel or not self.launch:
+            return (), ()
+        return (tuple((launch.app, tuple(launch.args)) for launch in self.launch),
+                tuple((ready.file, float(ready.timeout_s)) for ready in self.ready))
+
     def offline_script_path(self) -> Path:
         """Absolute path of the offline script; raises TaskError when the task has none."""
         if self.offline is None:

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
+from controller.sandbox.capabilities import Capabilities, CapabilityMissing
 from controller.sandbox.errors import BackendUnavailable, SandboxError
 from controller.sandbox.guest import GUEST_HOME
 from controller.sandbox.readiness import (
@@ -38,6 +39,7 @@ from controller.sandbox.readiness import (
 )
 from controller.sandbox.signals import (
     INTERRUPT_SIGNALS,
+    start_aborted,
     SandboxInterrupted,
     interruption,
     raise_on_signals,
@@ -49,7 +51,7 @@ from controller.text import clean
 __all__ = [  # re-exported from the helper modules, with this module's own names
     "BackendUnavailable", "SandboxError", "SandboxInterrupted", "INTERRUPT_SIGNALS", "interruption",
     "raise_on_signals", "signals_deferred", "parse_decision_log", "parse_decision_lines", "DECISIONS_READ_MAX_BYTES", "wait_agent_ready", "wait_control_ready", "with_timeout",
-    "NetworkTopology", "LABEL_SANDBOX", "LABEL_ROLE", "LABEL_OWNER", "LABEL_OWNER_ID", "LABEL_DETACHED",
+    "NetworkTopology", "Capabilities", "CapabilityMissing", "LABEL_SANDBOX", "LABEL_ROLE", "LABEL_OWNER", "LABEL_OWNER_ID", "LABEL_DETACHED",
     "DEFAULT_POLICY", "ExecResult", "SandboxSpec", "Sandbox", "reap", "pid_alive", "log",
 ]
 
@@ -133,6 +135,10 @@ class Sandbox(abc.ABC):
     """The registry name of the backend (``docker``, ``vm``)."""
 
     default_ready_timeout: ClassVar[float] = 120.0
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    """What this backend can do (:mod:`controller.sandbox.capabilities`); every backend declares its
+    own (tests/controller/test_capabilities.py checks each registered one)."""
     """Seconds a command line start waits for readiness on this backend (``SandboxSpec.ready_timeout``)."""
 
     id: str
@@ -154,6 +160,19 @@ class Sandbox(abc.ABC):
     HVF; :data:`controller.sandbox.vm.TCG_TIME_SCALE` under plain emulation). Deadlines that wait for
     the guest to react -- a task's ``[[ready]]`` files, the offline script's screen expectations -- are
     multiplied by it; deadlines that bound a hostile guest (the agent client's) are not."""
+
+    provenance: dict[str, Any] | None = None
+    """Where the sandbox came from, set by whoever handed it out: ``{"source": "pool" | "cold" |
+    "snapshot", "claim_s": seconds, ...}`` (:meth:`controller.sandbox.pool.WarmPool.claim`); the run
+    writes it as ``run_started.claim``. None: started directly."""
+
+    release_to: Callable[[], bool] | None = None
+    """Set on a sandbox claimed from a warm pool in another process: hands it back to that pool's keeper
+    for removal (True when taken); :meth:`close` tries it first and removes the sandbox itself otherwise."""
+
+    policy_swap: dict[str, Any] | None = None
+    """The gateway's answer to the last :meth:`set_policy` (``policy``, ``closed``, ``pending_refused``),
+    kept for the run's ``policy`` record line; None when the policy is the one it started with."""
 
     # set by the backend's start sequence; read through agent_url, agent_token, image_id,
     # gateway_control_url, gateway_control_token
@@ -294,6 +313,58 @@ class Sandbox(abc.ABC):
         while a run goes on, so a backend makes it cheap; this default slices :meth:`decision_log`."""
         return list(self.decision_log()[start:start + max_lines])
 
+    def set_policy(self, policy: Any, *, timeout: float = 10.0) -> dict[str, Any]:
+        """Replace the network policy of the running sandbox with ``policy`` (a mapping like
+        ``SandboxSpec.policy``, or a pydantic model), through the gateway's control channel (never the
+        guest). The gateway validates it, enforces it on every decision from then on, and closes the
+        connections it opened that the new policy refuses. Returns the gateway's answer:
+        ``{"policy": canonical policy, "closed": connections closed, "pending_refused": origin requests
+        answered ``denied`` because the new policy no longer asks for them}``. Raises
+        :class:`CapabilityMissing` when the backend cannot, :class:`PolicyRefused` (a SandboxError)
+        when the gateway refuses the policy (its message says why), SandboxError when the gateway does
+        not answer within ``timeout`` seconds."""
+        self.capabilities.require(self.backend_name, "policy_swap")
+        from controller.sandbox.policy_swap import put_policy
+
+        text = SandboxSpec(policy=policy).policy_json()
+        if not self.gateway_control_url or not self.gateway_control_token:
+            raise SandboxError(f"sandbox {self.id} has no gateway control API to take a policy")
+        answer = put_policy(self.gateway_control_url, self.gateway_control_token, text, timeout=timeout)
+        self.policy_swap = answer
+        return answer
+
+    def handover(self) -> dict[str, Any]:
+        """What another process needs to take this sandbox over (:meth:`adopt`): ids, URLs, tokens,
+        timings, as JSON-able data. Secret (it holds the tokens): send it only over a channel the
+        receiving process alone can read. Raises CapabilityMissing where the backend cannot hand over
+        (its sandbox is tied to processes this one started)."""
+        raise CapabilityMissing(self.backend_name, "pool", "handing a sandbox to another process")
+
+    @classmethod
+    def adopt(cls, facts: Mapping[str, Any]) -> "Sandbox":
+        """This backend's sandbox described by ``facts`` (from :meth:`handover` in another process),
+        owned from now on by the caller (it closes it). Raises SandboxError when the sandbox is gone or
+        ``facts`` do not describe one of this backend; CapabilityMissing as :meth:`handover`."""
+        raise CapabilityMissing(cls.backend_name, "pool", "taking over a sandbox from another process")
+
+    def rotate_agent_token(self) -> None:
+        """Give the agent a fresh bearer token (``POST /v1/token`` with the current one) and use it from
+        now on: whoever held the old token (a warm pool's keeper, the run before a snapshot) can no
+        longer drive the desktop. Raises AgentError when the agent refuses or does not answer."""
+        import secrets
+
+        from controller.agent_client import AgentClient
+
+        new = secrets.token_urlsafe(32)
+        old = self.agent
+        old.replace_token(new)
+        self._token = new
+        self._agent_client = AgentClient(old.base_url, new)
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the old connections are dropped either way
+            pass
+
     @abc.abstractmethod
     def close(self) -> None:
         """Remove everything this sandbox created. Idempotent; never raises for already-gone parts.
@@ -345,10 +416,16 @@ class Sandbox(abc.ABC):
             raise interruption(noted[0])
 
     def _checkpoint(self) -> None:
-        """During ``_start_or_close``: raise the interruption for the first signal noted so far, if any."""
+        """During ``_start_or_close``: raise the interruption for the first signal noted so far, if any;
+        on a thread inside :func:`controller.sandbox.signals.abort_starts_when` whose condition holds,
+        ``SandboxInterrupted(SIGTERM)``."""
         noted = self._signals_noted
         if noted:
             raise interruption(noted[0])
+        if start_aborted():
+            import signal
+
+            raise SandboxInterrupted(signal.SIGTERM)
 
     def _close_agent_client(self) -> None:
         """Close the ``AgentClient`` made by ``agent``, if any (teardown: its errors are ignored)."""
@@ -366,20 +443,26 @@ log = logging.getLogger("controller.sandbox")
 def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[str]]) -> list[str]:
     """Remove the sandboxes of ``found`` (``{id: labels}``) whose owner is provably dead and ours.
 
-    Skips detached ones (``LABEL_DETACHED=1``) and ones whose owner is alive; logs one warning per
+    The owner is the one its labels name, or the claimer a warm pool handed it to
+    (:func:`controller.sandbox.owner.record_claim`). Skips detached ones (``LABEL_DETACHED=1``) and
+    ones whose owner is alive; logs one warning per
     sandbox whose owner cannot be proven dead (``controller.sandbox.owner.owner_state``), naming it and
     why (each value escaped and cut by :func:`controller.text.clean`: labels are whatever the engine or
     the sandbox's directory holds), and leaves it. ``remove(id)`` removes one. Returns the ids removed.
     """
-    from controller.sandbox.owner import owner_state
+    from controller.sandbox.owner import claimed_owner, forget_claim, owner_state
 
     reaped = []
     for sandbox_id, labels in found.items():
         if labels.get(LABEL_DETACHED) == "1":
             continue
+        claimed = claimed_owner(sandbox_id) if SANDBOX_ID.fullmatch(sandbox_id) else None
+        if claimed is not None:  # handed over by a warm pool: its claimer owns it now
+            labels = {**labels, LABEL_OWNER_ID: claimed[0], LABEL_OWNER: claimed[1]}
         state, reason = owner_state(labels.get(LABEL_OWNER_ID))
         if state == "dead":
             remove(sandbox_id)
+            forget_claim(sandbox_id)
             reaped.append(sandbox_id)
         elif state == "unproven":
             shown = clean(sandbox_id, 80)

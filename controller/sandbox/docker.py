@@ -35,6 +35,8 @@ Rule source: ARCHITECTURE.md, "Isolation model (Docker)".
 from __future__ import annotations
 
 import base64
+import os
+import ipaddress
 import secrets
 import shlex
 import socket
@@ -47,10 +49,13 @@ import docker.errors
 from docker.models.containers import Container
 
 from controller.sandbox import (
+    Capabilities,
+    SANDBOX_ID,
     DECISIONS_READ_MAX_BYTES, BackendUnavailable, ExecResult, NetworkTopology, Sandbox, SandboxError, SandboxSpec,
     parse_decision_lines, parse_decision_log, signals_deferred, wait_agent_ready, wait_control_ready, with_timeout,
 )
 from controller.sandbox import seccomp
+from controller.sandbox.owner import forget_claim
 from controller.sandbox.backend_setup import decisions_since_argv, owner_labels, sandbox_labels
 from controller.sandbox.docker_cleanup import (  # noqa: F401 - re-exported: the backend's cleanup API
     _remove,
@@ -109,6 +114,55 @@ PORT_TAKEN = ("address already in use", "port is already allocated")
 (docker-proxy's bind fails), or by another container."""
 NAME_TAKEN = ("already exists", "is already in use")
 """What the engine says (409) when a network's or a container's name is taken."""
+
+
+SUBNET_RANGE_ENV = "DESKTOP_SANDBOX_DOCKER_SUBNETS"
+"""Environment variable: the IPv4 range a sandbox's networks take their subnets from (default
+:data:`SUBNET_RANGE`); empty: let the engine choose (its default address pools)."""
+SUBNET_RANGE = "172.24.0.0/13"
+"""Where a sandbox's two networks take a /:data:`SUBNET_PREFIX` each, chosen at random among the free ones
+(inside the engine's own default pools, 172.17.0.0/12, so that nothing else on the host is shadowed).
+The engine's default pools give each network a /16 or a /20, about 30 networks in all on a default engine:
+15 sandboxes. A sandbox needs 2 addresses on its internal network and 1 on its egress network."""
+SUBNET_PREFIX = 28
+SUBNET_TAKEN = ("overlaps", "pool overlaps")
+"""What the engine says when a subnet asked for overlaps another network's."""
+
+
+def _subnets_in_use(client: docker.DockerClient) -> list[ipaddress.IPv4Network]:
+    """Every IPv4 subnet of the engine's networks (one list call)."""
+    found = []
+    for network in client.networks.list():
+        for config in (network.attrs.get("IPAM") or {}).get("Config") or []:
+            try:
+                subnet = ipaddress.ip_network(config.get("Subnet", ""), strict=False)
+            except ValueError:
+                continue
+            if isinstance(subnet, ipaddress.IPv4Network):
+                found.append(subnet)
+    return found
+
+
+def _small_ipam(taken: list[ipaddress.IPv4Network]) -> Any:
+    """An IPAM config with one free /:data:`SUBNET_PREFIX` of the configured range (added to ``taken``), or
+    None (the engine chooses) when the range is empty or has none free after a few random picks."""
+    text = os.environ.get(SUBNET_RANGE_ENV, SUBNET_RANGE).strip()
+    if not text:
+        return None
+    try:
+        span = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return None
+    if not isinstance(span, ipaddress.IPv4Network) or span.prefixlen > SUBNET_PREFIX:
+        return None
+    count = 2 ** (SUBNET_PREFIX - span.prefixlen)
+    for _ in range(64):
+        subnet = ipaddress.IPv4Network((int(span.network_address) + secrets.randbelow(count) * 2 ** (32 - SUBNET_PREFIX),
+                                        SUBNET_PREFIX))
+        if not any(subnet.overlaps(other) for other in taken):
+            taken.append(subnet)
+            return docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))])
+    return None
 
 
 def _says(exc: docker.errors.APIError, phrases: Sequence[str]) -> bool:
@@ -191,6 +245,7 @@ class DockerSandbox(Sandbox):
 
     backend_name = "docker"
     default_ready_timeout = 120.0
+    capabilities = Capabilities(policy_swap=True, pool=True, snapshot="files", fork=True)
 
     def __init__(self, client: docker.DockerClient, sandbox_id: str) -> None:
         self.client = client
@@ -222,6 +277,37 @@ class DockerSandbox(Sandbox):
         client = client or docker.from_env()
         sandbox = cls(client, new_sandbox_id())
         sandbox._start_or_close(lambda: sandbox._start(spec, options))
+        return sandbox
+
+    def handover(self) -> dict[str, Any]:
+        direct = getattr(self._agent_client, "base_url", None) if getattr(self, "_agent_client", None) else None
+        return {"backend": self.backend_name, "id": self.id, "agent_url": self._agent_url, "agent_token": self._token,
+                "control_url": self._control_url, "control_token": self._control_token, "image_id": self._image_id,
+                "arch": self.arch, "time_scale": self.time_scale, "timings": dict(self.timings),
+                "direct_url": direct if direct and direct != self._agent_url else None}
+
+    @classmethod
+    def adopt(cls, facts: Mapping[str, Any], client: docker.DockerClient | None = None) -> "DockerSandbox":
+        from controller.agent_client import AgentClient
+
+        sandbox_id = facts.get("id")
+        if facts.get("backend") != cls.backend_name or not isinstance(sandbox_id, str) \
+                or not SANDBOX_ID.fullmatch(sandbox_id):
+            raise SandboxError("the facts handed over do not describe a Docker sandbox")
+        client = client or engine()
+        sandbox = cls(client, sandbox_id)
+        try:
+            sandbox.desktop = client.containers.get(f"{sandbox_id}-desktop")
+            sandbox.gateway = client.containers.get(f"{sandbox_id}-gateway")
+        except docker.errors.NotFound:
+            raise SandboxError(f"sandbox {sandbox_id} is gone") from None
+        sandbox._agent_url, sandbox._token = str(facts["agent_url"]), str(facts["agent_token"])
+        sandbox._control_url, sandbox._control_token = str(facts["control_url"]), str(facts["control_token"])
+        sandbox._image_id, sandbox.arch = str(facts.get("image_id") or ""), str(facts.get("arch") or "")
+        sandbox.time_scale = float(facts.get("time_scale") or 1.0)
+        sandbox.timings = {str(k): float(v) for k, v in dict(facts.get("timings") or {}).items()}
+        if facts.get("direct_url"):
+            sandbox._agent_client = AgentClient(str(facts["direct_url"]), sandbox._token)
         return sandbox
 
     @classmethod
@@ -384,7 +470,11 @@ class DockerSandbox(Sandbox):
             return
         with signals_deferred():  # a second Ctrl-C or a SIGTERM waits until everything is removed
             self._close_agent_client()
+            if self.release_to is not None and self.release_to():  # its pool's keeper removes it
+                self._closed = True
+                return
             remove_sandbox(self.client, self.id)
+            forget_claim(self.id)
             self._closed = True
 
     # -- start sequence -----------------------------------------------------------------------------
@@ -495,6 +585,7 @@ class DockerSandbox(Sandbox):
         existing = list_sandboxes(self.client)
         while self.id in existing:
             self.id = new_sandbox_id()
+        taken = _subnets_in_use(self.client)
         for attempt in range(1, START_ATTEMPTS + 1):
             made: list[Any] = []
             try:
@@ -503,22 +594,26 @@ class DockerSandbox(Sandbox):
                 # through the bridge's gateway address.
                 made.append(self.client.networks.create(
                     f"{self.id}-internal", driver="bridge", internal=True, enable_ipv6=False, check_duplicate=True,
-                    labels=self._labels("internal", options),
+                    labels=self._labels("internal", options), ipam=_small_ipam(taken),
                     options={"com.docker.network.bridge.inhibit_ipv4": "true"},
                 ))
                 self._checkpoint()
                 made.append(self.client.networks.create(
                     f"{self.id}-egress", driver="bridge", internal=False, enable_ipv6=False, check_duplicate=True,
-                    labels=self._labels("egress", options),
+                    labels=self._labels("egress", options), ipam=_small_ipam(taken),
                     options={"com.docker.network.bridge.enable_icc": "false"},
                 ))
                 break
             except docker.errors.APIError as exc:
-                if attempt == START_ATTEMPTS or exc.status_code != 409 or not _says(exc, NAME_TAKEN):
+                overlap = _says(exc, SUBNET_TAKEN)
+                if attempt == START_ATTEMPTS or not (overlap or (exc.status_code == 409 and _says(exc, NAME_TAKEN))):
                     raise
                 for network in made:
                     network.remove()
-                self.id = new_sandbox_id()
+                if overlap:  # another network took the subnet meanwhile: look again, pick others
+                    taken = _subnets_in_use(self.client)
+                else:
+                    self.id = new_sandbox_id()
         self._checkpoint()
         internal, egress = made
         internal.reload()
@@ -647,6 +742,151 @@ class DockerSandbox(Sandbox):
         except docker.errors.APIError as exc:
             raise SandboxError(f"exec in {container.name} failed: {exc.explanation or exc}") from exc
         return ExecResult(int(code if code is not None else -1), b"".join(out), b"".join(err))
+
+    # -- snapshots (kind "files": controller.sandbox.docker_snapshot; controller.sandbox.snapshot proves them)
+
+    def save_snapshot(self, dest: Any) -> dict[str, Any]:
+        """Kind ``files``: write the guest user's home and the agent's chromium's profile into the directory
+        ``dest`` (a path) as tar archives (``docker_snapshot.ARCHIVES``, read by ``tar`` in the container as their
+        owners, capped and deadlined; without the X cookie and chromium's profile locks) and the
+        backend's facts (``docker_snapshot.FACTS``). Files only: processes are not saved; a restore starts
+        the apps again. Returns ``{"kind": "files", "archives": {name: guest directory}, "template":
+        {"screen", "browser_channel", "options"}}``. Raises SandboxError."""
+        from pathlib import Path
+
+        from controller.sandbox import docker_snapshot as files
+
+        if self.desktop is None or self.gateway is None:
+            raise SandboxError(f"sandbox {self.id} is not running")
+        archives = {}
+        for name, directory, uid in files.ARCHIVES:
+            if files.has_directory(self, directory, uid):  # an older image has no /home/browser
+                files.tar_out(self, directory, uid, Path(dest) / name)
+                archives[name] = directory
+        self.desktop.reload()
+        self.gateway.reload()
+        config, host = self.desktop.attrs["Config"], self.desktop.attrs["HostConfig"]
+        gateway_host = self.gateway.attrs["HostConfig"]
+        env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+        options = {
+            "image": config.get("Image") or DEFAULT_IMAGE, "mem_limit": str(host.get("Memory") or "2g"),
+            "shm_size": str(host.get("ShmSize") or "256m"), "pids_limit": int(host.get("PidsLimit") or 1024),
+            "nano_cpus": int(host.get("NanoCpus") or 0),
+            "gateway_mem_limit": str(gateway_host.get("Memory") or "512m"),
+            "gateway_pids_limit": int(gateway_host.get("PidsLimit") or 256),
+            "apps_file": env.get("AGENT_APPS_FILE", ""), "agent_args": shlex.split(env.get("AGENT_ARGS", "")),
+        }
+        template = {
+            "browser_channel": any(str(opt).startswith("seccomp=") for opt in host.get("SecurityOpt") or []),
+            "screen": {"width": int(env.get("SCREEN_WIDTH") or 1280), "height": int(env.get("SCREEN_HEIGHT") or 800)},
+            "options": options,
+        }
+        files.write_facts(Path(dest), {"format": 1, "image_id": self.image_id, "archives": archives, **template})
+        return {"kind": "files", "archives": archives, "template": template}
+
+    @classmethod
+    def restore_snapshot(cls, source: Any, count: int = 1, spec: SandboxSpec | None = None,
+                         options: DockerOptions | None = None,
+                         client: docker.DockerClient | None = None) -> list["DockerSandbox"]:
+        """Start ``count`` sandboxes (``spec``, ``options``: default the snapshot's screen, browser channel
+        and options, deny-all; the image must be the one the snapshot was taken on) and write the archives
+        of the snapshot directory ``source`` (a path) into each before any app is launched: the session programs that write the
+        home held (``docker_snapshot.HELD_PROGRAMS``), each directory emptied (but the new X cookie) and
+        the archive unpacked by ``tar`` as its owner. The held programs stay stopped until
+        :meth:`resume_after_restore`. Processes do not survive: apps start again. Use
+        :func:`controller.sandbox.snapshot.restore`, which checks the payload first and proves the state
+        after. Raises SandboxError before starting anything for malformed facts or another image; on
+        any failure, also a signal, every sandbox started here is removed."""
+        from pathlib import Path
+
+        from controller.sandbox import docker_snapshot as files
+
+        source = Path(source)
+        facts = files.read_facts(source)
+        screen = facts.get("screen") or {}
+        spec = spec or SandboxSpec(screen_width=int(screen.get("width", 1280)),
+                                   screen_height=int(screen.get("height", 800)),
+                                   browser_channel=bool(facts.get("browser_channel")),
+                                   ready_timeout=cls.default_ready_timeout)
+        options = options or cls.snapshot_options(facts)
+        client = client or engine()
+        try:
+            have = client.images.get(options.image).id
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {options.image} not found; build it with `make desktop`") from None
+        if facts.get("image_id") and have != facts["image_id"]:
+            raise SandboxError(f"the snapshot was taken on image {clean(facts['image_id'], 80)}; "
+                               f"{options.image} is {have}")
+        owners = {name: (directory, uid) for name, directory, uid in files.ARCHIVES}
+        restored: list[DockerSandbox] = []
+        try:
+            for _ in range(count):
+                sandbox = cls.start(spec, options, client=client)
+                restored.append(sandbox)
+                files.supervise(sandbox, "stop")
+                for name in sorted(facts["archives"]):
+                    files.tar_in(sandbox, source / name, *owners[name])
+        except BaseException:
+            for sandbox in restored:
+                sandbox.close()
+            raise
+        return restored
+
+    @classmethod
+    def snapshot_options(cls, template: Mapping[str, Any], **overrides: Any) -> DockerOptions:
+        """The options a snapshot's ``template`` was started with (image tag, resources, app allowlist),
+        with ``overrides`` (``detached=True``, ``extra_labels``, ``image``) applied. Raises TypeError for
+        an unknown option name."""
+        fields = set(DockerOptions.__dataclass_fields__) - {"detached", "extra_labels"}
+        saved = {k: v for k, v in dict(template.get("options") or {}).items() if k in fields}
+        return DockerOptions(**{**saved, **overrides})
+
+    def resume_after_restore(self) -> None:
+        """Start the session programs a restore held (``docker_snapshot.HELD_PROGRAMS``) again."""
+        from controller.sandbox import docker_snapshot as files
+
+        files.supervise(self, "start")
+
+    @classmethod
+    def attach(cls, sandbox_id: str, client: docker.DockerClient | None = None,
+               agent_token: str | None = None) -> "DockerSandbox":
+        """The running sandbox ``sandbox_id`` (``ds-<8 hex>``), started by another process (``up``): its
+        containers, agent and gateway control API, for ``desktop-sandbox snapshot``. The agent's token is
+        ``agent_token`` (``up`` writes it to a file), else the one the sandbox started with (read from its
+        file in the container; a sandbox whose token was replaced since then refuses it). ``close()`` on
+        it removes the sandbox like any other's. Raises SandboxError when there is no such running sandbox."""
+        from controller.sandbox import LABEL_ROLE, LABEL_SANDBOX, SANDBOX_ID
+
+        if not SANDBOX_ID.fullmatch(sandbox_id) or not sandbox_id.startswith("ds-"):
+            raise SandboxError(f"not a Docker sandbox id: {clean(sandbox_id, 40)} (ds-<8 hex>)")
+        client = client or engine()
+        found = {c.labels.get(LABEL_ROLE): c
+                 for c in client.containers.list(filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"})}
+        sandbox = cls(client, sandbox_id)
+        sandbox.desktop, sandbox.gateway = found.get("desktop"), found.get("gateway")
+        if sandbox.desktop is None or sandbox.gateway is None:
+            raise SandboxError(f"no running Docker sandbox {sandbox_id}")
+        sandbox._image_id = str(sandbox.desktop.attrs.get("Image") or "")
+        ports = sandbox.gateway.attrs["NetworkSettings"]["Ports"]
+
+        def host_port(port: int) -> str | None:
+            return next((b["HostPort"] for b in ports.get(f"{port}/tcp") or [] if b.get("HostIp") == "127.0.0.1"),
+                        None)
+
+        def read(container: Container, path: str, uid: int) -> str:
+            result = sandbox._exec(container, ["cat", path], user=f"{uid}:{uid}", timeout=10, max_bytes=4096)
+            if result.exit_code != 0:
+                raise SandboxError(f"cannot read {path} in {container.name}")
+            return result.stdout.decode("ascii", "replace").strip()
+
+        agent_port, control_port = host_port(AGENT_PORT), host_port(GATEWAY_CONTROL_PORT)
+        if not agent_port or not control_port:
+            raise SandboxError(f"sandbox {sandbox_id} publishes no agent or control port")
+        sandbox._agent_url = f"http://127.0.0.1:{agent_port}"
+        sandbox._token = agent_token or read(sandbox.desktop, AGENT_TOKEN_FILE, AGENT_UID)
+        sandbox._control_url = f"http://127.0.0.1:{control_port}"
+        sandbox._control_token = read(sandbox.gateway, GATEWAY_CONTROL_TOKEN_FILE, GATEWAY_UID)
+        return sandbox
 
 
 def _network_gateway(network: Any) -> str | None:

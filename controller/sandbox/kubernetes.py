@@ -67,6 +67,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from controller.sandbox import (
+    Capabilities,
     DECISIONS_READ_MAX_BYTES, BackendUnavailable, ExecResult, NetworkTopology, Sandbox, SandboxError, SandboxSpec,
     parse_decision_lines, parse_decision_log, signals_deferred, wait_agent_ready,
 )
@@ -93,6 +94,7 @@ class KubernetesSandbox(Sandbox):
 
     backend_name = "kubernetes"
     default_ready_timeout = 300.0  # includes the image pull on a fresh node
+    capabilities = Capabilities()  # rendered pools only (render --pool): nothing at runtime
 
     def __init__(self, apis: Apis, namespace: str, sandbox_id: str) -> None:
         self.apis = apis

@@ -188,3 +188,46 @@ def owner_state(recorded: str | None) -> tuple[OwnerState, str]:
     if stat.state in ("Z", "X"):
         return "dead", f"process {pid} has exited (zombie)"
     return "alive", f"process {pid} is running"
+
+
+# -- ownership handed over (a warm pool's claim) ------------------------------------------------------
+
+CLAIM_FILE_CAP = 4096
+"""Most bytes read from one claim file."""
+
+
+def claims_dir() -> Path:
+    """Where handed-over ownership is recorded: ``$XDG_STATE_HOME/desktop-sandbox/claims`` (0700)."""
+    return _state_dir() / "claims"
+
+
+def record_claim(sandbox_id: str, new_owner_id: str, new_owner: str) -> None:
+    """Record that sandbox ``sandbox_id`` now belongs to ``new_owner_id`` (an :func:`owner_id` string;
+    ``new_owner``: ``<host>:<pid>`` for people), whatever its labels say: a warm pool's keeper started it
+    and a claimer in another process took it (:mod:`controller.sandbox.pool`). Orphan reaping judges the
+    recorded owner (:func:`claimed_owner`). Written atomically (0600). Raises OSError."""
+    folder = claims_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = folder / f".{sandbox_id}.{secrets.token_hex(4)}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(f"{new_owner_id}\n{new_owner}\n")
+    os.replace(partial, folder / sandbox_id)
+
+
+def claimed_owner(sandbox_id: str) -> tuple[str, str] | None:
+    """``(owner id, owner)`` recorded by :func:`record_claim` for ``sandbox_id``, or None."""
+    try:
+        with open(claims_dir() / sandbox_id, encoding="ascii", errors="replace") as src:
+            lines = src.read(CLAIM_FILE_CAP).splitlines()
+    except OSError:
+        return None
+    return (lines[0], lines[1] if len(lines) > 1 else "") if lines and lines[0] else None
+
+
+def forget_claim(sandbox_id: str) -> None:
+    """Remove the claim record of ``sandbox_id`` (the sandbox is gone); nothing when there is none."""
+    try:
+        (claims_dir() / sandbox_id).unlink()
+    except OSError:
+        pass

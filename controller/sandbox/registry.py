@@ -51,6 +51,12 @@ def backend_names() -> list[str]:
     return list(_ENTRIES)
 
 
+def capability_table() -> list[dict[str, object]]:
+    """One row per registered backend, default first: ``{"backend": name, feature: value, ...}``
+    (:mod:`controller.sandbox.capabilities`; imports each backend's module)."""
+    return [{"backend": name, **BACKENDS[name].capabilities.as_dict()} for name in _ENTRIES]
+
+
 def get_backend(name: str) -> "type[Sandbox]":
     """The backend class registered as ``name``. Raises KeyError naming the known ones otherwise."""
     if name not in _ENTRIES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 
 class SandboxInterrupted(BaseException):
@@ -55,6 +55,29 @@ def signals_deferred(signums: Sequence[int] = INTERRUPT_SIGNALS, *, redeliver: b
         if redeliver:
             for s in dict.fromkeys(noted):
                 signal.raise_signal(s)
+
+
+_thread_abort = threading.local()
+
+
+@contextlib.contextmanager
+def abort_starts_when(condition: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, on this thread, a sandbox start is abandoned at its next step once
+    ``condition()`` is true, as a signal would abandon it in the main thread (``Sandbox._checkpoint``
+    raises ``SandboxInterrupted(SIGTERM)``; what the start created is removed). For starts on a
+    background thread (a warm pool's filler), where no signal arrives."""
+    previous = getattr(_thread_abort, "condition", None)
+    _thread_abort.condition = condition
+    try:
+        yield
+    finally:
+        _thread_abort.condition = previous
+
+
+def start_aborted() -> bool:
+    """Whether this thread's :func:`abort_starts_when` condition holds (False outside one)."""
+    condition = getattr(_thread_abort, "condition", None)
+    return bool(condition is not None and condition())
 
 
 @contextlib.contextmanager

@@ -26,6 +26,9 @@ with QEMU's direct kernel boot. Per sandbox (id ``dv-<8 hex>``), in a private te
   it exists. It is never on the kernel command line.
 * ``exec_in_guest`` (the network audit's probes) goes through qemu-guest-agent on a virtio-serial port
   whose host end is a unix socket in the private directory; commands run as ``sandbox`` via ``runuser``.
+* QEMU's machine protocol (QMP, ``vm_qmp``) on another unix socket there: machine snapshots
+  (``save_snapshot``: the guest stopped, its RAM and devices written to a file, resumed;
+  ``restore_snapshot``: one or many new VMs loading that file instead of booting; ``vm_snapshot``).
 
 Readiness: ``/livez`` and then ``/v1/display`` answer through the host forward. Teardown stops QEMU (and
 the forwarders it spawned), the gateway, and deletes the directory, also after an exception, Ctrl-C or
@@ -33,8 +36,9 @@ SIGTERM; ``reap_orphans`` (run at every start: only sandboxes whose starter is p
 this host's, see ``controller.sandbox.owner``) and ``remove_all`` clean up after killed runs.
 
 Parts: ``vm_image`` (architecture, QEMU binary, acceleration, the image), ``vm_process`` (host
-processes, private directories, cleanup), ``vm_qga`` (qemu-guest-agent client). Over 400 lines: the
-start sequence (gateway, QEMU command line, readiness) shares the sandbox's state throughout.
+processes, private directories, cleanup), ``vm_qga`` (qemu-guest-agent client), ``vm_qmp`` (QMP client),
+``vm_snapshot`` (a machine snapshot's files, checks and QEMU steps). Over 400 lines: the start and
+restore sequences (gateway, QEMU command line, readiness, token) share the sandbox's state throughout.
 
 Acceleration: KVM on Linux when ``/dev/kvm`` is usable and the guest's architecture is the host's, HVF on
 macOS likewise, otherwise plain emulation (TCG). ``DESKTOP_SANDBOX_VM_ACCEL`` (kvm | hvf | tcg) overrides.
@@ -55,6 +59,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +67,7 @@ from typing import Any, Callable, Sequence
 
 from controller.gateway import gateway_python
 from controller.sandbox import (
+    Capabilities,
     ExecResult,
     NetworkTopology,
     Sandbox,
@@ -106,6 +112,7 @@ from controller.sandbox.vm_process import (  # noqa: F401 - re-exported
     sandbox_dirs,
 )
 from controller.sandbox.vm_qga import GuestAgentChannel
+from controller.sandbox.vm_qmp import QMPChannel
 
 FORWARDER = Path(__file__).resolve().parent / "vm_forward.py"
 
@@ -173,6 +180,7 @@ class VMSandbox(Sandbox):
 
     backend_name = "vm"
     default_ready_timeout = 600.0
+    capabilities = Capabilities(policy_swap=True, pool=True, snapshot="machine", fork=True)
 
     def __init__(self, sandbox_id: str, workdir: Path) -> None:
         self.id = sandbox_id
@@ -187,6 +195,15 @@ class VMSandbox(Sandbox):
         self.gateway_control_port = 0
         """The gateway control API's port on the host's loopback."""
         self._qga: GuestAgentChannel | None = None
+        self._qmp: QMPChannel | None = None
+        self._machine: dict[str, Any] = {}
+        """What a machine snapshot records of this VM: ``qemu``, ``arch``, ``image``, ``manifest``,
+        ``options``, ``guest_env``, ``screen``, ``argv`` and the ``shape`` of it (see ``vm_snapshot``)."""
+        self._next_token = ""
+        self._snapshot_token = ""
+        self._abandon: threading.Event | None = None
+        self._gateway_ports = (0, 0)
+        self._qemu_log_offset = 0
         self._closed = False
         self._keep_dir = False
         self._labels: dict[str, str] = {}
@@ -323,11 +340,304 @@ class VMSandbox(Sandbox):
             self._close_agent_client()
             if self._qga is not None:
                 self._qga.close()
+            if self._qmp is not None:
+                self._qmp.close()
             _stop_group(self.qemu)
             _stop_group(self.gateway)
             if not self._keep_dir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
             self._closed = True
+
+    # -- machine snapshots (controller.sandbox.vm_snapshot) ---------------------------------------------
+
+    def save_snapshot(self, dest: Path) -> dict[str, Any]:
+        """Save the whole machine (RAM, CPUs, devices: with its read-only disk and tmpfs-only writes, all
+        of the guest's state) into directory ``dest`` (made when missing, mode 0700), and let the VM go on.
+
+        Sequence: the agent is moved to a token made for the snapshot, QEMU stops the guest, writes its
+        migration stream to ``dest/machine.mig`` (QMP ``migrate`` to a ``file:`` URI, no bandwidth cap)
+        and resumes it (``cont``); then the guest's clock is set to the host's again (the pause stopped
+        it) and the agent is moved to a fresh token, so the token inside the saved RAM drives nothing that
+        runs. ``dest`` then holds ``machine.mig``, ``vm.json`` and ``agent-token`` (layout:
+        :mod:`controller.sandbox.vm_snapshot`). Signals wait until the VM runs again.
+
+        Returns facts for a snapshot manifest: ``{"kind": "machine", "backend": "vm", "files": {name:
+        bytes}, "bytes": total, "seconds": whole save, "pause_seconds": guest stopped, "migrate_seconds",
+        "ram_bytes": RAM written, "image_id", "arch", "accel", "memory_mib", "cpus", "qemu_version",
+        "screen": {"width", "height"}, "source_clock_offset_s": guest minus host after the pause (None
+        when it could not be set), "template": {"screen", "accel", "memory_mib", "cpus", "image_dir"}:
+        what a restore starts from}``. Raises SandboxError when the VM is not running, ``dest`` already
+        holds a snapshot's files, or QEMU cannot save (the files it wrote are removed; the VM runs on).
+        """
+        from controller.sandbox import vm_snapshot as snap
+
+        if self._closed or self.qemu is None or self.qemu.poll() is not None or self._qmp is None \
+                or not self._machine.get("shape"):
+            raise SandboxError(f"VM of sandbox {self.id} is not running")
+        t0 = time.monotonic()
+        dest = Path(dest).resolve()
+        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+        taken = [name for name in snap.PAYLOAD_FILES if (dest / name).exists()]
+        if taken:
+            raise SandboxError(f"{dest} already holds a snapshot ({', '.join(taken)})")
+        m = self._machine
+        image_facts = snap.rootfs_facts(m["image"])  # before the pause (hashed once per image)
+        version = snap.qemu_version(m["qemu"])
+        partial = dest / (snap.MIGRATION_FILE + ".partial")
+        snapshot_token = secrets.token_urlsafe(32)
+        made: list[Path] = []
+        with signals_deferred():  # the guest must run again whatever comes
+            try:
+                self._use_token(snapshot_token)
+                made.append(partial)
+                self._qmp.command("stop")
+                stopped = time.monotonic()
+                try:
+                    stats = snap.migrate_to_file(self._qmp, partial, poll=self._check_alive)
+                except BaseException:
+                    try:
+                        self._qmp.command("cont")
+                    except SandboxError:
+                        pass  # QEMU is gone: the error in flight says more
+                    raise
+                self._qmp.command("cont")
+                pause = time.monotonic() - stopped
+                try:
+                    offset: float | None = snap.set_guest_clock(self._qga, timeout=30.0) if self._qga else None
+                except SandboxError:
+                    offset = None
+                self._use_token(secrets.token_urlsafe(32))
+                size = partial.stat().st_size
+                facts = {
+                    "format": snap.SNAPSHOT_FORMAT, "kind": "machine", "backend": "vm", "source": self.id,
+                    "saved_at": snap.utc_now(), "arch": m["arch"], "accel": self.accel,
+                    "memory_mib": m["options"].memory_mib, "cpus": m["options"].cpus, "qemu_version": version,
+                    "image": {"path": str(Path(m["image"]).resolve()), "key": m["manifest"]["key"], **image_facts},
+                    "screen": {"width": m["screen"][0], "height": m["screen"][1]},
+                    "guest_env": m["guest_env"], "argv": m["shape"],
+                    "migration": {"file": snap.MIGRATION_FILE, "bytes": size},
+                }
+                for name, data in ((snap.TOKEN_FILE, snapshot_token.encode()),
+                                   (snap.FACTS_FILE, json.dumps(facts, indent=1).encode() + b"\n")):
+                    made.append(dest / name)
+                    snap.write_private(dest / name, data)
+                partial.replace(dest / snap.MIGRATION_FILE)
+                made.append(dest / snap.MIGRATION_FILE)
+            except BaseException:
+                for path in made:
+                    path.unlink(missing_ok=True)
+                raise
+        files = {name: (dest / name).stat().st_size for name in snap.PAYLOAD_FILES}
+        return {
+            "kind": "machine", "backend": self.backend_name, "files": files, "bytes": sum(files.values()),
+            "seconds": time.monotonic() - t0, "pause_seconds": pause, "migrate_seconds": stats["seconds"],
+            "ram_bytes": stats["ram_bytes"], "image_id": self.image_id, "arch": m["arch"], "accel": self.accel,
+            "memory_mib": facts["memory_mib"], "cpus": facts["cpus"], "qemu_version": version,
+            "screen": dict(facts["screen"]), "source_clock_offset_s": offset,
+            "template": {"screen": dict(facts["screen"]), "accel": self.accel, "memory_mib": facts["memory_mib"],
+                         "cpus": facts["cpus"], "image_dir": facts["image"]["path"]},
+        }
+
+    @classmethod
+    def restore_snapshot(cls, source: Path, count: int = 1, spec: SandboxSpec | None = None,
+                         options: VMOptions | None = None) -> list["VMSandbox"]:
+        """Start ``count`` (1 to ``vm_snapshot.MAX_FORKS``) new VMs from the machine snapshot in directory
+        ``source`` (written by :meth:`save_snapshot`), all at once, each ready when returned.
+
+        Each has its own id, private directory, gateway (policy ``spec.policy``, default deny-all; a fresh
+        decision log), forwarded host ports and tmpfs state (a copy of the saved one: what one writes the
+        others never see). QEMU loads ``machine.mig`` (``-incoming file:``) instead of booting; then the
+        guest's clock is set to the host's (``vm_snapshot.set_guest_clock``), the agent and display
+        must answer (with the token inside the saved RAM), and the agent is moved to a fresh token
+        (the same one QEMU's fw_cfg hands the session, should it restart). ``timings``: seconds from
+        this call to ``gateway_ready``, ``vm_started``, ``vm_running`` (RAM loaded), ``clock_set``,
+        ``agent_live``, ``display_ready``, ``token_rotated``.
+
+        The machine is the snapshot's: its arch, acceleration, memory, CPUs, screen size and guest
+        settings (``spec``'s screen size and ``options``' memory, CPUs, apps file and agent arguments are
+        not used); ``options.image`` may name another copy of the same image. ``spec.ready_timeout``
+        bounds each VM's wait. Raises SandboxError before starting anything when the snapshot is
+        malformed or does not fit this host (QEMU version, image, command line); and when a VM fails to
+        come up (QEMU's output and the console, escaped). On any failure, also Ctrl-C/SIGTERM/SIGHUP
+        (handled as :meth:`Sandbox._start_or_close` does), every VM this call started is removed first.
+        """
+        from controller.sandbox import vm_snapshot as snap
+
+        source = Path(source).resolve()
+        snap.check_path(source, "snapshot directory")
+        if not 1 <= int(count) <= snap.MAX_FORKS:
+            raise SandboxError(f"count must be 1 to {snap.MAX_FORKS}, not {count}")
+        facts = snap.read_facts(source)
+        old_token = snap.read_token(source)
+        spec = spec or SandboxSpec()
+        options = options or VMOptions()
+        arch = facts["arch"]
+        qemu = qemu_binary(arch)
+        if qemu is None:
+            raise SandboxError(f"QEMU for {arch} is not installed; the snapshot's guest is {arch}")
+        if snap.qemu_version(qemu) != facts["qemu_version"]:
+            raise SandboxError(f"the snapshot was saved by {clean(facts['qemu_version'], 80)}; this host runs "
+                               f"{clean(snap.qemu_version(qemu), 80)}")
+        wanted = options.accel or os.environ.get("DESKTOP_SANDBOX_VM_ACCEL", "").strip().lower()
+        if wanted and wanted != facts["accel"]:
+            raise SandboxError(f"the snapshot's guest ran with accel {clean(facts['accel'], 10)}, not {wanted}")
+        image = Path(options.image) if options.image else Path(facts["image"]["path"])
+        snap.check_path(image, "VM image directory")
+        try:
+            manifest = json.loads((image / "manifest.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"VM image {image} not readable ({clean(exc, 200)})") from exc
+        snap.check_image(facts, image, manifest)
+        machine = dataclasses.replace(options, image=image, arch=arch, accel=facts["accel"],
+                                      memory_mib=facts["memory_mib"], cpus=facts["cpus"])
+        cls.reap_orphans()
+        t0 = time.monotonic()
+        made: list[VMSandbox] = []
+        try:
+            for _ in range(int(count)):
+                sandbox_id = f"dv-{secrets.token_hex(4)}"
+                sandbox = cls(sandbox_id, Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-")))
+                sandbox._keep_dir = options.keep_dir
+                sandbox._labels = sandbox_labels(sandbox_id, None, options, owner_labels())
+                made.append(sandbox)
+        except BaseException:
+            with signals_deferred():
+                for sandbox in made:
+                    sandbox.close()
+            raise
+        leader, rest = made[0], made[1:]
+
+        def restore_all() -> None:
+            for sandbox in rest:  # the leader's signal handling covers them all
+                sandbox._signals_noted = leader._signals_noted
+            try:
+                for sandbox in made:
+                    sandbox._launch_restored(source, facts, old_token, spec, machine, qemu, manifest, t0)
+                _bring_up_together(made, source, facts, spec.ready_timeout, t0)
+            finally:
+                for sandbox in rest:
+                    sandbox._signals_noted = None
+
+        try:
+            leader._start_or_close(restore_all)
+        except BaseException:
+            with signals_deferred():
+                for sandbox in rest:
+                    sandbox.close()
+            raise
+        return made
+
+    def _launch_restored(self, source: Path, facts: dict[str, Any], old_token: str, spec: SandboxSpec,
+                         options: VMOptions, qemu: str, manifest: dict[str, Any], t0: float) -> None:
+        """Write this restored VM's files and start its gateway and QEMU (``-incoming``), not waiting."""
+        from controller.sandbox import vm_snapshot as snap
+
+        self._write_owner()
+        self.arch, self.accel = facts["arch"], facts["accel"]
+        self.time_scale = TCG_TIME_SCALE if self.accel == "tcg" else 1.0
+        self._image_id = f"vm:{self.arch}:{facts['image']['key']}"
+        (self.workdir / "policy.json").write_text(spec.policy_json())
+        self._next_token = secrets.token_urlsafe(32)
+        snap.write_private(self.workdir / "token", self._next_token.encode())  # fw_cfg, for a session restart
+        self._token = self._snapshot_token = old_token
+        (self.workdir / "guest.env").write_text(facts["guest_env"])
+        assert options.image is not None
+        self._machine = {"qemu": qemu, "arch": self.arch, "image": Path(options.image), "manifest": manifest,
+                         "options": options, "guest_env": facts["guest_env"],
+                         "screen": (facts["screen"]["width"], facts["screen"]["height"])}
+        self._launch_restored_processes(source, facts)
+        self.timings["vm_started"] = time.monotonic() - t0
+
+    def _launch_restored_processes(self, source: Path, facts: dict[str, Any]) -> None:
+        from controller.sandbox import vm_snapshot as snap
+
+        m = self._machine
+        port, control_port, agent_port = _free_port(), _free_port(), _free_port()
+        shape = self._argv_shape(self._qemu_argv(m["qemu"], m["arch"], m["image"], m["manifest"], m["options"],
+                                                 agent_port, port), m["image"], agent_port, port)
+        snap.check_argv(facts, shape)
+        self._launch_gateway(self.workdir / "policy.json", port, control_port)
+        self._launch_qemu(m["qemu"], m["arch"], m["image"], m["manifest"], m["options"], agent_port, port,
+                          incoming=source / snap.MIGRATION_FILE)
+        self.agent_host_port = agent_port
+        self._agent_url = f"http://127.0.0.1:{agent_port}"
+        self._qga = GuestAgentChannel(self.workdir / "qga.sock")
+        self._qmp = QMPChannel(self.workdir / "qmp.sock")
+
+    def _finish_restored(self, source: Path, facts: dict[str, Any], timeout: float, t0: float) -> None:
+        """Bring up the VM :meth:`_launch_restored` started (:meth:`_bring_up_restored`), starting QEMU and
+        the gateway again on other ports when one was taken in between (at most twice)."""
+        deadline = time.monotonic() + timeout
+        for attempt in range(3):
+            if self._bring_up_restored(deadline, t0):
+                return
+            if attempt == 2:
+                raise SandboxError(f"sandbox {self.id}: its ports were taken by others three times")
+            for channel in (self._qmp, self._qga):
+                if channel is not None:
+                    channel.close()
+            self._close_agent_client()
+            self._agent_client = None
+            self._token = self._snapshot_token
+            _stop_group(self.qemu)
+            _stop_group(self.gateway)
+            self._launch_restored_processes(source, facts)
+
+    def _bring_up_restored(self, deadline: float, t0: float) -> bool:
+        """Wait until QEMU has loaded the RAM and runs the guest, set the guest's clock, wait for the agent
+        and display, move the agent to its fresh token, then wait for the gateway (it starts meanwhile).
+        Returns False when QEMU or the gateway exited because a port was taken; raises SandboxError
+        otherwise."""
+        from controller.sandbox import vm_snapshot as snap
+
+        assert self._qmp is not None and self._qga is not None and self.qemu is not None
+        try:
+            snap.wait_running(self._qmp, timeout=max(deadline - time.monotonic(), 0.1), check_alive=self._check_alive)
+        except SandboxError:
+            try:  # QMP's socket closes a moment before QEMU exits: its output says why
+                self.qemu.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.qemu.poll() is not None:
+                if "hostfwd" in self._qemu_output():
+                    return False
+                self._check_alive()
+            raise
+        self.timings["vm_running"] = time.monotonic() - t0
+        snap.set_guest_clock(self._qga, timeout=max(min(30.0, deadline - time.monotonic()), 1.0))
+        self.timings["clock_set"] = time.monotonic() - t0
+        self._checkpoint()
+        self._wait_ready(max(deadline - time.monotonic(), 0.1), t0)
+        self._use_token(self._next_token)
+        self.timings["token_rotated"] = time.monotonic() - t0
+        if not self._await_gateway(deadline):
+            return False
+        self.timings["gateway_ready"] = time.monotonic() - t0
+        return True
+
+    def _checkpoint(self) -> None:
+        """As :meth:`Sandbox._checkpoint`; also gives up once another VM of the same restore failed."""
+        if self._abandon is not None and self._abandon.is_set():
+            raise SandboxError(f"restore of sandbox {self.id} abandoned: another VM of the same restore failed")
+        super()._checkpoint()
+
+    def _use_token(self, new: str) -> None:
+        """Move the agent to bearer token ``new`` (``POST /v1/token`` with the current one) and use it from
+        now on (as :meth:`Sandbox.rotate_agent_token`, with the token chosen here: a restored VM's is
+        also in its fw_cfg). Raises SandboxError when the agent refuses or does not answer."""
+        from controller.agent_client import AgentClient, AgentError
+
+        old = self.agent
+        try:
+            old.replace_token(new)
+        except AgentError as exc:
+            raise SandboxError(f"agent of sandbox {self.id} did not take a new token: {clean(exc, 300)}") from exc
+        self._token = new
+        self._agent_client = AgentClient(old.base_url, new)
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the old connections are dropped either way
+            pass
 
     # -- start sequence -----------------------------------------------------------------------------
 
@@ -369,28 +679,26 @@ class VMSandbox(Sandbox):
             if not re.fullmatch(r"[A-Za-z0-9 ._=-]{0,200}", args):
                 raise SandboxError(f"agent_args may hold only letters, digits and ._=- : {args!r}")
             env_lines.append(f"AGENT_ARGS={args}")
-        (self.workdir / "guest.env").write_text("\n".join(env_lines) + "\n")
+        guest_env = "\n".join(env_lines) + "\n"
+        (self.workdir / "guest.env").write_text(guest_env)
+        self._machine = {"qemu": qemu, "arch": arch, "image": image, "manifest": manifest, "options": options,
+                         "guest_env": guest_env, "screen": (int(spec.screen_width), int(spec.screen_height))}
 
         for attempt in range(3):
             agent_port = _free_port()
-            argv = self._qemu_argv(qemu, arch, image, manifest, options, agent_port, gateway_port)
-            self.qemu = subprocess.Popen(
-                argv, cwd=self.workdir, stdin=subprocess.DEVNULL,
-                stdout=open(self.workdir / "qemu.log", "ab"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            self._write_owner()
+            self._launch_qemu(qemu, arch, image, manifest, options, agent_port, gateway_port)
             time.sleep(0.2)
             self._checkpoint()
             if self.qemu.poll() is None:
                 break
-            log = (self.workdir / "qemu.log").read_text("utf-8", "replace")
+            log = self._qemu_output()
             if "hostfwd" in log and attempt < 2:  # the port was taken in between: try another
                 continue
             raise SandboxError(f"QEMU exited at start ({self.qemu.returncode}): {clean_lines(log.strip(), 2000)}")
         self.agent_host_port = agent_port
         self._agent_url = f"http://127.0.0.1:{agent_port}"
         self._qga = GuestAgentChannel(self.workdir / "qga.sock")
+        self._qmp = QMPChannel(self.workdir / "qmp.sock")
         self.timings["vm_started"] = time.monotonic() - t0
         self._wait_ready(spec.ready_timeout, t0)
 
@@ -411,52 +719,107 @@ class VMSandbox(Sandbox):
         """Start the gateway on a free loopback port, its control API on another (token: a 0600 file in
         the private directory); return the proxy's port once it accepts connections (the control API
         is up before it)."""
+        for attempt in range(3):
+            port, control_port = _free_port(), _free_port()
+            self._launch_gateway(policy, port, control_port)
+            if self._await_gateway(time.monotonic() + 30.0):
+                return port
+            if attempt == 2:
+                raise SandboxError(f"gateway did not start on 127.0.0.1:{port}: its ports were taken three times")
+        raise AssertionError("unreachable")
+
+    def _launch_gateway(self, policy: Path, port: int, control_port: int) -> None:
+        """Start the gateway process on 127.0.0.1:``port`` (control API on ``control_port``) without waiting
+        for it (:meth:`_await_gateway` does); its control token is made once per sandbox."""
         python = gateway_python()
         if python is None:
             raise SandboxError("the gateway needs mitmproxy, fastapi and uvicorn: pip install '.[gateway]' fastapi "
                                "uvicorn into its own virtual environment and set DESKTOP_SANDBOX_GATEWAY_PYTHON, or "
                                "create build/gateway-venv (make deps)")
-        control_token = secrets.token_urlsafe(32)
         token_file = self.workdir / "control-token"
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(control_token)
-        for attempt in range(3):
-            port, control_port = _free_port(), _free_port()
-            argv = [python, "-m", "controller.gateway", "serve", "--policy", str(policy),
-                    "--log", str(self.workdir / "decisions.jsonl"), "--listen", f"127.0.0.1:{port}",
-                    "--confdir", str(self.workdir / "mitmproxy"),
-                    "--control-listen", f"127.0.0.1:{control_port}", "--control-token-file", str(token_file)]
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-            self.gateway = subprocess.Popen(
-                argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=open(self.workdir / "gateway.log", "ab"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            self._write_owner()
-            deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline:
-                if self.gateway.poll() is not None:
-                    break
-                self._checkpoint()
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                        self.gateway_control_port = control_port
-                        self._control_url = f"http://127.0.0.1:{control_port}"
-                        self._control_token = control_token
-                        return port
-                except OSError:
-                    time.sleep(0.05)
-            log = self.logs("gateway", 30)
-            _stop_group(self.gateway)
-            if attempt == 2 or "address already in use" not in log.lower():
-                raise SandboxError(f"gateway did not start on 127.0.0.1:{port}; output:\n{clean_lines(log)}")
-        raise AssertionError("unreachable")
+        if not token_file.exists():
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+        argv = [python, "-m", "controller.gateway", "serve", "--policy", str(policy),
+                "--log", str(self.workdir / "decisions.jsonl"), "--listen", f"127.0.0.1:{port}",
+                "--confdir", str(self.workdir / "mitmproxy"),
+                "--control-listen", f"127.0.0.1:{control_port}", "--control-token-file", str(token_file)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        self.gateway = subprocess.Popen(
+            argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
+            stdout=open(self.workdir / "gateway.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._gateway_ports = (port, control_port)
+        self._write_owner()
+
+    def _await_gateway(self, deadline: float) -> bool:
+        """Wait (until ``deadline``, ``time.monotonic()``) for the gateway :meth:`_launch_gateway` started to
+        accept connections; then set the control API's URL and token and return True. Return False when
+        it exited because a port was taken (the caller tries others); raise SandboxError (its output,
+        escaped) when it exited otherwise or did not answer in time."""
+        port, control_port = self._gateway_ports
+        assert self.gateway is not None
+        while time.monotonic() < deadline:
+            if self.gateway.poll() is not None:
+                break
+            self._checkpoint()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    self.gateway_control_port = control_port
+                    self._control_url = f"http://127.0.0.1:{control_port}"
+                    self._control_token = (self.workdir / "control-token").read_text()
+                    self.gateway_host_port = port
+                    return True
+            except OSError:
+                time.sleep(0.05)  # poll interval while the gateway starts, bounded by the deadline
+        log = self.logs("gateway", 30)
+        _stop_group(self.gateway)
+        if "address already in use" in log.lower():
+            return False
+        raise SandboxError(f"gateway did not start on 127.0.0.1:{port}; output:\n{clean_lines(log)}")
+
+    def _launch_qemu(self, qemu: str, arch: str, image: Path, manifest: dict[str, Any], options: VMOptions,
+                     agent_port: int, gateway_port: int, incoming: Path | None = None) -> None:
+        """Start QEMU (:meth:`_qemu_argv`; ``incoming``: a migration file to load instead of booting)
+        without waiting; record its command line and the shape of it (``_machine``)."""
+        argv = self._qemu_argv(qemu, arch, image, manifest, options, agent_port, gateway_port, incoming)
+        self._machine["argv"] = argv
+        self._machine["shape"] = self._argv_shape(argv, image, agent_port, gateway_port)
+        log = self.workdir / "qemu.log"
+        self._qemu_log_offset = log.stat().st_size if log.exists() else 0
+        self.qemu = subprocess.Popen(
+            argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._write_owner()
+
+    def _qemu_output(self) -> str:
+        """What the QEMU started last printed (``qemu.log`` from its start, at most 64 KiB)."""
+        try:
+            with open(self.workdir / "qemu.log", "rb") as fh:
+                fh.seek(self._qemu_log_offset)
+                return fh.read(64 * 1024).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _argv_shape(self, argv: list[str], image: Path, agent_port: int, gateway_port: int) -> list[str]:
+        """``argv`` without this sandbox's own paths, id and ports (``vm_snapshot.argv_shape``)."""
+        from controller.sandbox.vm_snapshot import argv_shape
+
+        return argv_shape(argv, [
+            (str(self.workdir), "{dir}"), (str(image), "{image}"), (self.id, "{id}"),
+            (f"127.0.0.1:{agent_port}-", "127.0.0.1:{agent_port}-"),
+            (f"127.0.0.1 {gateway_port}", "127.0.0.1 {gateway_port}"),
+            (sys.executable, "{python}"), (str(FORWARDER), "{forwarder}"),
+        ])
 
     def _qemu_argv(self, qemu: str, arch: str, image: Path, manifest: dict[str, Any], options: VMOptions,
-                   agent_port: int, gateway_port: int) -> list[str]:
-        """The QEMU command line (argv, no shell). See the module docstring for each part."""
+                   agent_port: int, gateway_port: int, incoming: Path | None = None) -> list[str]:
+        """The QEMU command line (argv, no shell). See the module docstring for each part; ``incoming``: a
+        migration file (a machine snapshot) QEMU loads instead of booting."""
         forward = f"cmd:{sys.executable} -I -S {FORWARDER} 127.0.0.1 {gateway_port}"
         if any(c.isspace() for c in f"{sys.executable}{FORWARDER}"):
             raise SandboxError("the Python and forwarder paths must not contain spaces (QEMU guestfwd cmd:)")
@@ -486,11 +849,12 @@ class VMSandbox(Sandbox):
             "-fw_cfg", f"name={FW_CFG_PREFIX}/token,file={self.workdir / 'token'}",
             "-fw_cfg", f"name={FW_CFG_PREFIX}/env,file={self.workdir / 'guest.env'}",
             "-chardev", f"socket,id=qga0,path={self.workdir / 'qga.sock'},server=on,wait=off",
+            "-qmp", f"unix:{self.workdir / 'qmp.sock'},server=on,wait=off",
             "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
             "-device", "virtio-rng-pci",
             "-serial", f"file:{self.console_log}",
             "-no-reboot",
-        ]
+        ] + (["-incoming", f"file:{incoming}"] if incoming is not None else [])
 
     def _wait_ready(self, timeout: float, t0: float) -> None:
         """Poll ``/livez`` then ``/v1/display`` through the host forward until both answer 200.
@@ -514,6 +878,47 @@ class VMSandbox(Sandbox):
                     + clean_lines(self.logs("desktop", 40)) + "\nQEMU/gateway output:\n"
                     + clean_lines(qemu_log, 2000) + "\n" + clean_lines(self.logs("gateway", 20))
                 )
+
+
+def _bring_up_together(made: list[VMSandbox], source: Path, facts: dict[str, Any], timeout: float,
+                       t0: float) -> None:
+    """Run ``_finish_restored`` of every VM of one restore at once, one thread each (their guests run
+    side by side; waiting for them in turn would add up each one's round trips). The calling thread
+    watches for signals (``_checkpoint`` of the first); on a signal or a failure the others give up at
+    their next step. Raises the first error that came (the others' giving up follows from it), or the
+    interruption."""
+    abandon = threading.Event()
+    errors: list[BaseException] = []
+
+    def work(sandbox: VMSandbox) -> None:
+        try:
+            sandbox._finish_restored(source, facts, timeout, t0)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            errors.append(exc)
+            abandon.set()
+
+    for sandbox in made:
+        sandbox._abandon = abandon
+    threads = [threading.Thread(target=work, args=(sb,), name=f"restore-{sb.id}", daemon=True) for sb in made]
+    try:
+        for thread in threads:
+            thread.start()
+        try:
+            while any(thread.is_alive() for thread in threads):
+                for thread in threads:
+                    thread.join(0.05)  # bounded wait for the workers, then a look at the signals
+                Sandbox._checkpoint(made[0])  # the signals only: a worker's failure is raised below
+        except BaseException:
+            abandon.set()
+            raise
+        finally:
+            for thread in threads:  # each gives up within its current wait (at most a guest round trip)
+                thread.join(60.0)
+    finally:
+        for sandbox in made:
+            sandbox._abandon = None
+    if errors:
+        raise errors[0]
 
 
 # -- cleanup ------------------------------------------------------------------------------------------

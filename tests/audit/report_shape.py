@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import controller.audit.probes
 from controller.audit import AuditReport, Probe, ProbePlan, ProbeResult
+from controller.audit.swap import ROWS as SWAP_ROWS
 from controller.gateway.policy import Decision
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "audit.md"
@@ -110,11 +111,20 @@ def check_report(data: dict[str, Any]) -> AuditReport:
         assert probe["expected"] in ("blocked", "allowed"), probe
         assert any(p.fullmatch(probe["observed"]) for p in observed), f"undocumented observed word: {probe}"
         assert not (probe["escaped"] and (probe["passed"] or probe["expected"] != "blocked")), probe
-        # only the origins a policy allows, and the host's own reach of the console, are expected through
-        assert probe["expected"] == "blocked" or probe["category"] == "origins" \
+        # only the origins a policy allows, the host's own reach of the console, and the swap target before
+        # a policy swap (or a connection to it the swapped-in policy still allows) are expected through
+        assert probe["expected"] == "blocked" or probe["category"] in ("origins", "swap") \
             or probe["name"] == "console-reachable-from-host", probe
     summary = [p["name"] for p in data["probes"] if p["category"] == "summary"]
     assert summary == categories["summary"], summary
+    swap_rows = [p["name"] for p in data["probes"] if p["category"] == "swap"]
+    assert swap_rows in ([], list(SWAP_ROWS)), swap_rows
+    assert names[:len(swap_rows)] == swap_rows, "the swap rows come first"
+    if swap_rows:
+        assert data["swap"] is not None and data["swap"]["how"] == "set_policy", data["swap"]
+    if data["swap"] is not None:
+        assert set(data["swap"]) == set(doc["swap"]), data["swap"]
+        assert data["swap"]["how"] in ("set_policy", "pool-claim"), data["swap"]
     assert data["passed"] == all(p["passed"] for p in data["probes"])
     assert data["escaped"] == [p["name"] for p in data["probes"] if p["escaped"]]
 

@@ -17,9 +17,9 @@ from controller.run.recording import DecisionTail, network_entry
 def test_every_type_has_a_model_and_the_record_types_are_the_contract():
     assert set(en.ENTRY_TYPES) == {"run_started", "model_response", "computer_call", "approval", "action",
                                    "screenshot", "network", "network_log", "check", "expectation", "run_finished",
-                                   "human_action", "takeover", "agents_event", "view_dropped", "sign_in", "browser_call"}
+                                   "human_action", "takeover", "agents_event", "view_dropped", "sign_in", "browser_call", "policy"}
     started = en.as_entry({"type": "run_started", "task": {"name": "t"}})
-    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 7
+    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 8
     assert list(started.as_json())[:3] == ["ts", "type", "format"]
 
 

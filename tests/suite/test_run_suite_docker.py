@@ -192,3 +192,28 @@ def test_sigint_cancels_every_run_and_leaves_nothing(docker_client, desktop_imag
     sandboxes = [read_entries(Path(r["record_dir"], "record.jsonl"))[0]["sandbox"] for r in report["runs"][:2]]
     assert _by_sandbox(docker_client, sandboxes) == []
     assert "cancelling the suite" in run.err()
+
+
+def test_a_suite_with_a_pool_claims_and_leaves_nothing(docker_client, desktop_image, tmp_path, suite_cleanup):
+    """``run-suite --pool 1``: each run claims from the suite's pool or starts cold, every run passes, the
+    report counts hits and cold starts as the records say, and neither a run's sandbox nor a pool sandbox
+    is left (the pool's carry the suite process's owner label)."""
+    json_out = tmp_path / "suite.json"
+    run = CliRun(docker_client, tmp_path, "run-suite", TASK, "--repeat", "3", "--parallel", "1", "--offline",
+                 "--pool", "1", "--image", desktop_image, "--runs-dir", RUNS, "--json", json_out)
+    suite_cleanup.append(run)
+    assert run.finish(timeout=400) == 0, run.err()[-3000:]
+    report = json.loads(json_out.read_text(encoding="utf-8"))
+    assert report["counts"]["passed"] == 3
+    claims = [read_entries(Path(r["record_dir"], "record.jsonl"))[0].get("claim") for r in report["runs"]]
+    sources = [c["source"] for c in claims]
+    assert report["pool"]["hits"] == sources.count("pool") >= 1, (report["pool"], claims)
+    assert report["pool"]["cold"] == sources.count("cold")
+    assert all(c["claim_s"] < 2.0 for c in claims if c["source"] == "pool")
+    assert "warm pool:" in run.err()
+    assert json.loads(Path(run.stdout[-1]).read_text())["pool"] == report["pool"]
+    sandboxes = [read_entries(Path(r["record_dir"], "record.jsonl"))[0]["sandbox"] for r in report["runs"]]
+    assert len(set(sandboxes)) == 3
+    assert _by_sandbox(docker_client, sandboxes) == []
+    assert _labelled(docker_client, [f"{LABEL_OWNER}={run.owner}"]) == []  # the pool's own
+    assert _owned(docker_client, _pids(run)) == []
