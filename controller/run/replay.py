@@ -9,7 +9,8 @@ every step expects the screen the model had when it chose that step (docs/ARCHIT
   answers of the recorded run (``call_NNNN_wait_MMM``) are not steps and are left out; for an offline
   record whose script is at hand, each step also keeps what the scripted model waited for before it
   chose the call (its colour expectations and ``expect_retry``, :func:`_carried`), so the replay waits
-  for the same reactions of the guest (a paste that has shown) and redoes a step as the run did;
+  for the same reactions of the guest (a paste that has shown) and redoes a step as the run did; so
+  does the closing message (what the script's last turn waited for: a person's command that has run);
 * each turn ``expect``s, before it is answered, the screen the model was shown when it chose the call:
   one ``matches`` expectation (contract 3) per region the call's actions touch, by the screen comparison
   rule (:mod:`wire.screen_match`: the same regions and tolerance that bind an approval), the region's
@@ -372,7 +373,14 @@ def build(record_dir: str | Path, rule: MatchRule | None = None, *,
                                                                "the record has no answer to its safety checks")
     if pending_human:
         replay.human[len(replay.turns) - 1] = pending_human
-    replay.turns.append({"message": replay.final_message or "replayed every recorded step"})
+    final: dict[str, Any] = {"message": replay.final_message or "replayed every recorded step"}
+    last = list(turns.values())[-1] if turns else None
+    if last is not None and not last.get("actions"):  # the script's closing message waited for the guest too
+        carried = _carried(last)
+        if carried.get("expect"):
+            final["expect"] = carried["expect"]
+            final["expect_timeout_s"] = max(step_timeout_s, carried.get("expect_timeout_s", 0))
+    replay.turns.append(final)
     _check(replay)
     return replay
 

@@ -347,17 +347,22 @@ class Sandbox(abc.ABC):
         ``facts`` do not describe one of this backend; CapabilityMissing as :meth:`handover`."""
         raise CapabilityMissing(cls.backend_name, "pool", "taking over a sandbox from another process")
 
-    def rotate_agent_token(self) -> None:
-        """Give the agent a fresh bearer token (``POST /v1/token`` with the current one) and use it from
+    def rotate_agent_token(self, token: str | None = None) -> None:
+        """Give the agent a new bearer token (``POST /v1/token`` with the current one) and use it from
         now on: whoever held the old token (a warm pool's keeper, the run before a snapshot) can no
-        longer drive the desktop. Raises AgentError when the agent refuses or does not answer."""
+        longer drive the desktop. ``token``: the new one (default: a fresh random one; a restored VM
+        chooses its own first, it is also in its fw_cfg). Raises SandboxError when the agent refuses
+        or does not answer."""
         import secrets
 
-        from controller.agent_client import AgentClient
+        from controller.agent_client import AgentClient, AgentError
 
-        new = secrets.token_urlsafe(32)
+        new = token or secrets.token_urlsafe(32)
         old = self.agent
-        old.replace_token(new)
+        try:
+            old.replace_token(new)
+        except AgentError as exc:
+            raise SandboxError(f"the agent of sandbox {self.id} did not take a new token: {clean(exc, 300)}") from exc
         self._token = new
         self._agent_client = AgentClient(old.base_url, new)
         try:

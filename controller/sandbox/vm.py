@@ -388,7 +388,7 @@ class VMSandbox(Sandbox):
         made: list[Path] = []
         with signals_deferred():  # the guest must run again whatever comes
             try:
-                self._use_token(snapshot_token)
+                self.rotate_agent_token(snapshot_token)
                 made.append(partial)
                 self._qmp.command("stop")
                 stopped = time.monotonic()
@@ -406,7 +406,7 @@ class VMSandbox(Sandbox):
                     offset: float | None = snap.set_guest_clock(self._qga, timeout=30.0) if self._qga else None
                 except SandboxError:
                     offset = None
-                self._use_token(secrets.token_urlsafe(32))
+                self.rotate_agent_token(secrets.token_urlsafe(32))
                 size = partial.stat().st_size
                 facts = {
                     "format": snap.SNAPSHOT_FORMAT, "kind": "machine", "backend": "vm", "source": self.id,
@@ -608,7 +608,7 @@ class VMSandbox(Sandbox):
         self.timings["clock_set"] = time.monotonic() - t0
         self._checkpoint()
         self._wait_ready(max(deadline - time.monotonic(), 0.1), t0)
-        self._use_token(self._next_token)
+        self.rotate_agent_token(self._next_token)
         self.timings["token_rotated"] = time.monotonic() - t0
         if not self._await_gateway(deadline):
             return False
@@ -620,24 +620,6 @@ class VMSandbox(Sandbox):
         if self._abandon is not None and self._abandon.is_set():
             raise SandboxError(f"restore of sandbox {self.id} abandoned: another VM of the same restore failed")
         super()._checkpoint()
-
-    def _use_token(self, new: str) -> None:
-        """Move the agent to bearer token ``new`` (``POST /v1/token`` with the current one) and use it from
-        now on (as :meth:`Sandbox.rotate_agent_token`, with the token chosen here: a restored VM's is
-        also in its fw_cfg). Raises SandboxError when the agent refuses or does not answer."""
-        from controller.agent_client import AgentClient, AgentError
-
-        old = self.agent
-        try:
-            old.replace_token(new)
-        except AgentError as exc:
-            raise SandboxError(f"agent of sandbox {self.id} did not take a new token: {clean(exc, 300)}") from exc
-        self._token = new
-        self._agent_client = AgentClient(old.base_url, new)
-        try:
-            old.close()
-        except Exception:  # noqa: BLE001 - the old connections are dropped either way
-            pass
 
     # -- start sequence -----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ name with control characters: each reader refuses each one, at once, and shows t
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
 import threading
@@ -238,3 +239,22 @@ def test_a_persons_typed_text_recorded_with_its_length_replays(tmp_path):
     typed = {"type": "type", "text_length": 5, "text": "hello"}
     run = recorded_run(tmp_path, [{"type": "click", "x": 5, "y": 6, "button": "left"}], human=[typed])
     assert build(run).human == {-1: [typed]}
+
+
+def test_the_replays_closing_message_waits_for_what_the_scripts_last_turn_waited_for(tmp_path):
+    """An offline record whose script's closing turn waited for the guest (a person's command that has
+    run): the replay's closing message waits for the same, so its checks do not race the guest."""
+    script = tmp_path / "t.offline.jsonl"
+    green = {"kind": "color", "x": 1, "y": 2, "w": 3, "h": 4, "rgb": "#00cd00", "tolerance": 60, "fraction": 0.3}
+    script.write_text(json.dumps({"actions": [{"type": "click", "x": 5, "y": 6, "button": "left"}]}) + "\n"
+                      + json.dumps({"expect": [green], "expect_timeout_s": 30, "message": "done"}) + "\n")
+    rec = RunRecord(tmp_path / "runs", "run-closing")
+    rec.write("run_started", task={"name": "t", "source": str(ROOT / "tasks" / "pickup.toml"), "sha256": None},
+              mode="offline", model="scripted", image="local", script=str(script))
+    rec.write("model_response", response_id="resp_1", http_status=200)
+    rec.write("computer_call", call_id="call_0000", form="actions",
+              actions=[{"type": "click", "x": 5, "y": 6, "button": "left"}])
+    rec.finish("passed", "done", final_message="done")
+    rec.close()
+    closing = build(rec.dir).turns[-1]
+    assert closing["message"] == "done" and closing["expect"] == [green] and closing["expect_timeout_s"] >= 30

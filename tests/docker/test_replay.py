@@ -68,8 +68,10 @@ def test_a_recorded_pickup_run_replays_step_by_step(task_sandbox, desktop_image,
     record = Path(done.stdout.strip().splitlines()[-1])
     entries = read_entries(record)
     expectations = [e for e in entries if e.type == "expectation"]
-    assert len(expectations) == 6 and all(e.met for e in expectations)
-    assert all(any("matches the recorded screen" in x for x in e.expected) for e in expectations)
+    assert len(expectations) == 7 and all(e.met for e in expectations)
+    assert all(any("matches the recorded screen" in x for x in e.expected) for e in expectations[:6])
+    # and the closing message waited for what the script's closing turn waited for (cat has printed)
+    assert not any("matches the recorded screen" in x for x in expectations[6].expected)
     # the task file it wrote loads, with its own offline script beside it
     task = load_task(written)
     assert task.offline_script_path() == written.parent / "pickup-replay.offline.jsonl"

@@ -175,11 +175,12 @@ def test_forks_are_independent_and_answer_only_fresh_tokens(snap, source, test_l
         assert _read(a, "/home/sandbox/Documents/only-a.txt") == b"mine\n"
         assert _read(b, "/home/sandbox/Documents/only-a.txt") is None
         assert _read(source, "/home/sandbox/Documents/only-a.txt") is None
-        # the token it was started with (still in its file) and the source's are refused; the fresh one works
-        started = a._exec(a.desktop, ["cat", AGENT_TOKEN_FILE], user=f"{AGENT_UID}:{AGENT_UID}", timeout=10)
+        # the source's token is refused; the fresh one works, and the agent's token file holds it (an agent
+        # restarted reads the token in force, not the one the fork started with)
+        in_file = a._exec(a.desktop, ["cat", AGENT_TOKEN_FILE], user=f"{AGENT_UID}:{AGENT_UID}", timeout=10)
+        assert in_file.stdout.decode().strip() == a.agent_token
         with httpx.Client(base_url=a.agent_url, trust_env=False, timeout=10) as http:
-            for old in (source.agent_token, started.stdout.decode().strip()):
-                assert http.get("/v1/display", headers={"Authorization": f"Bearer {old}"}).status_code == 401
+            assert http.get("/v1/display", headers={"Authorization": f"Bearer {source.agent_token}"}).status_code == 401
             assert http.get("/v1/display", headers={"Authorization": f"Bearer {a.agent_token}"}).status_code == 200
         assert a.agent_token != b.agent_token
     finally:
