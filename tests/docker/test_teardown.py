@@ -128,8 +128,11 @@ def test_down_id_after_a_killed_run_task(cli_run, desktop_image):
     assert sorted(run.leftovers()) == parts, "SIGKILL cannot clean up: the sandbox must still be there"
     assert record[-1]["type"] != "run_finished"
     done = _down(run, sandbox_id)
-    assert done.returncode == 0, done.stderr
-    assert f"removed {len(parts)}: " in done.stderr and all(p in done.stderr for p in parts), done.stderr
+    # another test's start on this engine may reap the dead run's sandbox meanwhile (its owner is provably
+    # dead): `down` then removes what is still there, and nothing of it may be left either way
+    assert done.returncode == 0 or f"no sandbox {sandbox_id}" in done.stderr, done.stderr
+    said = done.stderr.split(": ", 1)[1].split() if done.returncode == 0 else []
+    assert {name.strip(",") for name in said} <= set(parts) and (said or done.returncode != 0), done.stderr
     run.assert_nothing_left()
 
 
