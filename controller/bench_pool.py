@@ -63,7 +63,7 @@ def idle_footprint(image: str, samples: int = 5) -> dict[str, Any]:
         if not pool.wait_ready(1, timeout=300):
             raise RuntimeError("the pool sandbox did not become ready")
         sandbox = pool._ready[Template()][0]
-        time.sleep(2.0)  # the desktop settles after its start (fonts, the session's first paint)
+        _settled_memory(client, f"{sandbox.id}-desktop", memory_mib)
         rows: dict[str, list[float]] = {"desktop": [], "gateway": []}
         for _ in range(samples):
             for role in rows:
@@ -76,6 +76,20 @@ def idle_footprint(image: str, samples: int = 5) -> dict[str, Any]:
     total = round(desktop + gateway, 1)
     return {"desktop_mib": desktop, "gateway_mib": gateway, "sandbox_mib": total,
             "default_size": default_size(int(total) + 1)}
+
+
+def _settled_memory(client: Any, container: str, memory_mib: Callable[[dict[str, Any]], Any],
+                    timeout: float = 20.0) -> None:
+    """Wait until ``container``'s memory changes by less than 2 MiB between two samples (the desktop
+    settling after its start: fonts, the session's first paint), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        now = memory_mib(client.containers.get(container).stats(stream=False, one_shot=True))
+        if now is not None and last is not None and abs(now - last) < 2.0:
+            return
+        last = now
+        time.sleep(0.5)  # sampling interval of a condition wait, bounded by the deadline
 
 
 def first_screenshot(image: str, task: Any, samples: int) -> dict[str, Any]:

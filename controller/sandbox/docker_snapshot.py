@@ -96,7 +96,7 @@ def _exit_code(api: Any, exec_id: str, deadline: float) -> int:
             return int(state["ExitCode"])
         if time.monotonic() > deadline:
             raise SandboxError("a command in the desktop container did not end in time")
-        time.sleep(delay)
+        time.sleep(delay)  # poll interval of a condition wait (the exec ended), bounded by the deadline
         delay = min(delay * 2, 0.2)
 
 

@@ -291,7 +291,7 @@ class VMSandbox(Sandbox):
                 break
             if time.monotonic() > deadline:
                 raise SandboxError(f"command in guest did not finish: {list(argv)!r}")
-            time.sleep(delay)
+            time.sleep(delay)  # poll interval of a condition wait (the command exited), bounded by the deadline
             delay = min(delay * 1.5, 0.25)
         code = status.get("exitcode")
         if code is None:  # killed by a signal
