@@ -75,8 +75,6 @@ SQLITE_SECONDS = 10.0
 """Seconds reading one database's app records may take."""
 MANIFEST_MAX_BYTES = 32 * 1024 * 1024
 """Largest manifest read (bytes)."""
-POLICY_MAX_BYTES = 256 * 1024
-"""Largest answer read from the gateway's ``GET /v1/policy`` (bytes)."""
 SHOWN_DIFFERENCES = 50
 """Most differences a :class:`SnapshotMismatch` message lists (all are in ``differences``)."""
 
@@ -295,34 +293,17 @@ def _template(sandbox: Any, saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_policy(sandbox: Any, timeout: float = 10.0) -> dict[str, Any] | None:
-    """The policy the sandbox's gateway enforces now (``GET /v1/policy`` on its control API, at most
-    :data:`POLICY_MAX_BYTES` within ``timeout`` seconds); None when it has no control API. Raises
-    SnapshotError when the gateway does not answer."""
-    import httpx
+    """The policy the sandbox's gateway enforces now (:func:`controller.sandbox.policy_swap.get_policy`);
+    None when it has no control API. Raises SnapshotError when the gateway does not answer."""
+    from controller.sandbox.policy_swap import get_policy
 
     url, token = sandbox.gateway_control_url, sandbox.gateway_control_token
     if not url or not token:
         return None
-    deadline = time.monotonic() + timeout
-    body = bytearray()
     try:
-        with httpx.Client(base_url=url, timeout=timeout, trust_env=False) as http:
-            with http.stream("GET", "/v1/policy", headers={"Authorization": f"Bearer {token}"}) as resp:
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > POLICY_MAX_BYTES or time.monotonic() > deadline:
-                        raise SnapshotError(f"the gateway's policy is over {POLICY_MAX_BYTES} bytes or slower "
-                                            f"than {timeout:g} s")
-                status = resp.status_code
-    except httpx.HTTPError as exc:
-        raise SnapshotError(f"cannot read the gateway's policy: {clean(exc, 300)}") from None
-    try:
-        data = json.loads(bytes(body))
-    except (ValueError, RecursionError):
-        data = None
-    if status != 200 or not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
-        raise SnapshotError(f"the gateway answered HTTP {status} to GET /v1/policy: {clean(bytes(body[:200]), 200)}")
-    return data["policy"]
+        return get_policy(url, token, timeout=timeout)
+    except SandboxError as exc:
+        raise SnapshotError(f"cannot read the gateway's policy: {exc}") from None
 
 
 def _hash_payload(work: Path) -> dict[str, dict[str, Any]]:
