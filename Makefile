@@ -31,7 +31,7 @@ help:
 
 $(VENV)/.installed: pyproject.toml
 	$(SYSTEM_PYTHON) -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[controller,test,af,docs]'
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[controller,test,af,docs,agents]'
 	touch $@
 
 # Rebuilt when this file changes: the pins are here.

@@ -351,6 +351,10 @@ def bench(ctx: typer.Context) -> None:
     With --pool first: a warm pool beside cold starts (controller.bench_pool): a pool sandbox's idle
     memory, time to the first screenshot and a run-task run cold vs on a pool hit, N runs at once on a pool.
 
+    With --mcp first: what the MCP server adds (controller.bench_mcp): a screenshot and a click through
+    `desktop-sandbox mcp` over stdio, through the Python API and through the driver alone, interleaved
+    (--iterations N, --image TAG, --json FILE). Exit 0 when MCP adds at most 5 ms p50 to each.
+
     With --agents-api first: the local Agents API (controller.agents_api.bench): session create to first
     screenshot event, and each step's screenshot from the guest to the SSE event, beside run-task's own
     step time (--steps 20, --sessions 3, --image TAG, --runs-dir DIR, --json FILE).
@@ -364,6 +368,10 @@ def bench(ctx: typer.Context) -> None:
         from controller.bench_pool import main as pool_main
 
         report = pool_main(args[1:])
+    elif args[:1] == ["--mcp"]:
+        from controller.bench_mcp import main as mcp_main
+
+        report = mcp_main(args[1:])
     elif args[:1] == ["--agents-api"]:
         from controller.agents_api.bench import main as agents_main
 
@@ -482,6 +490,60 @@ def serve_cmd(
                   approval_timeout=approval_timeout, ui=ui, attach_network=attach_network,
                   max_sessions=max_sessions, pool=pool_size(pool) if pool is not None else 0)
 
+
+@app.command("mcp")
+def mcp_cmd(
+    http: bool = typer.Option(False, "--http", help="Serve streamable HTTP on 127.0.0.1 (path /mcp) instead of stdio; "
+                                                   "every request must carry the key (Authorization: Bearer)."),
+    port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="With --http: the port on 127.0.0.1 "
+                                                                            "(default 0: a free one)."),
+    key_file: Optional[Path] = typer.Option(None, "--key-file", help="With --http: the key, read from this file (a "
+                                            "file of yours, mode 0600), or a new one written there (0600) when it "
+                                            "does not exist. Default: RUNS_DIR/mcp.key. The key is never printed."),
+    backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
+    image_tag: Optional[str] = typer.Option(None, "--image", help=IMAGE_HELP + " Built first if missing."),
+    task: Optional[Path] = typer.Option(None, "--task", help="A task TOML whose \\[screen], \\[network], "
+                                        "\\[\\[launch]] and \\[\\[ready]] each session's sandbox takes (name, "
+                                        "instructions and checks optional). Default: an empty 1280x800 desktop "
+                                        "under deny-all."),
+    pool: Optional[Path] = typer.Option(None, "--pool", envvar="DESKTOP_SANDBOX_POOL",
+                                        help="Claim each session's sandbox from the warm pool whose claim socket this "
+                                             "is (`up --pool N` prints it); an empty or unreachable pool means a cold "
+                                             "start."),
+    confirm_actions: str = typer.Option("", "--confirm-actions", help="Ask before these action types, e.g. "
+                                        "click,type: by MCP elicitation when the client supports it, otherwise "
+                                        "they are refused."),
+    step: bool = typer.Option(False, "--step", help="Ask before every action."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run records (and the default key file) go."),
+    max_edge: int = typer.Option(1568, "--max-edge", min=64, max=8192,
+                                 help="Longest edge of a screenshot the tools return (px)."),
+    max_bytes: int = typer.Option(750_000, "--max-bytes", min=1024, max=16 * 1024 * 1024,
+                                  help="Most bytes of image data a screenshot carries (750000: its base64 stays "
+                                       "within 1,000,000 characters)."),
+    apps_file: Optional[str] = typer.Option(None, "--apps-file", help="The guest agent's app allowlist inside the "
+                                            "image (default: the image's own)."),
+    approval_timeout: float = typer.Option(300.0, "--approval-timeout", min=1.0, max=86400.0,
+                                           help="Seconds a question waits for an answer before it is denied."),
+    idle_timeout: Optional[float] = typer.Option(None, "--idle-timeout", min=5.0, max=86400.0,
+                                                 help="With --http: a session without a request or an open stream "
+                                                      "for this many seconds ends, its sandbox removed (default 600)."),
+) -> None:
+    """Serve the sandbox's computer tools over MCP: one sandbox per MCP session (docs/mcp.md).
+
+    Tools: screenshot, click, double_click, move, scroll, drag, keypress, type,
+    wait, launch, read_file, run_task. A session's sandbox starts with its first
+    tool call and is removed when the session ends (stdio: the client closes
+    stdin; HTTP: the session's DELETE, its idle timeout, or the server's stop)
+    or on SIGINT, SIGTERM or SIGHUP (then exit 0); its run record
+    (runs/<id>/record.jsonl) is finished first. Over HTTP it prints one line on
+    stderr once it accepts requests: mcp: URL key-file: PATH. Exit 2 for a bad
+    option, task, key file or a backend that cannot start sandboxes here.
+    """
+    from controller.commands.mcp import mcp as mcp_command
+
+    mcp_command(http=http, port=port, key_file=key_file, backend=backend, image_tag=image_tag, task=task, pool=pool,
+                confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, max_edge=max_edge, max_bytes=max_bytes,
+                apps_file=apps_file, approval_timeout=approval_timeout, idle_timeout=idle_timeout)
 
 if __name__ == "__main__":
     app()

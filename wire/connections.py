@@ -3,7 +3,8 @@ the gateway and the controller alike (it needs uvicorn and h11, which all three 
 
 The servers: the Agents API (``controller.agents_api.server``), the web console
 (``controller.console.server``), the gateway's control API (``controller.gateway.control``), the guest
-agent (``guest.serve``) and the scripted model server (``controller.offline.scripted_server``). Each runs
+agent (``guest.serve``), the scripted model server (``controller.offline.scripted_server``) and the MCP
+server over HTTP (``controller.mcp.serve``). Each runs
 uvicorn with :func:`uvicorn_config` (its protocol :class:`LimitedH11Protocol`) on :func:`listen` sockets
 and tells it which connections authenticated (:class:`ConnectionGuard`, or :func:`mark_authenticated`
 from its own guard).

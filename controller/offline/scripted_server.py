@@ -67,7 +67,9 @@ pending safety checks of its call (ids, codes and messages, in order), a ``funct
 no ``function_call`` of the conversation, or a screenshot (or a ``function_call_output``'s
 ``input_image``) that is not a well-formed ``data:image/png|jpeg;base64,`` URL whose bytes match the
 mime; and it refuses
-(``invalid_image``) a request for a turn with expectations that holds no screenshot it can decode.
+(``invalid_image``) a request for a turn with expectations whose screenshot it cannot decode. A request
+that holds no screenshot at all (a loop that sends only the user's text first, as the Agents SDK's does)
+is answered with a ``screenshot`` call, as a model asks to look before it acts.
 Refusals are HTTP 400 ``{"error": {"code", "message", "param", "type"}}``.
 
 Only its run reaches it: each :class:`ScriptedServer` makes a random key (:data:`KEY_BYTES` bytes) and
@@ -392,10 +394,10 @@ class ScriptedModel:
                       body: dict[str, Any]) -> dict[str, Any] | None:
         """None when turn ``index``'s expectations hold on the request's latest screenshot (the turn is
         answered as scripted); else the response to send: a ``wait`` call, or the final message that
-        gives up. Raises ValueError when the request holds no screenshot to check (or an unreadable one)."""
+        gives up; a ``screenshot`` call when the request holds none. Raises ValueError for an unreadable one."""
         images, before_call = _screenshots(items)
-        if not images:
-            raise ValueError(f"turn {index} has screen expectations but the request holds no screenshot")
+        if not images:  # nothing to look at yet (a client that sends no first screenshot): ask for one
+            return self._look(index, items, body)
         latest = ex.decode_image(images[-1])
         baseline = None
         if any(e.kind == "changed" for e in expected.expect):
@@ -441,6 +443,23 @@ class ScriptedModel:
         return self._give_up(index, body, {**entry, "met": False, "reason": reason,
                                            "timeout_s": expected.expect_timeout_s * self.time_scale, "unmet": unmet},
                              f"after {len(waits)} waits, {waited:g}s", lambda u: f"expect[{u['index']}] {u['expected']}")
+
+    def _look(self, index: int, items: list[Any], body: dict[str, Any]) -> dict[str, Any]:
+        """A ``screenshot`` call for turn ``index`` when the request holds no screenshot (the SDK's loop
+        sends only the user's text first): what a model asks for before it can act; counted as one of the
+        turn's waits (same call ids), so a client that never sends one still ends within
+        :data:`MAX_WAITS_PER_TURN`."""
+        waits = [item for item in items if isinstance(item, dict) and item.get("type") == "computer_call"
+                 and str(item.get("call_id", "")).startswith(f"call_{index:04d}_wait_")]
+        if len(waits) >= MAX_WAITS_PER_TURN:
+            raise ValueError(f"turn {index} has screen expectations but no screenshot came after "
+                             f"{len(waits)} screenshot calls")
+        legacy = any(isinstance(t, dict) and t.get("type") == "computer_use_preview" for t in body.get("tools") or [])
+        if "browser" in self.turns[index]:
+            return self._wait(index, len(waits) + 1, body, self._clock())
+        ids = (f"cu_{index:04d}_w{len(waits) + 1:03d}_{uuid.uuid4().hex[:8]}", f"call_{index:04d}_wait_{len(waits) + 1:03d}")
+        turn: dict[str, Any] = {"action": {"type": "screenshot"}} if legacy else {"actions": [{"type": "screenshot"}]}
+        return self._response(index, turn, body, ids=ids)
 
     def _give_up(self, index: int, body: dict[str, Any], failure: dict[str, Any], spent: str,
                  name: Callable[[dict[str, Any]], str]) -> dict[str, Any]:

@@ -202,7 +202,7 @@ class SandboxDriver(_ComputerDriverBase):
         """The last screenshot sent to the model (what a person approving a call is shown)."""
         self.bind_rule = bind_rule
         self._binding: ScreenBinding | None = None
-        self._last_point: tuple[int, int] | None = None  # model px of the last point acted on
+        self._last_point: tuple[int, int] | None = None  # screen px of the last point acted on
 
     # -- helpers -------------------------------------------------------------------------------
     def _space(self) -> ModelSpace:
@@ -286,12 +286,15 @@ class SandboxDriver(_ComputerDriverBase):
         fallback = self._last_point
         space = self.model_space
         if space is not None:
-            def to_shot(point: tuple[int, int]) -> tuple[int, int]:
-                sx, sy = space.to_screen(*point)
+            def on_shot(sx: int, sy: int) -> tuple[int, int]:
                 return ((sx - frame.x) * shot.image_size[0] // max(frame.w, 1),
                         (sy - frame.y) * shot.image_size[1] // max(frame.h, 1))
-            points = [to_shot(p) for p in points]
-            fallback = to_shot(fallback) if fallback is not None else None
+            points = [on_shot(*space.to_screen(*p)) for p in points]
+            # the last point acted on is kept in screen px: a screenshot of another size or region since
+            # then does not change where it was
+            fallback = on_shot(*fallback) if fallback is not None else None
+            if fallback is not None and not (0 <= fallback[0] < shot.image_size[0] and 0 <= fallback[1] < shot.image_size[1]):
+                fallback = None  # acted on outside this image: the whole of it is bound
         quality = None
         if shot.mime == "image/jpeg":  # the driver's own re-encode (size cap) uses at most 85
             quality = min(self.policy.quality, 85) if shot.reencoded else self.policy.quality
@@ -345,8 +348,8 @@ class SandboxDriver(_ComputerDriverBase):
             points = parse_action(_as_dict(action)).points()
         except (ActionInvalid, DriverError):
             points = []
-        if points:
-            self._last_point = points[-1]
+        if points and self.model_space is not None:
+            self._last_point = self.model_space.to_screen(*points[-1])
 
     def _send_mapped(self, mapped: dict[str, Any], last: bool, binding: ScreenBinding | None) -> None:
         extra = {"expect_screen": binding.model_dump(mode="json")} if binding is not None else {}

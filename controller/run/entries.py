@@ -81,13 +81,17 @@ REPLAY_RUNNER = "replay"
 
 class RunStarted(_Entry):
     """The sandbox is up (or did not start: ``sandbox`` None). ``format``: the record format;
-    ``mode``: live | offline; ``model``: the live model or ``scripted``; ``image``: what runs the guest
+    ``mode``: live | offline | attended (the steps are its caller's calls, not a model's responses:
+    :mod:`controller.run.attended`); ``model``: the live model, ``scripted``, or for an attended run who
+    called (the MCP client's name, or the runner); ``image``: what runs the guest
     (``sha256:...``); ``time_scale``: the sandbox's slowness factor; ``policy``: the network policy;
     ``screen`` / ``model_view``: the task's screen and model-image settings; ``script``: the offline
     script path; ``sandbox_start_s``: seconds the sandbox took to start; ``runner``: the model loop that
     drove the run (``sdk``: the openai SDK's ``ComputerToolset``, or its ``ResponsesToolRunner`` for a task
     with the browser tools; ``agent-framework``: an Agent Framework agent, ``run-task --runner``; ``replay``:
-    the SDK's loop on a recorded run's steps, ``desktop-sandbox replay``); ``claim``: where the sandbox
+    the SDK's loop on a recorded run's steps, ``desktop-sandbox replay``; for an attended run ``python``
+    (:mod:`desktop_sandbox`), ``mcp`` (``desktop-sandbox mcp``) or ``agents-sdk``
+    (:mod:`desktop_sandbox.agents`)); ``claim``: where the sandbox
     came from when someone handed it out (``source``: ``pool`` (a warm pool's, ``claim_s``: seconds the
     claim took: token, policy swap) or ``cold`` (started for this run beside a pool: ``reason``
     ``empty``, ``no_template`` or ``claim_failed``), ``template``: the pool template's key); None: started

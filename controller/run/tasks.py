@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+from pydantic import (BaseModel, ValidationInfo, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator, model_validator)
 
 from controller.gateway.policy import NetworkPolicy
@@ -40,6 +40,11 @@ from wire.screen_match import MatchRule
 
 MAX_TASK_BYTES = 1024 * 1024
 """Largest task file read (bytes)."""
+
+
+CHECKS_OPTIONAL = "checks_optional"
+"""Validation context key: a task validated with it true may have no checks (the task of a sandbox driven
+by its caller, :mod:`controller.run.attended`, where nothing is verified unless checks are given)."""
 
 
 class TaskError(DesktopSandboxError, ValueError):
@@ -225,8 +230,8 @@ class Task(_Strict):
 
     @field_validator("checks", mode="before")
     @classmethod
-    def _some_checks(cls, v: Any) -> Any:
-        if isinstance(v, list) and not v:
+    def _some_checks(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, list) and not v and not (info.context or {}).get(CHECKS_OPTIONAL):
             raise ValueError("a task needs at least one [[checks]] entry: without checks nothing is verified")
         return v
 

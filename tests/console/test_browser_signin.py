@@ -294,6 +294,7 @@ def test_origin_reason_labels_and_refusals_show_as_text(browser, console, live):
     card.get_by_role("button", name="Submit").click()
     expect(card.locator(".error")).to_have_text("invalid_answer: <b>no</b> <img src=x>")
     assert card.locator("b, i, img, script").count() == 0
+    expect(card.locator("input[type=password]")).to_have_count(1)  # new, empty inputs once the card is ready again
     assert value_lengths(card) == [0] and request.pending
     assert page.evaluate("window.bad === undefined")
     assert problems == [], problems

@@ -590,12 +590,37 @@ def test_legacy_tool_gets_single_action_waits(server):
     assert call["action"] == {"type": "wait"} and "actions" not in call
 
 
-def test_expectations_without_a_screenshot_are_refused(server):
+def test_expectations_without_a_screenshot_ask_for_one(server):
+    """A request with only the user's text (the Agents SDK's first request) gets a screenshot call, as a
+    model looks before it acts; the turn is then judged on that screenshot."""
+    s = server([{"expect": [RED_BOX], "message": "seen"}])
+    client = scripted.client(s)
+    first = client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
+    (call,) = [i for i in first.output if i.type == "computer_call"]
+    assert [a.type for a in call.actions] == ["screenshot"]
+    client.close()
+    desk = PaintedDesk()
+    desk.image.paste(RED, (150, 60, 170, 80))
+    for legacy in (False, True):
+        s = server([{"expect": [RED_BOX], "message": "seen"}])
+        client = scripted.client(s)
+        body = desk.params(legacy=legacy)
+        body["input"] = "go"  # no screenshot in the first request
+        response = ComputerToolset(desk).run(client, body, max_steps=3)
+        client.close()
+        assert response.output_text == "seen"
+        calls = [i for i in s.model.requests[-1]["input"] if i.get("type") == "computer_call"]
+        assert calls and (calls[0].get("action") if legacy else calls[0]["actions"][0]) == {"type": "screenshot"}
+
+
+def test_a_screenshot_that_cannot_be_decoded_is_refused(server):
     s = server([{"expect": [RED_BOX], "message": "x"}])
     client = scripted.client(s)
+    bad = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nnot an image").decode()
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="scripted", input="go", tools=[{"type": "computer"}])
-    assert info.value.body["code"] == "invalid_image" and "no screenshot" in info.value.body["message"]
+        client.responses.create(model="scripted", tools=[{"type": "computer"}], input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "go"}, {"type": "input_image", "image_url": bad}]}])
+    assert info.value.body["code"] == "invalid_image"
     client.close()
 
 

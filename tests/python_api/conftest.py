@@ -1,0 +1,3 @@
+"""The Docker fixtures of tests/docker (the engine's client, the guest image) for the public API's tests."""
+
+from tests.docker.conftest import desktop_image, docker_client  # noqa: F401 - fixtures
