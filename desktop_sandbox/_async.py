@@ -114,6 +114,10 @@ class AsyncSandbox:
         """:meth:`Sandbox.read_file`."""
         return await self._do(self.sync.read_file, path)
 
+    async def write_file(self, path: str, data: bytes) -> str:
+        """:meth:`Sandbox.write_file`."""
+        return await self._do(self.sync.write_file, path, data)
+
     async def set_policy(self, policy: Any) -> dict[str, Any]:
         """:meth:`Sandbox.set_policy`."""
         return await self._do(self.sync.set_policy, policy)

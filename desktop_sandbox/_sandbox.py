@@ -180,6 +180,7 @@ class Sandbox:
         self._launched = False
         self._closed = False
         self._start_s: float | None = None
+        self._writable: tuple[str, ...] = ()
         self._task_run: Any = None  # the task's Run under way in run(), for cancel()
         self._cancel_lock = threading.Lock()
         self.outcomes: list[Any] = []
@@ -193,7 +194,7 @@ class Sandbox:
               step: bool = False, approver: Approver | None = None, approval_timeout_s: float | None = 300.0,
               runs_dir: str | Path = "runs", ready_timeout_s: float = 90.0, start_timeout_s: float = 180.0,
               runner: str = "python", client: str | None = None, approver_name: str = "approver",
-              options: Mapping[str, Any] | None = None) -> "Sandbox":
+              writable: Sequence[str] = (), options: Mapping[str, Any] | None = None) -> "Sandbox":
         """Start (or claim) a sandbox and return it ready: the task's apps launched, a stable screen.
 
         ``backend``: ``docker`` | ``vm`` (:mod:`controller.sandbox.registry`); ``task``: a task file or
@@ -206,11 +207,12 @@ class Sandbox:
         claimed from it when it holds one of the task's template, else started cold; ``image``: the guest
         image; ``confirm_actions`` / ``step``: action types asked about before they run (all in step
         mode), answered by ``approver`` (called with an :class:`ApprovalRequest`, on a thread of its own;
-        ``True`` approves, None leaves it to another view, anything else -- False, an exception, "yes" --
+        ``True`` approves, None leaves it unanswered (to the deadline), anything else -- False, an exception, "yes" --
         denies; without one a confirmed action is denied; an approver still silent after
         ``approval_timeout_s`` is taken as a no);
         ``approval_timeout_s``: seconds a question waits; ``approver_name``: who the record says answered
-        (``by``; the MCP server's is ``mcp``); ``runs_dir``: where records go; ``options``:
+        (``by``; the MCP server's is ``mcp``); ``writable``: guest folders under the home that
+        :meth:`write_file` may write in (``["~/inbox"]``; default none); ``runs_dir``: where records go; ``options``:
         fields of the backend's options to set (``DockerOptions``: ``apps_file``, ``extra_labels``, ...).
 
         Raises :class:`controller.sandbox.BackendUnavailable` (no Docker, no QEMU),
@@ -224,6 +226,7 @@ class Sandbox:
         from controller.sandbox.registry import get_backend
 
         t = _task_for(task, policy=policy, apps=apps, screen=screen, browser=browser)
+        roots = _writable_roots(writable)
         confirm = _confirm_types(confirm_actions)
         try:
             backend_cls = get_backend(backend)
@@ -254,6 +257,7 @@ class Sandbox:
         sandbox = cls(backend_sandbox, t, run_options, own=True, approver=approver, runner=runner, client=client,
                       start_timeout_s=start_timeout_s, approver_name=clean(approver_name, 40))
         sandbox._start_s = time.monotonic() - started
+        sandbox._writable = roots
         try:
             sandbox._attended()
         except BaseException:
@@ -479,6 +483,21 @@ class Sandbox:
         agent client's cap. Raises ``AgentError`` (``not_found``, ``forbidden``, ``too_large``)."""
         return bytes(self._call(lambda run: run.read_file(path)))
 
+    def write_file(self, path: str, data: bytes) -> str:
+        """Write ``data`` (at most 8 MiB) to the guest file ``path`` (``~`` is the desktop user's home) as
+        the desktop user, when it lies under one of the ``writable`` folders the sandbox was started with
+        (symbolic links followed in the guest); missing folders are made, an existing file replaced whole.
+        Returns the guest path written. Raises ``PermissionError`` (no such folder, or outside them) and
+        ``ValueError`` (too large, a bad path)."""
+        from desktop_sandbox._guest_files import write_guest_file
+
+        if not isinstance(data, (bytes, bytearray)):
+            raise DriverError("data must be bytes")
+        blob = bytes(data)
+        return self._call(lambda run: write_guest_file(self._sandbox, self._writable, path, blob,
+                                                       home=getattr(self._sandbox, "guest_home", None) or
+                                                       "/home/sandbox"))
+
     def set_policy(self, policy: Any) -> dict[str, Any]:
         """Swap the network policy now (``[network]`` table as a mapping); the gateway's answer
         (:meth:`controller.sandbox.Sandbox.set_policy`)."""
@@ -544,6 +563,7 @@ class Sandbox:
                                approver_name=self._approver_name,
                                runner=self._runner, client=self._client, start_timeout_s=self._start_timeout_s)
                 fork._launched = True  # the apps come with the state (or start again, per the backend)
+                fork._writable = self._writable
                 forks.append(fork)
                 fork._attended()
         except BaseException:
@@ -554,6 +574,25 @@ class Sandbox:
                     backend_sandbox.close()
             raise
         return forks
+
+
+def _writable_roots(writable: Any) -> tuple[str, ...]:
+    """The ``writable`` folders as guest paths, each under the desktop user's home (TaskError otherwise)."""
+    from controller.sandbox.guest import GUEST_HOME
+    from desktop_sandbox._guest_files import guest_path
+
+    if isinstance(writable, str):
+        raise TaskError("writable: a list of guest folders, not a single string")
+    roots = []
+    for root in writable:
+        try:
+            path = guest_path(root)
+        except ValueError as exc:
+            raise TaskError(f"writable: {exc}") from None
+        if path != GUEST_HOME and not path.startswith(GUEST_HOME + "/"):
+            raise TaskError(f"writable: {clean(root, 200)} is not under the desktop user's home ({GUEST_HOME})")
+        roots.append(path)
+    return tuple(roots)
 
 
 def _action_list(actions: Any) -> list[dict[str, Any]]:

@@ -64,6 +64,8 @@ def _signals(stop: _Stop) -> Iterator[None]:
             signal.signal(s, signal.SIG_IGN)
 
 
+FLUSH_S = 5.0
+"""Longest the stdio server keeps writing its last answers once the client closed stdin (seconds)."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Longest JSON-RPC line a client may send over stdio (bytes): a longer one ends the session."""
 
@@ -150,11 +152,15 @@ def serve_stdio(options: McpOptions, *, say: Callable[[str], None]) -> str:
     stop = _Stop()
 
     async def main() -> None:
-        async with _wire() as (wire_in, wire_out), stdio_server(wire_in, wire_out) as (read_stream, write_stream):
-            async with low.lifespan(low) as state:
-                # the handshake era only: a client probing server/discover is told Method not found
-                await serve_loop(low, read_stream, write_stream, lifespan_state=state,
-                                 init_options=low.create_initialization_options())
+        with anyio.CancelScope() as scope:
+            async with _wire() as (wire_in, wire_out), stdio_server(wire_in, wire_out) as (read_stream, write_stream):
+                async with low.lifespan(low) as state:
+                    # the handshake era only: a client probing server/discover is told Method not found
+                    await serve_loop(low, read_stream, write_stream, lifespan_state=state,
+                                     init_options=low.create_initialization_options())
+                # stdin closed: what is left to write gets FLUSH_S (a client that never reads stdout must not
+                # keep the process waiting on a full pipe forever)
+                scope.deadline = anyio.current_time() + FLUSH_S
 
     def loop() -> None:
         try:
@@ -194,6 +200,9 @@ def serve_http(options: McpOptions, *, port: int, key: str, idle_timeout_s: floa
                             timeout_graceful_shutdown=GRACE_S, server_header=False)
     uv = ThreadedUvicorn(config)
     stop = _Stop()
+    quiet = _ShutdownCancels()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
 
     def run() -> None:
         try:
@@ -221,7 +230,18 @@ def serve_http(options: McpOptions, *, port: int, key: str, idle_timeout_s: floa
     say(f"stopping ({why}): {n} session(s); their sandboxes are removed")
     thread.join(STOP_TIMEOUT_S)
     hub.close_all(why)
+    uvicorn_log.removeFilter(quiet)
     return why
+
+
+class _ShutdownCancels(logging.Filter):
+    """Leaves out uvicorn's traceback of a request cancelled because the server stops (a call still under
+    way after :data:`GRACE_S`, a sandbox starting say: its session's sandbox is removed right after). Its
+    one line saying how many requests it cancelled stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
 
 
 __all__ = ["serve_http", "serve_stdio"]

@@ -17,8 +17,8 @@ probes the session-less 2026-07-28 era with ``server/discover`` is answered ``Me
 
 import asyncio
 import base64
-import functools
 import logging
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
@@ -29,7 +29,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from controller.mcp.elicit import Elicitor
-from controller.mcp.session import McpSession, SessionClosed, SessionHub
+from controller.mcp.session import CallAbandoned, McpSession, SessionClosed, SessionHub
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 from wire.actions import MAX_CHORD_KEYS, MAX_PATH_POINTS, MAX_TEXT_CHARS
@@ -51,7 +51,13 @@ RESULT_CHARS = 2000
 
 Button = Literal["left", "right", "middle", "back", "forward", "wheel"]
 Coord = Annotated[int, Field(description="px of the last screenshot returned (screen px before the first one)")]
-KeyNames = Annotated[list[str], Field(description="key names to hold while clicking, e.g. [\"SHIFT\"]",
+MAX_KEY_NAME_CHARS = 64
+"""Longest key name a tool takes (characters; the longest X keysym name has 27)."""
+MAX_SCROLL_PX = 1_000_000
+"""Largest scroll amount a tool takes, either way (px; the guest scrolls at most 50 wheel clicks a call)."""
+KeyName = Annotated[str, Field(max_length=MAX_KEY_NAME_CHARS)]
+ScrollPx = Annotated[int, Field(ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX, description="px (never mapped)")]
+KeyNames = Annotated[list[KeyName], Field(description="key names to hold while clicking, e.g. [\"SHIFT\"]",
                                      max_length=MAX_CHORD_KEYS)] | None
 
 
@@ -164,11 +170,15 @@ class Tools:
     async def _call(session: McpSession, fn: Callable[[McpSession, Any], CallToolResult], attended: bool,
                     fast: Callable[[McpSession, Any, Any], CallToolResult] | None) -> CallToolResult:
         try:
-            future = session.submit(lambda sandbox, run: fast(session, sandbox, run)) if fast is not None else None
+            on_run = (lambda sandbox, run: fast(session, sandbox, run)) if fast is not None else None
+            future = session.submit(on_run) if on_run is not None else None
+            if future is None and on_run is not None:
+                # what is missing (the sandbox, the session's run) starts on a worker thread; the call itself
+                # then goes to the run's thread as every later one does, where a cancel can withdraw it
+                await anyio.to_thread.run_sync(session.prepare, abandon_on_cancel=True)
+                future = session.submit(on_run)
             if future is None:
-                return await anyio.to_thread.run_sync(
-                    functools.partial(session.call, lambda sandbox: fn(session, sandbox), attended=attended),
-                    abandon_on_cancel=True)
+                return await Tools._on_worker(session, fn, attended)
             try:
                 with anyio.fail_after(CALL_TIMEOUT_S):
                     return await asyncio.wrap_future(future)
@@ -177,12 +187,47 @@ class Tools:
                     session.sandbox.cancel(f"mcp: a call took longer than {CALL_TIMEOUT_S:g} s")
                 raise
             except BaseException:
-                future.cancel()  # not begun: it never runs (one under way ends with the session, if that is why)
+                # the client cancelled the call (or the session ends): one not begun never runs; one under
+                # way has the question it waits on withdrawn, so nothing of it runs later (another call's
+                # approval cannot revive it) and the run's thread is free for the next call at once
+                if not future.cancel() and future.running():
+                    session.withdraw_questions("the client cancelled the call")
                 raise
         except Exception as exc:  # noqa: BLE001 - every failure is the call's answer
             if not isinstance(exc, (DesktopSandboxError, ValueError, PermissionError, SessionClosed)):
                 log.exception("a tool call failed")
             return _error(_describe(exc))
+
+    @staticmethod
+    async def _on_worker(session: McpSession, fn: Callable[[McpSession, Any], CallToolResult],
+                         attended: bool) -> CallToolResult:
+        """``fn`` as :meth:`McpSession.call` on a worker thread (a call without a form for the run's thread:
+        ``launch``, ``read_file``, ``run_task``). When its client cancels it: a call not begun yet never
+        runs; a ``run_task`` model loop under way is cancelled (it stops within a step; its record says
+        so) rather than left to act on the desktop for a client that stopped waiting."""
+        gone, begun, finished = threading.Event(), threading.Event(), threading.Event()
+        gate = threading.Lock()
+
+        def work() -> CallToolResult:
+            with gate:
+                if gone.is_set():
+                    raise CallAbandoned("the client cancelled the call before it began: nothing of it ran")
+                begun.set()
+            try:
+                return session.call(lambda sandbox: fn(session, sandbox), attended=attended, gone=gone)
+            finally:
+                finished.set()
+
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with gate:
+                gone.set()
+                under_way = begun.is_set()
+            if under_way and not attended:
+                threading.Thread(target=session.stop_model_loop, args=(finished, "mcp: the client cancelled run_task"),
+                                 name=f"mcp-stop-{session.key}", daemon=True).start()
+            raise
 
     # -- screenshots --------------------------------------------------------------------------------
     def screenshot(self, session: McpSession, sandbox: Any, region: list[int] | None, run: Any = None
@@ -296,7 +341,8 @@ def build_server(hub: SessionHub) -> MCPServer:
     @server.tool(name="scroll", description=(
         f"Scroll at (x, y) by scroll_x / scroll_y pixels (positive scroll_y scrolls down). {points} {asked} "
         f"{start_note}"))
-    async def scroll(ctx: Context, x: Coord, y: Coord, scroll_x: int = 0, scroll_y: int = 0) -> CallToolResult:
+    async def scroll(ctx: Context, x: Coord, y: Coord, scroll_x: ScrollPx = 0, scroll_y: ScrollPx = 0
+                     ) -> CallToolResult:
         action = {"type": "scroll", "x": x, "y": y, "scroll_x": scroll_x, "scroll_y": scroll_y}
         return await tools.action(ctx, action,
                                   lambda s: f"scrolled ({scroll_x}, {scroll_y}) at {tools._where(s, x, y)}")
@@ -314,7 +360,8 @@ def build_server(hub: SessionHub) -> MCPServer:
         f"Press a key combination together, e.g. [\"CTRL\", \"L\"] or [\"ENTER\"] (key names as computer-use "
         f"models send them). {asked} {start_note}"))
     async def keypress(ctx: Context,
-                       keys: Annotated[list[str], Field(min_length=1, max_length=MAX_CHORD_KEYS)]) -> CallToolResult:
+                       keys: Annotated[list[KeyName], Field(min_length=1, max_length=MAX_CHORD_KEYS)]
+                       ) -> CallToolResult:
         action = {"type": "keypress", "keys": list(keys)}
         return await tools.action(ctx, action, lambda s: f"pressed {clean('+'.join(keys), 200)}")
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, TypeVar
 
 from controller.mcp.elicit import Elicitor, question_of
 from controller.model.errors import DesktopSandboxError
-from controller.model.requests import request_kind
+from controller.model.requests import ACTION, SAFETY_CHECK, request_kind
 from controller.run.tasks import CHECKS_OPTIONAL, MAX_TASK_BYTES, Task, TaskError
 from controller.text import clean
 from controller.validation import describe_validation_error, read_input_or_raise
@@ -47,6 +47,10 @@ DEFAULT_MAX_BYTES = 750_000
 """Most bytes of image data a screenshot carries, by default: its base64 stays within 1,000,000 characters."""
 CLOSE_TIMEOUT_S = 120.0
 """Longest :meth:`SessionHub.close_all` waits for the sandboxes being removed (seconds)."""
+STOP_POLL_S = 0.25
+"""How often :meth:`McpSession.stop_model_loop` cancels again (seconds)."""
+CALL_QUESTION_KINDS = (ACTION, SAFETY_CHECK)
+"""The request kinds a call's own action waits on (:meth:`McpSession.withdraw_questions`)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,10 @@ def load_session_task(path: str | Path) -> Task:
 
 class SessionClosed(DesktopSandboxError, RuntimeError):
     """The session has ended: its sandbox is removed (or being removed) and takes no more calls."""
+
+
+class CallAbandoned(DesktopSandboxError, RuntimeError):
+    """The client cancelled the call before it began: nothing of it ran."""
 
 
 def _stale() -> Any:
@@ -165,10 +173,12 @@ class McpSession:
                         time.monotonic() - t0, clean(self.client or "a client", 80), sandbox.record_dir)
             return sandbox
 
-    def call(self, fn: Callable[[Any], T], *, attended: bool = True) -> T:
+    def call(self, fn: Callable[[Any], T], *, attended: bool = True, gone: threading.Event | None = None) -> T:
         """Run ``fn(sandbox)`` (blocking): the sandbox started if needed; with ``attended`` the sandbox's
         attended run (started anew after a model loop) is the session's, its questions asked through
-        the elicitor. Raises what ``fn`` raises, :class:`SessionClosed` once the session ended."""
+        the elicitor. ``gone``: set when the caller stopped waiting (its client cancelled the call):
+        checked once the sandbox and its run are up, so a call given up on meanwhile never runs. Raises what
+        ``fn`` raises, :class:`SessionClosed` once the session ended, :class:`CallAbandoned` when ``gone``."""
         sandbox = self.ensure_sandbox()
         with self._lock:
             if self._closed:
@@ -178,6 +188,8 @@ class McpSession:
         try:
             if attended:
                 self._attend(sandbox.attended_run)
+            if gone is not None and gone.is_set():
+                raise CallAbandoned("the client cancelled the call before it began: nothing of it ran")
             return fn(sandbox)
         finally:
             with self._lock:
@@ -187,14 +199,23 @@ class McpSession:
     def submit(self, fn: Callable[[Any, Any], T]) -> "concurrent.futures.Future[T] | None":
         """``fn(sandbox, run)`` handed to the attended run's thread without blocking (for the event loop:
         no worker thread in between), when the sandbox is up and its attended run already the session's;
-        None otherwise (then :meth:`call`, which starts what is missing). Counted as a call under way."""
+        None otherwise (then :meth:`call`, which starts what is missing), and None at once while another
+        thread holds the sandbox (a ``run_task`` model loop, a run being started or ended), never waiting
+        for it: the caller is the server's event loop, which every session shares. Counted as a call
+        under way."""
         with self._lock:
             sandbox = self.sandbox
             if self._closed or sandbox is None or self._run is None:
                 return None
             run = self._run
             self._calls += 1
-        future = sandbox._submit(lambda current: fn(sandbox, current) if current is run else _stale())
+        held = sandbox._lock.acquire(blocking=False)  # the lock Sandbox._submit takes (re-entrant)
+        try:
+            future = sandbox._submit(lambda current: fn(sandbox, current) if current is run else _stale()) \
+                if held else None
+        finally:
+            if held:
+                sandbox._lock.release()
         if future is None:
             with self._lock:
                 self._calls -= 1
@@ -206,6 +227,37 @@ class McpSession:
 
         future.add_done_callback(done)
         return future
+
+    def prepare(self) -> None:
+        """Start what a call on the attended run's thread needs (blocking; seconds): the sandbox, and its
+        attended run made the session's, so that :meth:`submit` can take the call. Raises what
+        :meth:`call` raises."""
+        self.call(lambda _sandbox: None)
+
+    def withdraw_questions(self, why: str) -> int:
+        """Withdraw the pending questions about actions (``action``, ``safety_check``) of the session's
+        attended run, for a call under way that its client cancelled: the action it waits on is then
+        refused (nothing of it runs later, and the run's thread is free for the next call). Origin and
+        sign-in requests are left to their own deadlines. Returns how many were withdrawn."""
+        with self._lock:
+            run = self._run
+        if run is None:
+            return 0
+        registry = run.registry
+        return sum(bool(registry.withdraw(request, why)) for request in registry.pending()
+                   if request.kind in CALL_QUESTION_KINDS)
+
+    def stop_model_loop(self, finished: threading.Event, why: str, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Cancel the sandbox's model loop for a ``run_task`` call its client cancelled (blocking): again
+        every :data:`STOP_POLL_S` seconds while a model loop of the session is under way, until the call
+        has ``finished`` (it may be just about to begin the loop) or ``timeout_s`` seconds passed."""
+        deadline = time.monotonic() + timeout_s
+        while not finished.is_set() and time.monotonic() < deadline:
+            with self._lock:
+                sandbox = self.sandbox if self._model_loops else None
+            if sandbox is not None:
+                sandbox.cancel(why)
+            finished.wait(STOP_POLL_S)
 
     # -- the attended run's questions ----------------------------------------------------------------
     def _attend(self, run: Any) -> None:
@@ -349,5 +401,5 @@ class SessionHub:
             return list(self._sessions.values())
 
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_EDGE", "McpOptions", "McpSession", "SessionClosed", "SessionHub",
+__all__ = ["CallAbandoned", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_EDGE", "McpOptions", "McpSession", "SessionClosed", "SessionHub",
            "load_session_task"]

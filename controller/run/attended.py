@@ -50,6 +50,15 @@ _CLOSE = object()
 RUNNERS = ("python", "mcp", "agents-sdk")
 """Who drives an attended run (``run_started.runner``)."""
 
+NOBODY = {
+    "python": "give Sandbox.start an approver",
+    "mcp": "the MCP client declared no elicitation: use one that does, or start the server without "
+           "--confirm-actions/--step",
+    "agents-sdk": "give Sandbox.start an approver",
+}
+"""What to do when a confirmed action finds nobody to ask, by runner (one entry per :data:`RUNNERS`)."""
+assert set(NOBODY) == set(RUNNERS), "every runner says what to do when nobody can be asked"
+
 MAX_CALL_ACTIONS = 500
 """Most actions in one :meth:`AttendedRun.act` call (the guest agent's own limit per request)."""
 
@@ -320,11 +329,7 @@ class AttendedRun(Run):
                                        "did not run")
             if _kind(action) == "screenshot":  # as in a model's computer_call: the image is taken by screenshot()
                 continue
-            before = self.approvals.before_action
-            if before is not None and not before(action):
-                self.record.write(Action(call_id=call_id, action=str(action.get("type")), duration_ms=0.0,
-                                         error="not approved"))
-                raise ActionDenied(f"{action.get('type')} was not approved: nothing of it ran")
+            self._approve(call_id, action)
             member = str(action.get("type"))
             t = time.perf_counter()
             error = None
@@ -351,6 +356,11 @@ class AttendedRun(Run):
         self.hooks.current_call = f"call_{self._call_seq}"
         self.record.write(ComputerCall(call_id=self.hooks.current_call, form="actions",
                                        actions=[{"type": "screenshot"}]))
+        try:
+            self._approve(self.hooks.current_call, {"type": "screenshot"})
+        except ActionDenied:
+            self.driver.policy = previous
+            raise
         t = time.perf_counter()
         error = None
         try:
@@ -363,6 +373,24 @@ class AttendedRun(Run):
             self.record.write(Action(call_id=self.hooks.current_call, action="screenshot",
                                      duration_ms=round((time.perf_counter() - t) * 1000, 2),
                                      error=error[:300] if error else None))
+
+    def _approve(self, call_id: str, action: dict[str, Any]) -> None:
+        """Ask about ``action`` when the gate covers its type (``confirm_actions``, step mode: a screenshot
+        too, as the SDK's loop passes a call's screenshot through it); :class:`ActionDenied` on a no, saying
+        why when nobody could be asked."""
+        kind = str(action.get("type"))
+        gate = self.approvals.gate
+        before = self.approvals.before_action
+        if before is None or not gate.asks(kind):
+            return
+        nobody = not gate.anyone
+        if before(action):
+            return
+        self.record.write(Action(call_id=call_id, action=kind, duration_ms=0.0, error="not approved"))
+        if nobody:
+            raise ActionDenied(f"{kind} needs a person's approval and nobody can be asked ({NOBODY[self.options.runner]}): "
+                               "nothing of it ran")
+        raise ActionDenied(f"{kind} was not approved: nothing of it ran")
 
     def launch(self, app: str, args: list[str]) -> int:
         """Start an allowlisted guest app (the agent's ``/v1/launch``); its pid."""

@@ -27,6 +27,7 @@ def _blocks(language: str) -> list[str]:
 
 SAYS = [["'screenshot', 'click'", "screenshot 1280x800 px (image/png", "clicked left at (640, 400)",
          "True point (5000,0) is outside"],
+        ["screenshot 1280x800 px (image/png", "12 tools"],
         ["'run_task'"]]
 """What each Python snippet prints when it did what the page says (in the page's order)."""
 
