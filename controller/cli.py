@@ -527,6 +527,9 @@ def mcp_cmd(
     idle_timeout: Optional[float] = typer.Option(None, "--idle-timeout", min=5.0, max=86400.0,
                                                  help="With --http: a session without a request or an open stream "
                                                       "for this many seconds ends, its sandbox removed (default 600)."),
+    max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=256,
+                                               help="With --http: sessions with a sandbox at once (default 8); a "
+                                                    "session beyond them gets a tool error until one ends."),
 ) -> None:
     """Serve the sandbox's computer tools over MCP: one sandbox per MCP session (docs/mcp.md).
 
@@ -543,7 +546,8 @@ def mcp_cmd(
 
     mcp_command(http=http, port=port, key_file=key_file, backend=backend, image_tag=image_tag, task=task, pool=pool,
                 confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, max_edge=max_edge, max_bytes=max_bytes,
-                apps_file=apps_file, approval_timeout=approval_timeout, idle_timeout=idle_timeout)
+                apps_file=apps_file, approval_timeout=approval_timeout, idle_timeout=idle_timeout,
+                max_sessions=max_sessions)
 
 if __name__ == "__main__":
     app()

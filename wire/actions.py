@@ -67,11 +67,18 @@ MAX_TEXT_CHARS = 20_000
 MAX_PATH_POINTS = 2_000
 """Most points in a ``drag`` path."""
 MAX_CHORD_KEYS = 16
-"""Most keys in one ``keypress`` chord."""
+"""Most keys in one ``keypress`` chord (and held with one pointer action)."""
+MAX_KEY_NAME_CHARS = 64
+"""Longest key name (characters); the longest keysym name is far shorter."""
+MAX_SCROLL_PX = 1_000_000
+"""Largest scroll amount either way (px): far past any page, small enough for every step of the guest's
+arithmetic."""
 BUTTONS: tuple[str, ...] = ("left", "right", "wheel", "back", "forward")
 """Mouse buttons a ``click`` may name."""
 
 Button = Literal["left", "right", "wheel", "back", "forward"]
+KeyName = Annotated[str, Field(max_length=MAX_KEY_NAME_CHARS)]
+"""A key name as a model sends it (``ctrl``, ``Return``, ``a``): checked against the keysyms by the guest."""
 
 _MODEL_REQUIRED = {"model_required": True}
 
@@ -128,7 +135,7 @@ class Click(BaseAction):
     x: StrictInt
     y: StrictInt
     button: Button = Field("left", json_schema_extra=_MODEL_REQUIRED)
-    keys: list[str] | None = None
+    keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "click", "x": 10, "y": 20, "button": "left"}
 
 
@@ -138,7 +145,7 @@ class DoubleClick(BaseAction):
     type: Literal["double_click"]
     x: StrictInt
     y: StrictInt
-    keys: list[str] | None = None
+    keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "double_click", "x": 10, "y": 20}
 
 
@@ -147,7 +154,7 @@ class Drag(BaseAction):
 
     type: Literal["drag"]
     path: list[Point] = Field(min_length=2, max_length=MAX_PATH_POINTS)
-    keys: list[str] | None = None
+    keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "drag", "path": [{"x": 5, "y": 5}, {"x": 30, "y": 40}]}
 
 
@@ -155,7 +162,7 @@ class Keypress(BaseAction):
     """Press ``keys`` as one chord (in order), release them in reverse."""
 
     type: Literal["keypress"]
-    keys: list[str] = Field(min_length=1, max_length=MAX_CHORD_KEYS)
+    keys: list[KeyName] = Field(min_length=1, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "keypress", "keys": ["shift"]}
 
 
@@ -165,7 +172,7 @@ class Move(BaseAction):
     type: Literal["move"]
     x: StrictInt
     y: StrictInt
-    keys: list[str] | None = None
+    keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "move", "x": 10, "y": 20}
 
 
@@ -175,9 +182,9 @@ class Scroll(BaseAction):
     type: Literal["scroll"]
     x: StrictInt
     y: StrictInt
-    scroll_x: StrictInt = Field(0, json_schema_extra=_MODEL_REQUIRED)
-    scroll_y: StrictInt = Field(0, json_schema_extra=_MODEL_REQUIRED)
-    keys: list[str] | None = None
+    scroll_x: StrictInt = Field(0, ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX, json_schema_extra=_MODEL_REQUIRED)
+    scroll_y: StrictInt = Field(0, ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX, json_schema_extra=_MODEL_REQUIRED)
+    keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "scroll", "x": 10, "y": 20, "scroll_x": 0, "scroll_y": 100}
 
 

@@ -17,6 +17,8 @@ from controller.commands.common import backend_class, refuse, say, writable_runs
 
 KEY_FILE_NAME = "mcp.key"
 """The key file's name in the runs folder when ``--key-file`` is not given."""
+DEFAULT_MAX_SESSIONS = 8
+"""Sessions with a sandbox at once over HTTP (``--max-sessions``): each one holds a whole desktop."""
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """How long an HTTP session may go without a request or an open stream before it ends (seconds)."""
 
@@ -24,14 +26,15 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 def mcp(*, http: bool, port: Optional[int], key_file: Optional[Path], backend: str, image_tag: Optional[str],
         task: Optional[Path], pool: Optional[Path], confirm_actions: str, step: bool, runs_dir: Path,
         max_edge: int, max_bytes: int, apps_file: Optional[str], approval_timeout: float,
-        idle_timeout: Optional[float]) -> None:
+        idle_timeout: Optional[float], max_sessions: Optional[int] = None) -> None:
     """Serve until the client goes (stdio) or a signal; every session's sandbox is removed at its end."""
     from controller.mcp.session import McpOptions, load_session_task
     from controller.run.tasks import TaskError
     from wire.actions import ACTION_TYPES
 
     if not http:
-        given = [name for name, value in (("--port", port), ("--key-file", key_file), ("--idle-timeout", idle_timeout))
+        given = [name for name, value in (("--port", port), ("--key-file", key_file), ("--idle-timeout", idle_timeout),
+                                          ("--max-sessions", max_sessions))
                  if value is not None]
         if given:
             refuse(f"{', '.join(given)}: only with --http (stdio serves one session over stdin/stdout)")
@@ -57,7 +60,8 @@ def mcp(*, http: bool, port: Optional[int], key_file: Optional[Path], backend: s
         refuse(f"the {backend} backend cannot start sandboxes here: {exc}")
     options = McpOptions(backend=backend, image=image_tag, task=session_task, pool=pool, confirm_actions=confirm,
                          step=step, approval_timeout_s=approval_timeout, runs_dir=runs_dir, max_edge=max_edge,
-                         max_bytes=max_bytes, apps_file=apps_file or None, workdir=Path.cwd())
+                         max_bytes=max_bytes, apps_file=apps_file or None, workdir=Path.cwd(),
+                         max_sessions=max_sessions if max_sessions is not None else DEFAULT_MAX_SESSIONS)
     if http:
         assert key is not None
         _serve_http(options, port=port or 0, key=key, key_file=key_file or runs_dir / KEY_FILE_NAME,

@@ -29,10 +29,10 @@ from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from controller.mcp.elicit import Elicitor
-from controller.mcp.session import CallAbandoned, McpSession, SessionClosed, SessionHub
+from controller.mcp.session import CallAbandoned, McpSession, SessionClosed, SessionHub, SessionsFull
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
-from wire.actions import MAX_CHORD_KEYS, MAX_PATH_POINTS, MAX_TEXT_CHARS
+from wire.actions import MAX_CHORD_KEYS, MAX_KEY_NAME_CHARS, MAX_PATH_POINTS, MAX_SCROLL_PX, MAX_TEXT_CHARS, KeyName
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,6 @@ RESULT_CHARS = 2000
 
 Button = Literal["left", "right", "middle", "back", "forward", "wheel"]
 Coord = Annotated[int, Field(description="px of the last screenshot returned (screen px before the first one)")]
-MAX_KEY_NAME_CHARS = 64
-"""Longest key name a tool takes (characters; the longest X keysym name has 27)."""
-MAX_SCROLL_PX = 1_000_000
-"""Largest scroll amount a tool takes, either way (px; the guest scrolls at most 50 wheel clicks a call)."""
-KeyName = Annotated[str, Field(max_length=MAX_KEY_NAME_CHARS)]
 ScrollPx = Annotated[int, Field(ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX, description="px (never mapped)")]
 KeyNames = Annotated[list[KeyName], Field(description="key names to hold while clicking, e.g. [\"SHIFT\"]",
                                      max_length=MAX_CHORD_KEYS)] | None
@@ -118,6 +113,8 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, AgentError):
         code = getattr(exc, "code", None)
         return f"the guest refused ({code}): {getattr(exc, 'message', None) or exc}"
+    if isinstance(exc, SessionsFull):
+        return str(exc)
     if isinstance(exc, SessionClosed):
         return f"{exc}: open a new session"
     if isinstance(exc, (ValueError, PermissionError)):
@@ -181,7 +178,9 @@ class Tools:
                 return await Tools._on_worker(session, fn, attended)
             try:
                 with anyio.fail_after(CALL_TIMEOUT_S):
-                    return await asyncio.wrap_future(future)
+                    result = await asyncio.wrap_future(future)
+                session.cut_off = False
+                return result
             except TimeoutError:
                 if not future.cancel() and session.sandbox is not None:  # under way and stuck: stop the run
                     session.sandbox.cancel(f"mcp: a call took longer than {CALL_TIMEOUT_S:g} s")
@@ -190,6 +189,7 @@ class Tools:
                 # the client cancelled the call (or the session ends): one not begun never runs; one under
                 # way has the question it waits on withdrawn, so nothing of it runs later (another call's
                 # approval cannot revive it) and the run's thread is free for the next call at once
+                session.cut_off = True  # the session's end (when this is why) ends its run cancelled
                 if not future.cancel() and future.running():
                     session.withdraw_questions("the client cancelled the call")
                 raise
@@ -219,8 +219,11 @@ class Tools:
                 finished.set()
 
         try:
-            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            session.cut_off = False
+            return result
         except anyio.get_cancelled_exc_class():
+            session.cut_off = True
             with gate:
                 gone.set()
                 under_way = begun.is_set()

@@ -64,7 +64,9 @@ class McpOptions:
     how long a question waits; ``runs_dir``: where run records go; ``max_edge`` / ``max_bytes``: the
     screenshot limits (px of the image, bytes of image data); ``apps_file``: the guest agent's app
     allowlist inside the image (None: the image's own); ``workdir``: the folder ``run_task`` files must
-    be under (the server's current directory); ``start_timeout_s``: how long a start may take."""
+    be under (the server's current directory); ``start_timeout_s``: how long a start may take;
+    ``max_sessions``: sessions with a sandbox at once (a session counts from its first tool call until its
+    sandbox is removed)."""
 
     backend: str = "docker"
     image: str | None = None
@@ -79,6 +81,7 @@ class McpOptions:
     apps_file: str | None = None
     workdir: Path = field(default_factory=Path.cwd)
     start_timeout_s: float = 180.0
+    max_sessions: int = 8
 
 
 def load_session_task(path: str | Path) -> Task:
@@ -112,6 +115,10 @@ class CallAbandoned(DesktopSandboxError, RuntimeError):
     """The client cancelled the call before it began: nothing of it ran."""
 
 
+class SessionsFull(SessionClosed):
+    """A new session would exceed the server's ``--max-sessions``: nothing was started for it."""
+
+
 def _stale() -> Any:
     raise SessionClosed("the session's run changed under the call: try again")
 
@@ -139,6 +146,9 @@ class McpSession:
         self._unsubscribe: Callable[[], None] | None = None
         self._calls = 0
         self._model_loops = 0
+        self.cut_off = False
+        """The session's last call was cut off before its answer (its client cancelled it, or went away
+        mid-call): a session that ends then ends its run ``cancelled``, not ``passed``."""
 
     # -- the sandbox --------------------------------------------------------------------------------
     def ensure_sandbox(self) -> Any:
@@ -342,7 +352,7 @@ class McpSession:
             return
         log.warning("session %s: %s: removing sandbox %s", self.key, why, sandbox.id)
         try:
-            if busy and run is not None:
+            if (busy or self.cut_off) and run is not None:
                 run.cancel_by_view(f"mcp: {why}")
             if loops:
                 sandbox.cancel(f"mcp: {why}")  # the model loop stops within a step; its record says so
@@ -368,6 +378,10 @@ class SessionHub:
         with self._lock:
             if self.stopping:
                 raise SessionClosed("the server is stopping")
+            held = len(self._sessions) + sum(t.is_alive() for t in self._closing)
+            if held >= self.options.max_sessions:
+                raise SessionsFull(f"the server holds its {self.options.max_sessions} sessions (--max-sessions), "
+                                    "each with a sandbox: end one (DELETE its session) and call again")
             self._count += 1
             session = McpSession(self.options, f"s{self._count}", client=client, elicitor=elicitor)
             self._sessions[session.key] = session

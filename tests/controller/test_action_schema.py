@@ -186,3 +186,26 @@ def test_the_architecture_doc_carries_the_action_reference_rendered_from_the_sch
     assert block.group(1) == actions.reference_markdown(), "run: python -m wire.actions, paste into the doc"
     for kind in actions.ACTION_TYPES:
         assert f"| `{kind}` |" in block.group(1)
+
+
+def test_key_names_and_scroll_amounts_are_bounded_for_every_action_that_takes_them():
+    """A key name over MAX_KEY_NAME_CHARS and a scroll amount past MAX_SCROLL_PX are refused by the schema
+    itself, whichever action carries them, before the guest sees them (a huge scroll once made its arithmetic
+    overflow, a long key name filled the record)."""
+    from wire.actions import MAX_CHORD_KEYS, MAX_KEY_NAME_CHARS, MAX_SCROLL_PX, ActionInvalid, parse_action
+
+    long_name = "A" * (MAX_KEY_NAME_CHARS + 1)
+    with_keys = [{"type": "click", "x": 1, "y": 1, "button": "left"}, {"type": "double_click", "x": 1, "y": 1},
+                 {"type": "move", "x": 1, "y": 1}, {"type": "scroll", "x": 1, "y": 1, "scroll_x": 0, "scroll_y": 0},
+                 {"type": "drag", "path": [{"x": 1, "y": 1}, {"x": 2, "y": 2}]}, {"type": "keypress", "keys": ["a"]}]
+    for action in with_keys:
+        parse_action({**action, "keys": ["shift"]})  # a short name is fine
+        for keys in ([long_name], ["a"] * (MAX_CHORD_KEYS + 1)):
+            with pytest.raises(ActionInvalid):
+                parse_action({**action, "keys": keys})
+    for axis in ("scroll_x", "scroll_y"):
+        for amount in (MAX_SCROLL_PX, -MAX_SCROLL_PX):
+            parse_action({"type": "scroll", "x": 1, "y": 1, "scroll_x": 0, "scroll_y": 0, axis: amount})
+        for amount in (MAX_SCROLL_PX + 1, -MAX_SCROLL_PX - 1, 10 ** 400):
+            with pytest.raises(ActionInvalid):
+                parse_action({"type": "scroll", "x": 1, "y": 1, "scroll_x": 0, "scroll_y": 0, axis: amount})

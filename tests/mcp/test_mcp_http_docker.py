@@ -89,7 +89,7 @@ def test_a_session_gets_screenshots_within_the_limits_and_its_delete_removes_the
         assert max(size) <= 800 and len(data) <= 4000, (size, len(data))
         assert mime == "image/jpeg"  # the terminal's text makes PNG too large: the cap re-encoded it
         refused = client.call("click", {"x": 10, "y": 10})
-        assert refused.is_error and "not approved" in text_of(refused)  # no elicitation: nobody to ask
+        assert refused.is_error and "nobody can be asked (the MCP client declared no elicitation" in text_of(refused)
         sandbox = _sandboxes(proc)[-1]
         assert sandbox_containers(docker_client, sandbox)
     finally:

@@ -218,3 +218,27 @@ def test_the_session_offers_decision_questions_only_and_answers_them_by_mcp():
         assert action.approved and action.by == "mcp"
     finally:
         loop.close()
+
+
+def test_a_server_holds_at_most_max_sessions_until_one_ends():
+    """``--max-sessions``: a session beyond the cap is refused before anything starts for it, with what to do;
+    one that ended (its sandbox removed) makes room."""
+    import time
+
+    from controller.mcp.session import McpOptions, SessionHub, SessionsFull
+
+    hub = SessionHub(McpOptions(max_sessions=2))
+    first = hub.open(client=None, elicitor=None)
+    hub.open(client=None, elicitor=None)
+    with pytest.raises(SessionsFull, match="holds its 2 sessions .--max-sessions.*end one"):
+        hub.open(client=None, elicitor=None)
+    hub.end(first, "done")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            hub.open(client=None, elicitor=None)
+            break
+        except SessionsFull:
+            assert time.monotonic() < deadline, "an ended session never made room"
+            time.sleep(0.02)
+    hub.close_all("test over")
