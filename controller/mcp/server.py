@@ -32,7 +32,7 @@ from controller.mcp.elicit import Elicitor
 from controller.mcp.session import CallAbandoned, McpSession, SessionClosed, SessionHub, SessionsFull
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
-from wire.actions import MAX_CHORD_KEYS, MAX_KEY_NAME_CHARS, MAX_PATH_POINTS, MAX_SCROLL_PX, MAX_TEXT_CHARS, KeyName
+from wire.actions import MAX_CHORD_KEYS, MAX_PATH_POINTS, MAX_SCROLL_PX, MAX_TEXT_CHARS, KeyName
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -166,14 +165,9 @@ class ServerProcess:
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
     """Poll ``predicate()`` until it gives something true (returned); fail past ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    from tests.conformance.harness import poll
+
+    return poll(predicate, timeout, interval=0.05, what=what)
 
 
 def text_of(result: Any) -> str:

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from controller.mcp.serve import FLUSH_S
-from controller.mcp.server import MAX_KEY_NAME_CHARS, MAX_SCROLL_PX
+from wire.actions import MAX_KEY_NAME_CHARS, MAX_SCROLL_PX
 from tests.mcp._client import (ROOT, ServerProcess, ThreadedClient, http_transport, read_record, server_argv,
                                server_env, stdio_params, text_of, wait_for)
 

@@ -25,6 +25,7 @@ import pytest
 
 from tests.docker._conformance import CONFORMANCE_APPS
 from tests.docker.conftest import IMAGE, SESSION_ID, TEST_LABEL
+from tests.python_api._probe import probe_events, wait
 
 LOG = "/home/sandbox/hostile-probe.jsonl"
 SECRET = "hunter2-hostile-SECRET"
@@ -52,7 +53,7 @@ def sandbox(docker_client, desktop_image, approver_state, tmp_path_factory) -> I
                        approval_timeout_s=600, apps=[("probe", "--log", LOG)],
                        options={"apps_file": CONFORMANCE_APPS, "extra_labels": {TEST_LABEL: SESSION_ID}})
     try:
-        _wait(lambda: any(e["type"] == "ready" for e in _events(sb)), "the probe's ready line")
+        wait(lambda: any(e["type"] == "ready" for e in _events(sb)), "the probe's ready line")
         yield sb
     finally:
         approver_state["release"].set()
@@ -60,21 +61,7 @@ def sandbox(docker_client, desktop_image, approver_state, tmp_path_factory) -> I
 
 
 def _events(sb: Any) -> list[dict[str, Any]]:
-    try:
-        text = sb.read_file(LOG).decode()
-    except Exception:  # noqa: BLE001 - not written yet
-        return []
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
-
-
-def _wait(predicate: Any, what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return probe_events(sb, LOG)
 
 
 def _input_after(sb: Any, mark: int) -> list[dict[str, Any]]:
@@ -82,7 +69,7 @@ def _input_after(sb: Any, mark: int) -> list[dict[str, Any]]:
     now is logged (every event sent before it is logged by then)."""
     now = len(_events(sb))
     sb.move(3, 3)
-    _wait(lambda: any(e["type"] == "MotionNotify" and (e["x"], e["y"]) == (3, 3) for e in _events(sb)[now:]),
+    wait(lambda: any(e["type"] == "MotionNotify" and (e["x"], e["y"]) == (3, 3) for e in _events(sb)[now:]),
           "the sentinel move")
     return [e for e in _events(sb)[mark:] if e["type"] in ("ButtonPress", "KeyPress")]
 

@@ -7,14 +7,13 @@ One sandbox for the module (a 1600x1000 screen: the 640 px screenshot is scaled 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from typing import Any, Iterator
 
 import pytest
 
 from tests.docker._conformance import CONFORMANCE_APPS
-from tests.docker.conftest import IMAGE, TEST_LABEL, SESSION_ID
+from tests.docker.conftest import IMAGE, SESSION_ID, TEST_LABEL
+from tests.python_api._probe import probe_events, wait
 
 LOG = "/home/sandbox/api-probe.jsonl"
 
@@ -38,28 +37,14 @@ def sandbox(docker_client, desktop_image, answers, tmp_path_factory) -> Iterator
                        approver=approver, apps=[("probe", "--log", LOG)],
                        options={"apps_file": CONFORMANCE_APPS, "extra_labels": {TEST_LABEL: SESSION_ID}})
     try:
-        _wait(lambda: any(e["type"] == "ready" for e in _events(sb)), "the probe's ready line")
+        wait(lambda: any(e["type"] == "ready" for e in _events(sb)), "the probe's ready line")
         yield sb
     finally:
         sb.close()
 
 
 def _events(sb: Any) -> list[dict[str, Any]]:
-    try:
-        text = sb.read_file(LOG).decode()
-    except Exception:  # noqa: BLE001 - not written yet
-        return []
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
-
-
-def _wait(predicate: Any, what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return probe_events(sb, LOG)
 
 
 def _presses_after(sb: Any, mark: int) -> list[dict[str, Any]]:
@@ -75,7 +60,7 @@ def test_a_point_of_a_scaled_screenshot_lands_where_the_rule_says(sandbox):
         sandbox.click(mx, my)
         expect = shot.to_screen(mx, my)
         assert expect == (min(round(mx * 2.5 + 1e-9), 1599), min(int(my * 2.5 + 0.5), 999))
-        press = _wait(lambda: _presses_after(sandbox, mark), "the click")[0]
+        press = wait(lambda: _presses_after(sandbox, mark), "the click")[0]
         assert (press["x"], press["y"]) == expect
 
 
@@ -84,7 +69,7 @@ def test_a_crop_is_a_zoom_at_full_resolution(sandbox):
     assert (shot.width, shot.height) == (200, 100) and shot.frame == (800, 500, 200, 100)
     mark = len(_events(sandbox))
     sandbox.click(10, 20)
-    press = _wait(lambda: _presses_after(sandbox, mark), "the click")[0]
+    press = wait(lambda: _presses_after(sandbox, mark), "the click")[0]
     assert (press["x"], press["y"]) == (810, 520)
 
 
@@ -100,7 +85,7 @@ def test_bad_input_is_refused_with_nothing_sent_and_the_sandbox_stays_usable(san
     with pytest.raises(DriverError):
         sandbox.actions([{"type": "teleport", "x": 1, "y": 1}])
     sandbox.move(320, 200)  # usable: the next call goes through
-    moved = _wait(lambda: [e for e in _events(sandbox)[mark:] if e["type"] == "MotionNotify"], "the move")
+    moved = wait(lambda: [e for e in _events(sandbox)[mark:] if e["type"] == "MotionNotify"], "the move")
     assert (moved[-1]["x"], moved[-1]["y"]) == (800, 500)
     assert _presses_after(sandbox, mark) == [] and len(moved) >= 1
 
@@ -115,12 +100,12 @@ def test_a_confirmed_action_waits_for_the_approver(sandbox, answers):
         sandbox.double_click(100, 100)
     assert answers["asked"] and answers["asked"][-1].kind == "action"
     sandbox.move(1, 1)  # a sentinel: every event before it is logged once it is
-    _wait(lambda: [e for e in _events(sandbox)[mark:] if e["type"] == "MotionNotify" and e["x"] in (2, 3)], "move")
+    wait(lambda: [e for e in _events(sandbox)[mark:] if e["type"] == "MotionNotify" and e["x"] in (2, 3)], "move")
     assert _presses_after(sandbox, mark) == []  # the denied double click reached nothing
     answers["verdict"] = True
     mark = len(_events(sandbox))
     sandbox.double_click(100, 100)
-    presses = _wait(lambda: len(_presses_after(sandbox, mark)) >= 2 and _presses_after(sandbox, mark), "2 presses")
+    presses = wait(lambda: len(_presses_after(sandbox, mark)) >= 2 and _presses_after(sandbox, mark), "2 presses")
     assert {(p["x"], p["y"]) for p in presses} == {(250, 250)}
 
 
@@ -136,7 +121,7 @@ def test_the_async_form_drives_the_same_sandbox(sandbox):
 
     shot, mark = asyncio.run(go())
     assert (shot.width, shot.height) == (320, 200)
-    press = _wait(lambda: _presses_after(sandbox, mark), "the click")[0]
+    press = wait(lambda: _presses_after(sandbox, mark), "the click")[0]
     assert (press["x"], press["y"]) == (160, 100)
 
 
