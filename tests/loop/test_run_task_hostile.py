@@ -160,13 +160,15 @@ def test_no_text_from_the_model_the_guest_or_the_gateway_reaches_the_console_raw
     from rich.console import Console
 
     from tests.controller.hostile_text import EVIL, assert_shown_safely
+    from wire.actions import MAX_KEY_NAME_CHARS
 
     turns = [{"actions": [{"type": "click", "x": 5, "y": 5, "button": "left"}],
               "pending_safety_checks": [{"id": "sc_1", "code": EVIL, "message": EVIL}]}]
     if last == "message":
         turns.append({"message": EVIL})
     else:
-        turns.append({"actions": [{"type": "keypress", "keys": [EVIL]}]})
+        # a key name as long as the schema takes, holding both ends of EVIL (the guest refuses it: unknown_key)
+        turns.append({"actions": [{"type": "keypress", "keys": [EVIL[:MAX_KEY_NAME_CHARS - 16] + EVIL[-16:]]}]})
     task = _task(checks=[FileCheck(kind="file", path="~/Documents/page.txt", match="text", value="x")])
     out = io.StringIO()
     with _HostileSandbox() as sb:
