@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from desktop_sandbox._sandbox import Button, RunResult, Sandbox, Screenshot, _action_list
+from wire.actions import ACTION_TYPES
 
 
 class AsyncSandbox:
@@ -137,3 +138,7 @@ class AsyncSandbox:
     async def fork(self, count: int = 1, **kwargs: Any) -> list["AsyncSandbox"]:
         """:meth:`Sandbox.fork`: each fork an :class:`AsyncSandbox`."""
         return [AsyncSandbox(s) for s in await self._do(self.sync.fork, count, **kwargs)]
+
+
+assert all(callable(getattr(AsyncSandbox, kind, None)) for kind in ACTION_TYPES), \
+    "every action of the schema (wire.actions) is a method of AsyncSandbox"

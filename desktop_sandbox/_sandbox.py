@@ -15,6 +15,7 @@ from controller.run.driver import DriverError, ScreenshotPolicy, SentScreenshot
 from controller.run.runner import RunOptions
 from controller.run.tasks import CHECKS_OPTIONAL, Task, TaskError, load_task
 from controller.text import clean
+from wire.actions import ACTION_TYPES
 
 Button = Literal["left", "right", "wheel", "back", "forward"]
 """A mouse button as computer-use models name it (``wheel``: the middle button)."""
@@ -643,5 +644,8 @@ def _quiet_console() -> Any:
 
     return Console(quiet=True)
 
+
+assert all(callable(getattr(Sandbox, kind, None)) for kind in ACTION_TYPES), \
+    "every action of the schema (wire.actions) is a method of Sandbox"
 
 __all__ = ["ActionDenied", "ApprovalRequest", "RunResult", "Sandbox", "SandboxClosed", "Screenshot"]

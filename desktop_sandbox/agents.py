@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
         from exc
 
 from desktop_sandbox._async import AsyncSandbox
+from wire.actions import ACTION_TYPES
 from desktop_sandbox._sandbox import Sandbox, Screenshot
 
 ENVIRONMENT = "ubuntu"
@@ -155,5 +156,8 @@ class AsyncDesktopComputer(_Shape, AsyncComputer):
     async def drag(self, path: list[tuple[int, int]], *, keys: list[str] | None = None) -> None:
         await self.sandbox.actions([_action("drag", path=[{"x": x, "y": y} for x, y in path], keys=keys)])
 
+
+assert all(callable(getattr(c, kind, None)) for c in (DesktopComputer, AsyncDesktopComputer) for kind in ACTION_TYPES), \
+    "every action of the schema (wire.actions) is a method of both computers"
 
 __all__ = ["AsyncDesktopComputer", "DesktopComputer", "ENVIRONMENT"]

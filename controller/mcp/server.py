@@ -32,7 +32,7 @@ from controller.mcp.elicit import Elicitor
 from controller.mcp.session import CallAbandoned, McpSession, SessionClosed, SessionHub, SessionsFull
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
-from wire.actions import MAX_CHORD_KEYS, MAX_PATH_POINTS, MAX_SCROLL_PX, MAX_TEXT_CHARS, KeyName
+from wire.actions import ACTION_TYPES, MAX_CHORD_KEYS, MAX_PATH_POINTS, MAX_SCROLL_PX, MAX_TEXT_CHARS, KeyName
 
 log = logging.getLogger(__name__)
 
@@ -475,3 +475,4 @@ def _task_path(workdir: Path, given: str) -> Path:
 TOOLS = ("screenshot", "click", "double_click", "move", "scroll", "drag", "keypress", "type", "wait", "launch",
          "read_file", "run_task")
 """The server's tools, in the order it lists them."""
+assert set(ACTION_TYPES) <= set(TOOLS), "every action of the schema (wire.actions) is a tool"
