@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -40,6 +40,7 @@ import httpx
 
 from controller.agent_transport import AgentTransport, TransportError
 from controller.model.errors import DesktopSandboxError
+from controller.redaction import Redactor, image_boxes, paint
 from controller.text import clean
 
 from guest.files import DEFAULT_MAX_BYTES as _AGENT_FILE_MAX_BYTES
@@ -96,7 +97,9 @@ class AgentScreenshot:
     """An image from ``GET /v1/screenshot``.
 
     ``data`` bytes, ``mime`` type, ``screen_size`` (W, H) screen px, ``frame`` (x, y, w, h) the
-    captured region in screen px, ``image_size`` (w, h) of the image in image px.
+    captured region in screen px, ``image_size`` (w, h) of the image in image px, ``redacted``: the
+    held regions (screen px boxes, :mod:`controller.redaction`) filled in ``data`` before it left
+    the client.
     """
 
     data: bytes
@@ -104,6 +107,7 @@ class AgentScreenshot:
     screen_size: tuple[int, int]
     frame: tuple[int, int, int, int]
     image_size: tuple[int, int]
+    redacted: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def screenshot_cap(max_width: int | None = None, max_height: int | None = None,
@@ -203,6 +207,9 @@ class AgentClient:
         if max_file_bytes < 1:
             raise ValueError(f"max_file_bytes must be at least 1, got {max_file_bytes!r}")
         self.base_url = base_url.rstrip("/")
+        self.redactor = Redactor()
+        """The regions of this agent's screen kept out of every picture this client returns
+        (:mod:`controller.redaction`); whoever makes a new client for the same sandbox hands it on."""
         parts = urlsplit(self.base_url)
         try:
             port = parts.port or 80
@@ -350,8 +357,38 @@ class AgentClient:
         than the request allows (:func:`screenshot_bounds`), else ``bad_response``.
         """
         params = {"format": format, **self._screenshot_params(quality, max_width, max_height, crop)}
+        since = self.redactor.mark()
         answer = self._request("GET", "/v1/screenshot", screenshot_cap(max_width, max_height, crop), params=params)
-        return self._shot(answer, "GET /v1/screenshot", max_width, max_height, crop)
+        return self._redact(self._shot(answer, "GET /v1/screenshot", max_width, max_height, crop), since)
+
+    def _redact(self, shot: AgentScreenshot, since: float) -> AgentScreenshot:
+        """``shot`` with every region held since ``since`` filled (:mod:`controller.redaction`);
+        ``bad_response`` when the picture cannot be decoded to fill it (it is then never returned)."""
+        x, y, w, h = shot.frame  # the frame shown is on the screen, whatever size the answer says it has
+        boxes = self.redactor.boxes(since, (max(shot.screen_size[0], x + w), max(shot.screen_size[1], y + h)))
+        if not boxes:
+            return shot
+        inside = image_boxes(boxes, shot.frame, shot.image_size)
+        try:
+            data = paint(shot.data, shot.mime, inside, size=shot.image_size)
+        except ValueError as exc:
+            raise AgentError(0, "bad_response", f"screenshot: {clean(exc, MAX_GUEST_TEXT)}") from None
+        return replace(shot, data=data, redacted=tuple(boxes))
+
+    def focus_box(self) -> tuple[int, int, int, int] | None:
+        """``GET /v1/focus``: the box (x, y, width, height, screen px) of the top-level window holding the X
+        input focus, None when none does. Answer capped at :data:`JSON_MAX_BYTES`; a box that is not four
+        integers with a positive size is ``bad_response``."""
+        what = "GET /v1/focus"
+        body = _json(self._request("GET", "/v1/focus", JSON_MAX_BYTES), what)
+        box = body.get("box") if isinstance(body, dict) else "?"
+        if box is None:
+            return None
+        if (not isinstance(box, list) or len(box) != 4 or any(isinstance(v, bool) or not isinstance(v, int) for v in box)
+                or box[0] < 0 or box[1] < 0 or box[2] < 1 or box[3] < 1 or max(box) > MAX_SCREEN_PX):
+            raise AgentError(0, "bad_response", f"{what}: 'box' must be [x, y, width, height] in screen px, "
+                                                f"got {clean(repr(box), 80)}")
+        return box[0], box[1], box[2], box[3]
 
     def actions_screenshot(self, actions: Sequence[dict[str, Any]], format: str = "png",
                            quality: int | None = None, max_width: int | None = None,
@@ -371,6 +408,7 @@ class AgentClient:
         """
         what = "POST /v1/actions?screenshot"
         params = {"screenshot": format, **self._screenshot_params(quality, max_width, max_height, crop)}
+        since = self.redactor.mark()
         answer = self._request("POST", "/v1/actions", screenshot_cap(max_width, max_height, crop), params=params,
                                json_body=_actions_body(actions, expect_screen))
         if "X-Executed" not in answer.headers and answer.body[:1] == b"{":
@@ -386,7 +424,7 @@ class AgentClient:
             raise AgentError(0, "bad_response", f"{what}: header X-Settled is malformed "
                                                 f"({clean(repr(raw_settled), 60)})")
         settled = _SETTLED[raw_settled] if raw_settled is not None else None
-        return AgentStep(executed, settled, self._shot(answer, what, max_width, max_height, crop))
+        return AgentStep(executed, settled, self._redact(self._shot(answer, what, max_width, max_height, crop), since))
 
     def replace_token(self, new: str) -> None:
         """Tell the agent to accept only ``new`` as its bearer token from now on (``POST /v1/token``;

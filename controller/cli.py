@@ -172,7 +172,8 @@ def down(
                                                                   f"{BACKEND_HELP}"),
 ) -> None:
     """Remove sandboxes: the given ids, or with --all every sandbox of every backend (only what also
-    carries each --label, when given), and their token files. Exit 2 when a given id names no sandbox
+    carries each --label, when given), and their token files (with --all also those whose sandbox is
+    gone, e.g. reaped by another start after its owner died). Exit 2 when a given id names no sandbox
     (nothing of it was found), or when no backend could be asked."""
     down_command(sandbox_ids, all_=all_, label=label, backend=backend)
 
@@ -192,7 +193,7 @@ def run_task_cmd(
         [], "--approve-safety-check", help="Approve pending safety checks with this code unattended (repeatable; logged)."),
     approve_origin: list[str] = typer.Option(
         [], "--approve-origin", help="Approve the gateway's origin requests for this origin (scheme://host[:port]) "
-                                     "unattended, for a task whose [network] mode is \"ask\" (repeatable; logged)."),
+                                     "unattended, for a task whose \\[network] mode is \"ask\" (repeatable; logged)."),
     confirm_actions: str = typer.Option("", help="Ask before these action types, e.g. type,keypress."),
     step: bool = typer.Option(False, "--step", help="Ask before every action."),
     runs_dir: Path = typer.Option(Path("runs"), help="Where run records go."),
@@ -203,7 +204,7 @@ def run_task_cmd(
                                            help="Seconds a question (safety check, confirmation) waits for an "
                                                 "answer before it is denied."),
     runner: str = typer.Option("sdk", "--runner", help="The model loop: sdk (the openai SDK's ComputerToolset) or "
-                                                       "agent-framework (an Agent Framework agent; needs the [af] extra)."),
+                                                       "agent-framework (an Agent Framework agent; needs the \\[af] extra)."),
     arch: str = typer.Option("", "--arch", help=ARCH_HELP),
     sign_in: Optional[Path] = typer.Option(
         None, "--sign-in", help="Answer the agent's browser's sign-in requests from this TOML file of origin -> "
@@ -215,6 +216,14 @@ def run_task_cmd(
         False, "--record-typed-text", help="Keep the text the model (or a person taking over) typed in the run "
                                            "record, so that `replay` can type it again; off by default (typed "
                                            "text may hold secrets)."),
+    record_web: bool = typer.Option(
+        False, "--record-web", help="Keep the plain-HTTP responses the policy let through in runs/<id>/web (no "
+                                    "request body, nothing sent with a cookie; HTTPS is never recorded), so that "
+                                    "`replay --offline-web` serves them instead of fetching."),
+    video: bool = typer.Option(
+        False, "--video", help="Record a video of the run, runs/<id>/run.webm (WebM: the screen at 2 frames a "
+                               "second with the model's actions drawn on it), played in the HTML report and the "
+                               "console; the task's \\[record] video = true does the same."),
     pool: Optional[Path] = typer.Option(
         None, "--pool", envvar="DESKTOP_SANDBOX_POOL",
         help="Claim the sandbox from the warm pool whose claim socket this is (`up --pool N` prints it; "
@@ -243,7 +252,8 @@ def run_task_cmd(
              legacy=legacy, approve_safety_check=approve_safety_check, approve_origin=approve_origin,
              confirm_actions=confirm_actions, step=step, runs_dir=runs_dir, backend=backend, ui=ui,
              approval_timeout=approval_timeout, runner=runner, arch=arch, opener=sandbox_opener, sign_in=sign_in,
-             attach_network=attach_network, record_typed_text=record_typed_text, pool=pool)
+             attach_network=attach_network, record_typed_text=record_typed_text, pool=pool,
+             record_web=record_web, video=video)
 
 
 @app.command()
@@ -269,7 +279,9 @@ def replay(
     backend: str = typer.Option(DEFAULT_BACKEND, "--backend", help=BACKEND_HELP),
     runs_dir: Path = typer.Option(Path("runs"), help="Where the replay's run record goes."),
     write_task: Optional[Path] = typer.Option(None, "--write-task", help="Also save the replay as this task file, "
-                                              "its offline script beside it (for run-suite)."),
+                                              "its offline script beside it and, when the recorded run kept its "
+                                              "web origins, their recording as the folder STEM.web (its "
+                                              "\\[offline] web), for run-suite; the folder is made if missing."),
     attach_network: list[str] = typer.Option(
         [], "--attach-network", help="Docker network the sandbox's gateway also joins (as for run-task)."),
     tolerance: int = typer.Option(16, "--tolerance", min=0, max=255,
@@ -287,7 +299,12 @@ def replay(
     step_timeout: Optional[float] = typer.Option(
         None, "--step-timeout", min=1.0, max=3600.0, show_default=False,
         help="Seconds a step waits for the screen to match before it diverges, times the sandbox's slowness "
-             "factor [default: 30]."),
+             "factor \\[default: 30]."),
+    offline_web: bool = typer.Option(
+        False, "--offline-web", help="Serve the pages the recorded run fetched (its runs/<id>/web, `run-task "
+                                     "--record-web`) instead of fetching them: what it lacks is denied, nothing "
+                                     "goes to the network."),
+    video: bool = typer.Option(False, "--video", help="Record a video of the replay, as for run-task."),
 ) -> None:
     """Replay a recorded run on a fresh sandbox as a regression test, without a model or an API key.
 
@@ -309,7 +326,7 @@ def replay(
     replay_run(run, image_tag=image_tag, backend=backend, runs_dir=runs_dir, write_task_to=write_task,
                opener=sandbox_opener, attach_network=attach_network, tolerance=tolerance, max_changed=max_changed,
                approve_safety_check=approve_safety_check, sign_in=sign_in, approval_timeout=approval_timeout,
-               step_timeout=step_timeout)
+               step_timeout=step_timeout, offline_web=offline_web, video=video)
 
 
 @app.command()
@@ -358,6 +375,11 @@ def bench(ctx: typer.Context) -> None:
     With --agents-api first: the local Agents API (controller.agents_api.bench): session create to first
     screenshot event, and each step's screenshot from the guest to the SSE event, beside run-task's own
     step time (--steps 20, --sessions 3, --image TAG, --runs-dir DIR, --json FILE).
+
+    With --video first: what a run's video costs (controller.bench_video): each grab a video may take (JPEG,
+    the console's path, and PNG) on one sandbox, then the pickup run by run-task without and with --video,
+    interleaved: wall time medians and their ratio, the frame rate measured (--runs 5, --grabs 40, --task
+    FILE, --image TAG, --runs-dir DIR, --json FILE). Exit 0 when the video keeps the run within 15%.
     """
     args = list(ctx.args)
     if args[:1] == ["--suite"]:
@@ -376,6 +398,10 @@ def bench(ctx: typer.Context) -> None:
         from controller.agents_api.bench import main as agents_main
 
         report = agents_main(args[1:])
+    elif args[:1] == ["--video"]:
+        from controller.bench_video import main as video_main
+
+        report = video_main(args[1:])
     else:
         from controller.bench import main as bench_main
 
@@ -402,6 +428,8 @@ def run_suite_cmd(
                                        help="Keep N sandboxes per task template warm while the suite runs (auto: "
                                             "what this host's memory holds, at most 4); each run claims one (an "
                                             "empty pool: a cold start)."),
+    video: bool = typer.Option(False, "--video", help="Record a video of every run (run-task --video): "
+                                                      "runs/<id>/run.webm beside each record."),
 ) -> None:
     """Run task files, each --repeat times in a fresh sandbox, at most --parallel at once; report.
 
@@ -419,7 +447,7 @@ def run_suite_cmd(
     """
     run_suite(paths, parallel=parallel, repeat=repeat, backend=backend, image_tag=image_tag, live=live,
               model=model, runs_dir=runs_dir, json_out=json_out, junit_out=junit_out, run_timeout=run_timeout,
-              pool=pool_size(pool) if pool is not None else 0)
+              pool=pool_size(pool) if pool is not None else 0, video=video)
 
 
 @app.command()

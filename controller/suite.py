@@ -132,6 +132,7 @@ class SuiteOptions:
     """How to run a suite. ``parallel``: most runs at once (>= 1); ``runs_dir``: where the records and
     the suite's folder go; ``backend`` / ``image`` / ``live`` / ``model``: passed to each ``run-task``
     (None: its default); ``run_timeout_s``: seconds one run may take before it is cancelled (SIGTERM);
+    ``video``: each run records its video (``run-task --video``);
     ``cli``: the command line of ``desktop-sandbox`` (argv prefix; default this interpreter with ``-m
     controller.cli``); ``env``: extra environment variables."""
 
@@ -142,6 +143,7 @@ class SuiteOptions:
     live: bool | None = None
     model: str | None = None
     run_timeout_s: float = 900.0
+    video: bool = False
     cli: list[str] = field(default_factory=lambda: [sys.executable, "-m", "controller.cli"])
     env: dict[str, str] = field(default_factory=dict)
 
@@ -195,6 +197,8 @@ def run_command(planned: PlannedRun, options: SuiteOptions) -> list[str]:
         argv.append("--live" if options.live else "--offline")
     if options.model:
         argv += ["--model", options.model]
+    if options.video:
+        argv.append("--video")
     return argv
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 from controller.run.attended import ActionDenied, AttendedRun, AttendedRunError
 from controller.run.driver import DriverError, ScreenshotPolicy, SentScreenshot
 from controller.run.runner import RunOptions
+from controller.run.video import VideoSettings
 from controller.run.tasks import CHECKS_OPTIONAL, Task, TaskError, load_task
 from controller.text import clean
 from wire.actions import ACTION_TYPES
@@ -195,7 +196,8 @@ class Sandbox:
               step: bool = False, approver: Approver | None = None, approval_timeout_s: float | None = 300.0,
               runs_dir: str | Path = "runs", ready_timeout_s: float = 90.0, start_timeout_s: float = 180.0,
               runner: str = "python", client: str | None = None, approver_name: str = "approver",
-              writable: Sequence[str] = (), options: Mapping[str, Any] | None = None) -> "Sandbox":
+              writable: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+              video: bool = False) -> "Sandbox":
         """Start (or claim) a sandbox and return it ready: the task's apps launched, a stable screen.
 
         ``backend``: ``docker`` | ``vm`` (:mod:`controller.sandbox.registry`); ``task``: a task file or
@@ -214,7 +216,9 @@ class Sandbox:
         ``approval_timeout_s``: seconds a question waits; ``approver_name``: who the record says answered
         (``by``; the MCP server's is ``mcp``); ``writable``: guest folders under the home that
         :meth:`write_file` may write in (``["~/inbox"]``; default none); ``runs_dir``: where records go; ``options``:
-        fields of the backend's options to set (``DockerOptions``: ``apps_file``, ``extra_labels``, ...).
+        fields of the backend's options to set (``DockerOptions``: ``apps_file``, ``extra_labels``, ...);
+        ``video``: record a video of the run, ``<runs_dir>/<run id>/run.webm`` (``controller.run.video``:
+        2 frames a second, the actions drawn on them), finished when the run ends.
 
         Raises :class:`controller.sandbox.BackendUnavailable` (no Docker, no QEMU),
         :class:`controller.run.tasks.TaskError` for a bad task, policy, screen, app entry or
@@ -234,7 +238,8 @@ class Sandbox:
         except KeyError as exc:
             raise SandboxError(str(exc.args[0] if exc.args else exc)) from None
         run_options = RunOptions(runs_dir=Path(runs_dir), confirm_actions=confirm, step=bool(step),
-                                 approval_timeout_s=approval_timeout_s, ready_timeout_s=ready_timeout_s)
+                                 approval_timeout_s=approval_timeout_s, ready_timeout_s=ready_timeout_s,
+                                 video=VideoSettings() if video else None)
         backend_options = backend_cls.make_options(image=image)
         if options:
             try:

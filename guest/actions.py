@@ -54,8 +54,8 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from wire.actions import (ACTION_ADAPTER, ACTION_TYPES, MAX_PATH_POINTS, MAX_TEXT_CHARS, BaseAction, Type, Wait,
-                          first_outside)
+from wire.actions import (ACTION_ADAPTER, ACTION_TYPES, MAX_PATH_POINTS, MAX_TEXT_CHARS, MODELS, BaseAction, Type,
+                          Wait, first_outside)
 from wire.screen_match import ScreenBinding, as_encoded, compare_crops
 
 from . import keys as keynames
@@ -153,9 +153,8 @@ def prepare(raw_actions: Any, screen: tuple[int, int]) -> list[Prepared]:
     return out
 
 
-QUICK_TYPES = frozenset({"click", "double_click", "move", "scroll", "keypress", "screenshot"})
-"""Action types that send a bounded handful of X requests: no ``wait``, ``type`` (up to
-:data:`MAX_TEXT_CHARS` keys) or ``drag`` (up to :data:`MAX_PATH_POINTS` points, each interpolated)."""
+QUICK_TYPES = frozenset(kind for kind, model in MODELS.items() if model.quick)
+"""Action types that send a bounded handful of X requests (``wire.actions.BaseAction.quick``)."""
 QUICK_MAX_ACTIONS = 8
 """Most actions in a request :func:`quick` accepts."""
 

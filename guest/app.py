@@ -280,6 +280,17 @@ def create_app(config: AgentConfig) -> FastAPI:
             raise ActionError(409, "busy", "the X connection stayed busy") from None
         return {"width": info.width, "height": info.height, "depth": info.depth}
 
+    @app.get("/v1/focus", dependencies=auth)
+    def focus() -> dict[str, Any]:
+        """``{"box": [x, y, width, height] | null}``: screen px of the top-level window holding the X
+        input focus (where typed keys go), cut to the screen; null when no window has it. 503 when the
+        X server is gone."""
+        try:
+            box = conn.focus_box(timeout=config.busy_timeout)
+        except TimeoutError:
+            raise ActionError(409, "busy", "the X connection stayed busy") from None
+        return {"box": list(box) if box is not None else None}
+
     def shoot(q: Any, fmt: str) -> Callable[[], Shot]:
         """The capture a screenshot query ``q`` asks for (``fmt``: its format), its parameters checked
         now (BadCapture), the grab and encode done when the returned callable runs."""

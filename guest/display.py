@@ -146,6 +146,40 @@ class DisplayConnection:
         finally:
             self._lock.release()
 
+    def focus_box(self, timeout: float = -1) -> tuple[int, int, int, int] | None:
+        """The box ``(x, y, width, height)`` in screen px of the top-level window that holds the X input
+        focus (the window keys typed now reach), cut to the screen; None when the focus is on no window
+        (the root, ``None``, ``PointerRoot``) or the window is gone.
+
+        Raises:
+            DisplayUnavailable: the server cannot be reached.
+            TimeoutError: the connection stayed busy for ``timeout`` seconds.
+        """
+        with self.session(timeout) as dpy:
+            root = dpy.screen().root
+            window = dpy.get_input_focus().focus
+            if not hasattr(window, "query_tree") or window.id == root.id:
+                return None
+            try:
+                for _ in range(64):  # a top-level window is a child of the root; the tree is never deeper
+                    parent = window.query_tree().parent
+                    if parent is None or parent.id == root.id:
+                        break
+                    window = parent
+                geometry = window.get_geometry()
+                origin = window.translate_coords(root, 0, 0)
+            except Xlib.error.XError:
+                return None  # the window went away between the calls
+            info = self._info
+            assert info is not None
+            x, y = -int(origin.x), -int(origin.y)
+            left, top = max(0, x), max(0, y)
+            right = min(info.width, x + int(geometry.width) + 2 * int(geometry.border_width))
+            bottom = min(info.height, y + int(geometry.height) + 2 * int(geometry.border_width))
+            if right <= left or bottom <= top:
+                return None
+            return left, top, right - left, bottom - top
+
     def info(self, timeout: float = -1) -> ScreenInfo:
         """Screen geometry, verified with a round trip so a dead server is noticed.
 

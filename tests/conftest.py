@@ -23,7 +23,7 @@ exercised (tests/browser_conformance/conftest.py)."""
 
 
 SLOW_FIRST = ("tests/vm/", "tests/docker/", "tests/audit/", "tests/console/", "tests/suite/", "tests/agents_api/",
-              "tests/mcp/", "tests/python_api/", "tests/agents_sdk/", "tests/loop/", "tests/af/")
+              "tests/mcp/", "tests/python_api/", "tests/agents_sdk/", "tests/loop/", "tests/af/", "tests/video/")
 """The folders whose modules start sandboxes, the longest first: run before the rest, so that on
 several workers the quick modules fill in at the end (tests/vm first: one worker runs all of it)."""
 

@@ -48,8 +48,9 @@ function the caller gives (the controller passes ``controller.text.clean``, the 
 rule that escapes control characters): this package imports nothing from the controller, and the
 guest never describes actions.
 
-Adding an action type: a model here (with its ``example``), listed in :data:`ACTION_MODELS`, and the
-guest executor's handler (``guest.actions.Executor._do_<type>``).
+Adding an action type: a model here (with its ``example``, and ``quick`` / ``by_person`` when they differ
+from the defaults: the guest's fast path and what a person may send derive from them), listed in
+:data:`ACTION_MODELS`, and the guest executor's handler (``guest.actions.Executor._do_<type>``).
 
 Over 400 lines: this is the one home of the action vocabulary -- the models, both reading forms, the
 descriptions and the rendered reference -- so that nothing else defines an action.
@@ -96,6 +97,13 @@ class BaseAction(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     example: ClassVar[dict[str, Any]]
+    quick: ClassVar[bool] = False
+    """Runs in a bounded handful of X requests (a click: about 0.3 ms on an idle server): not a ``wait``,
+    nor text to type (up to :data:`MAX_TEXT_CHARS` keys) or a path to drag (up to :data:`MAX_PATH_POINTS`
+    points, each interpolated). The guest's fast path (``guest.actions.quick``) takes only these."""
+    by_person: ClassVar[bool] = True
+    """A person may send it from a view (the console's take-over, a replayed person's actions); not the
+    loop's own ``wait`` and ``screenshot``."""
 
     def points(self) -> list[tuple[int, int]]:
         """The points this action touches, ``[(x, y), ...]`` in the sender's px: ``(x, y)`` when
@@ -137,6 +145,7 @@ class Click(BaseAction):
     button: Button = Field("left", json_schema_extra=_MODEL_REQUIRED)
     keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "click", "x": 10, "y": 20, "button": "left"}
+    quick: ClassVar[bool] = True
 
 
 class DoubleClick(BaseAction):
@@ -147,6 +156,7 @@ class DoubleClick(BaseAction):
     y: StrictInt
     keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "double_click", "x": 10, "y": 20}
+    quick: ClassVar[bool] = True
 
 
 class Drag(BaseAction):
@@ -164,6 +174,7 @@ class Keypress(BaseAction):
     type: Literal["keypress"]
     keys: list[KeyName] = Field(min_length=1, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "keypress", "keys": ["shift"]}
+    quick: ClassVar[bool] = True
 
 
 class Move(BaseAction):
@@ -174,6 +185,7 @@ class Move(BaseAction):
     y: StrictInt
     keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "move", "x": 10, "y": 20}
+    quick: ClassVar[bool] = True
 
 
 class Scroll(BaseAction):
@@ -186,6 +198,7 @@ class Scroll(BaseAction):
     scroll_y: StrictInt = Field(0, ge=-MAX_SCROLL_PX, le=MAX_SCROLL_PX, json_schema_extra=_MODEL_REQUIRED)
     keys: list[KeyName] | None = Field(None, max_length=MAX_CHORD_KEYS)
     example: ClassVar[dict[str, Any]] = {"type": "scroll", "x": 10, "y": 20, "scroll_x": 0, "scroll_y": 100}
+    quick: ClassVar[bool] = True
 
 
 class Type(BaseAction):
@@ -201,6 +214,7 @@ class Wait(BaseAction):
 
     type: Literal["wait"]
     example: ClassVar[dict[str, Any]] = {"type": "wait"}
+    by_person: ClassVar[bool] = False
 
 
 class Screenshot(BaseAction):
@@ -208,6 +222,8 @@ class Screenshot(BaseAction):
 
     type: Literal["screenshot"]
     example: ClassVar[dict[str, Any]] = {"type": "screenshot"}
+    quick: ClassVar[bool] = True
+    by_person: ClassVar[bool] = False
 
 
 ACTION_MODELS: tuple[type[BaseAction], ...] = (Click, DoubleClick, Drag, Keypress, Move, Scroll, Type, Wait,

@@ -4,6 +4,7 @@ only those carrying labels) and their token files."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -43,16 +44,21 @@ def down(sandbox_ids: list[str], *, all_: bool, label: list[str], backend: Optio
     with signals_deferred(redeliver=False) as noted:
         _remove(classes, all_, wanted, sandbox_ids or [], removed, found, unavailable)
         unknown = [sid for sid in sandbox_ids or [] if sid not in found and not token_path(sid).exists()]
+        kept: list[str] = []
         for sid in (sandbox_ids or []) + sorted(found):
-            token_path(sid).unlink(missing_ok=True)
+            _drop_token(token_path(sid), kept)
         if all_ and not wanted and backend is None:
             for path in token_path("x").parent.glob("*.token"):
-                path.unlink(missing_ok=True)
+                _drop_token(path, kept)
+        elif all_:
+            _remove_stale_tokens(classes, kept)
     if len(unavailable) == len(classes):
         refuse("; ".join(unavailable))
     for line in unavailable:  # the other backends were asked; this one could not be
         say(f"skipped {line}")
     say(f"removed {len(removed)}: " + (", ".join(removed) if removed else "nothing"), 100_000)
+    for line in kept:
+        say(f"kept {line}")
     if noted:
         say(f"interrupted ({signal.Signals(noted[0]).name}) after the removal finished")
         raise typer.Exit(130)
@@ -60,6 +66,38 @@ def down(sandbox_ids: list[str], *, all_: bool, label: list[str], backend: Optio
         # A mistyped id must not pass as done: nothing of it existed.
         refuse(f"no sandbox {', '.join(clean(s, 40) for s in unknown)} (see `docker ps -a --filter "
                f"label=desktop-sandbox.sandbox`, or `ls -d /tmp/desktop-sandbox-vm-*`)")
+
+
+def _drop_token(path: Path, kept: list[str]) -> None:
+    """Remove the token file ``path`` (gone already: nothing to do). What cannot be removed (a directory
+    or anything else someone put under that name, a file of another user) is kept and said in ``kept``,
+    never a traceback: the sandboxes are removed either way."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        kept.append(f"{clean(str(path), 300)}: {clean(exc.strerror or exc, 100)} (not removed)")
+
+
+def _remove_stale_tokens(classes: list[Any], kept: list[str]) -> None:
+    """Token files of sandboxes that no longer exist, of the backends in ``classes``: a sandbox ``up``
+    left when it was killed can be reaped by another process's start (its owner provably dead) before
+    ``down --all --label ...`` comes, and its token file must not stay behind naming nothing. The files
+    are listed before the backends are asked (``up`` writes one only once its sandbox exists); a backend
+    that cannot be asked keeps its files."""
+    from controller.sandbox import SANDBOX_ID, BackendUnavailable
+
+    tokens = [path for path in token_path("x").parent.glob("*.token") if SANDBOX_ID.fullmatch(path.stem)]
+    for cls in classes:
+        mine = [path for path in tokens if path.stem.startswith(cls.id_prefix)]
+        if not mine:
+            continue
+        try:
+            alive = cls.list_all()
+        except BackendUnavailable:
+            continue
+        for path in mine:
+            if path.stem not in alive:
+                _drop_token(path, kept)
 
 
 def _remove(classes: list[Any], all_: bool, wanted: dict[str, str], sandbox_ids: list[str], removed: list[str],

@@ -3,11 +3,15 @@
 through the normal loop, its questions asked as any run's and what the recorded run was refused refused
 again by :class:`controller.run.replay.ReplayAnswers`), then a per-step table -- matched / diverged /
 denied / not reached -- and the task's checks. ``--write-task FILE`` keeps the replay as a task file with
-its offline script, for ``run-suite``."""
+its offline script (and the recorded web origins, when the record has them), for ``run-suite``;
+``--offline-web`` serves the recorded run's web origins instead of fetching (:mod:`controller.run.web`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
+import os
 import re
 import sys
 import tempfile
@@ -122,19 +126,89 @@ def step_states(replay: Any, entries: list[dict[str, Any]]) -> list[tuple[str, s
     return states
 
 
-def write_task(replay: Any, script: Path, destination: Path) -> Path:
+RECORD_WEB_KEY = re.compile(r"(?m)^[ \t]*(?:web|\"web\"|'web')[ \t]*=[^\n]*(?:\n|\Z)")
+"""A ``web = ...`` line (the key bare or quoted, a comment after the value included)."""
+RECORD_TABLE = re.compile(r"(?ms)^(\[[ \t]*record[ \t]*\][^\n]*\n)(.*?)(?=^[ \t]*\[|\Z)")
+"""The ``[record]`` table: its header line, then its body up to the next table header."""
+
+
+def without_record_web(text: str) -> str:
+    """``text`` (a task file's TOML) without the ``web`` key of its ``[record]`` table, every other line as
+    it was: a task that serves its ``[offline] web`` records nothing. Only the ``[record]`` table's own
+    ``web = ...`` line goes; a task that says it otherwise (``record = {web = true}``) keeps it, and its
+    run still serves rather than records (``[offline] web`` wins)."""
+    return RECORD_TABLE.sub(lambda m: m.group(1) + RECORD_WEB_KEY.sub("", m.group(2)), text)
+
+
+def task_destination(path: Path) -> Path:
+    """``--write-task FILE`` checked before anything starts: its folder made when missing (as
+    ``--runs-dir``, ``--json`` and ``--junit`` make theirs); refuses (exit 2, naming it) a FILE that is a
+    folder, or a folder that cannot be made or written. Returns ``path``."""
+    if path.is_dir():
+        refuse(f"--write-task {path}: that is a folder; name the task file to write in it (e.g. {path / 'task.toml'})")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as exc:
+        refuse(f"--write-task {path}: cannot write the task file in the folder {folder}: {exc.strerror or exc}")
+    return path
+
+
+def write_task(replay: Any, script: Path, destination: Path, web: Any = None) -> Path:
     """Write the recorded task as ``destination`` with its ``[offline]`` script replaced by the replay's
     (copied beside it as ``<stem>.offline.jsonl``): the task's own text, every other table as it was.
-    Returns the task path."""
+    ``web``: a verified web recording (:class:`controller.run.web.Recording`), copied beside it as
+    ``<stem>.web`` and named by the ``[offline]`` table's ``web``; the task's ``[record] web`` is dropped
+    then (:func:`without_record_web`). ``destination``'s folder must exist (:func:`task_destination`).
+    Returns the task path; raises OSError."""
     text = replay.task_source.read_text(encoding="utf-8")
     # Drop the task's [offline] table (its header up to the next table header), then add the replay's.
     text = re.sub(r"(?ms)^\[offline\][^\n]*\n.*?(?=^\[|\Z)", "", text).rstrip() + "\n"
+    if web is not None:  # served from its [offline] web, the task records nothing
+        text = without_record_web(text)
     name = f"{destination.stem}.offline.jsonl"
     (destination.parent / name).write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
-    header = (f"# A replay of {replay.record_dir}: every step expects the screen the model had when it chose it.\n"
-              f"# Run: desktop-sandbox run-task {destination} (the recorded task's own notes follow)\n")
-    destination.write_text(header + text + f'\n[offline]\nscript = "{name}"\n', encoding="utf-8")
+    header = (f"# A replay of {toml_string(str(replay.record_dir))}: every step expects the screen the model had "
+              f"when it chose it.\n# Run: desktop-sandbox run-task {toml_string(str(destination))} (the recorded "
+              f"task's own notes follow)\n")
+    offline = f"\n[offline]\nscript = {toml_string(name)}\n"
+    if web is not None:
+        from controller.run.web import copy_recording
+
+        folder = f"{destination.stem}.web"
+        copy_recording(web, destination.parent / folder)
+        offline += f"web = {toml_string(folder)}\n"
+    destination.write_text(header + text + offline, encoding="utf-8")
     return destination
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (quoted; quotes, backslashes and every control character escaped), so
+    a file or folder name can never end its line or its string early."""
+    return json.dumps(text, ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+def recorded_web(replay: Any, task: Any, offline_web: bool) -> Any:
+    """The web recording a replay serves (``offline_web``) or ``--write-task`` carries: the recorded run's
+    ``runs/<id>/web``, else -- for a run that served its task's ``[offline] web`` -- that one; verified
+    (:func:`controller.run.web.load_recording`). None when there is none and ``offline_web`` is off;
+    refuses (exit 2) one that does not verify, or ``offline_web`` without one."""
+    from controller.run.web import WEB_DIR, WebRecordingError, load_recording
+
+    folder = replay.record_dir / WEB_DIR
+    if not folder.exists():
+        folder = task.offline_web_path()
+    if folder is None:
+        if offline_web:
+            refuse(f"cannot replay {replay.record_dir} --offline-web: the recorded run kept no web recording "
+                   "(record it with `run-task --record-web` or the task's [record] web = true)")
+        return None
+    try:
+        return load_recording(folder)
+    except WebRecordingError as exc:
+        refuse(f"cannot replay {replay.record_dir}: its web recording is refused: {exc}")
 
 
 def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir: Path,
@@ -142,7 +216,7 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
                attach_network: Optional[list[str]] = None, tolerance: Optional[int] = None,
                max_changed: Optional[float] = None, approve_safety_check: Sequence[str] = (),
                sign_in: Optional[Path] = None, approval_timeout: float = 300.0, terminal: bool = True,
-               step_timeout: Optional[float] = None) -> None:
+               step_timeout: Optional[float] = None, offline_web: bool = False, video: bool = False) -> None:
     """Replay ``record`` (a run directory or its record.jsonl) on a fresh sandbox from
     ``opener(backend, image_tag)``, each step compared by the screen comparison rule with ``tolerance``
     and ``max_changed`` (None: the rule's defaults). Questions are asked as in any run: on the terminal
@@ -150,7 +224,9 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     requests answered from ``sign_in`` (run-task's ``--sign-in`` file), ``approval_timeout`` seconds each;
     each step waits up to ``step_timeout`` seconds for its screen (None: the replay's default);
     what the recorded run was refused is refused again, never asked
-    (:class:`controller.run.replay.ReplayAnswers`). Prints the per-step table and the checks; exits
+    (:class:`controller.run.replay.ReplayAnswers`); ``offline_web``: the gateway serves the recorded run's
+    web origins (:func:`recorded_web`) and fetches nothing; ``video``: record the replay's video (``--video``).
+    Prints the per-step table and the checks; exits
     0 when every step matched and the run passed, 1 otherwise (a run that ends refused as the recorded
     one did included), 2 when the record cannot be replayed or an option is refused, 130 cancelled."""
     from controller.offline.script import ScriptError, load_task_script
@@ -160,6 +236,7 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
     from controller.run.replay import ReplayAnswers, ReplayError, build
     from controller.run.bus import follow_entries
     from controller.run.runner import RunOptions, run_task
+    from controller.run.video import VideoSettings
     from controller.run.tasks import TaskError, load_task
 
     from wire.screen_match import MatchRule
@@ -193,8 +270,13 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
                "replay asks again, with nobody here to answer: pass --sign-in FILE (run-task's format) or replay "
                "on a terminal")
     writable_runs_dir(runs_dir)
+    if write_task_to is not None:
+        task_destination(write_task_to)
     if attach_network and backend != "docker":
         refuse("--attach-network needs the docker backend")
+    web = recorded_web(replay, task, offline_web) if offline_web or write_task_to is not None else None
+    if not offline_web and (replay.record_dir / "web").is_dir():
+        say("note: the recorded run kept its web origins; --offline-web serves them instead of fetching")
     answerers: list[ReplayAnswers] = []
 
     def answer_as_recorded(registry: Any, cancel_run: Callable[[str], None]) -> ReplayAnswers:
@@ -222,13 +304,19 @@ def replay_run(record: Path, *, image_tag: Optional[str], backend: str, runs_dir
             if refused:
                 refuse(f"--write-task: the recorded run was refused step {', '.join(map(str, sorted(refused)))}: a "
                        "task file cannot carry that refusal (its run would ask again); replay the record instead")
-            say(f"task written: {write_task(replay, script, write_task_to)}")
+            try:
+                written = write_task(replay, script, write_task_to, web)
+            except OSError as exc:
+                refuse(f"--write-task {write_task_to}: cannot write it: {exc.strerror or exc}")
+            say(f"task written: {written}")
         say(f"replaying {len(replay.steps)} steps of {clean(str(replay.record_dir), 300)}"
             + (f" ({sum(len(v) for v in replay.human.values())} actions of a person)" if replay.human else ""))
         open_sandbox = opener(backend, image_tag, **({"attach_networks": list(attach_network)} if attach_network else {}))
         options = RunOptions(runs_dir=runs_dir, live=False, script=script, human_actions=replay.human,
                              approval_timeout_s=approval_timeout, confirm_actions=sorted(replay.confirmed),
-                             sign_in_file=sign_in, runner=REPLAY_RUNNER, terminal=None if terminal else False)
+                             sign_in_file=sign_in, runner=REPLAY_RUNNER, terminal=None if terminal else False,
+                             web_from=web.source if offline_web and web is not None else None,
+                             video=VideoSettings() if video else None)
         outcome = run_task(task, open_sandbox, options, console=console,
                            views=[lambda run: run.answered_by(answer_as_recorded), opt_ins])
     entries = [e.as_json() for e in read_entries(outcome.record_dir / "record.jsonl")]  # step_states reads JSON

@@ -32,16 +32,18 @@ def _warm_pool(cls: Any, image_tag: Optional[str], specs: list[Any], size: int) 
 
 def run_suite(paths: list[Path], *, parallel: int, repeat: int, backend: str, image_tag: Optional[str],
               live: Optional[bool], model: Optional[str], runs_dir: Path, json_out: Optional[Path],
-              junit_out: Optional[Path], run_timeout: float, pool: int = 0) -> None:
-    """Run the tasks under ``paths`` with the command's options: every task (and, offline, its script)
-    checked and the image ensured before any run; the runs shown as they go, a table per task and a
-    summary on stderr, the JSON and JUnit reports written when asked, the suite's index path on stdout.
+              junit_out: Optional[Path], run_timeout: float, pool: int = 0, video: bool = False) -> None:
+    """Run the tasks under ``paths`` with the command's options: every task (and, offline, its script;
+    its ``[offline] web`` recording, verified) checked and the image ensured before any run; the runs
+    shown as they go, a table per task and a summary on stderr, the JSON and JUnit reports written when
+    asked, the suite's index path on stdout.
     With ``pool`` N a warm pool of N sandboxes per task template is kept while the suite runs and each
-    run claims from it (``run-task --pool``); the report gets its counts (``pool``).
-    Exits with :func:`controller.suite.exit_status` (2 for refused input, 130 when cancelled)."""
+    run claims from it (``run-task --pool``); the report gets its counts (``pool``). With ``video`` each run
+    records its video (``run-task --video``). Exits with :func:`controller.suite.exit_status` (2 for refused input, 130 when cancelled)."""
     from controller import suite
     from controller.offline.script import ScriptError, load_task_script
     from controller.run.tasks import TaskError, load_task
+    from controller.run.web import WebRecordingError, load_recording
     from controller.sandbox import (INTERRUPT_SIGNALS, BackendUnavailable, SandboxError, SandboxInterrupted,
                                     raise_on_signals, signals_deferred)
 
@@ -58,8 +60,12 @@ def run_suite(paths: list[Path], *, parallel: int, repeat: int, backend: str, im
                 task = load_task(path)
                 if offline:
                     load_task_script(task)
+                if task.offline_web_path() is not None:  # served in every mode: verified as each run will
+                    load_recording(task.offline_web_path())
             except (TaskError, ScriptError) as exc:
                 refuse(f"cannot use task {path}: {exc}")
+            except WebRecordingError as exc:
+                refuse(f"cannot use task {path}: its web recording ([offline] web) is refused: {exc}")
             tasks.append((task.name, path))
             templates.append((task.sandbox_spec(), *task.pool_apps()))
         cls = backend_class(backend)
@@ -76,7 +82,7 @@ def run_suite(paths: list[Path], *, parallel: int, repeat: int, backend: str, im
             say(f"cancelled ({signal.Signals(noted[0]).name}) before any run started")
             raise typer.Exit(130)
         options = suite.SuiteOptions(parallel=parallel, runs_dir=runs_dir, backend=backend, image=image_tag,
-                                     live=live, model=model, run_timeout_s=run_timeout)
+                                     live=live, model=model, run_timeout_s=run_timeout, video=video)
         plan = suite.plan_runs(tasks, repeat)
         say(f"run-suite: {len(plan)} run(s) of {len(tasks)} task(s), at most {parallel} at once ({backend})")
         warm = _warm_pool(cls, image_tag, templates, pool) if pool else None

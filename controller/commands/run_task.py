@@ -26,15 +26,16 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
              runs_dir: Path, backend: str, ui: bool, approval_timeout: float, runner: str, arch: str,
              opener: Callable[..., Callable[[Any], Any]], sign_in: Optional[Path] = None,
              attach_network: Optional[list[str]] = None, record_typed_text: bool = False,
-             pool: Optional[Path] = None) -> None:
+             pool: Optional[Path] = None, record_web: bool = False, video: bool = False) -> None:
     """Run ``task_file`` with the command's options; the sandbox comes from ``opener(backend, image_tag)``
     (``arch=``, ``attach_networks=``, ``pool=`` added when given; :func:`sandbox_opener` unless
-    replaced). Prints the record path on stdout
-    and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
+    replaced); ``video``: record the run's video (``--video``, :mod:`controller.run.video`, default settings).
+    Prints the record path on stdout and exits with the run's status (0 passed, 1 failed or error, 2 refused input, 130 cancelled)."""
     from controller.offline.script import ScriptError, load_task_script
     from controller.run.runner import RunOptions, watching
     from controller.run.runner import run_task as run
     from controller.run.tasks import TaskError, load_task
+    from controller.run.video import VideoSettings
     from controller.sandbox import INTERRUPT_SIGNALS, SandboxInterrupted, raise_on_signals, signals_deferred
 
     # Until the run's record is finished no signal cuts a step in half: before the run begins they are
@@ -71,6 +72,13 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
                 load_task_script(task, script)
             except (ScriptError, TaskError) as exc:  # a bad script, or a task without [offline]
                 refuse(f"cannot use the offline script: {exc}")
+        if task.offline_web_path() is not None:  # served instead of the network: verified before a sandbox starts
+            from controller.run.web import WebRecordingError, load_recording
+
+            try:
+                load_recording(task.offline_web_path())
+            except WebRecordingError as exc:
+                refuse(f"cannot use the task's web recording ([offline] web): {exc}")
         open_sandbox = _not_opened
         if not noted:
             try:  # may build the image (minutes): a signal stops that at once, nothing else is started
@@ -86,7 +94,8 @@ def run_task(task_file: Path, *, image_tag: Optional[str], live: Optional[bool],
             runs_dir=runs_dir, live=live, model=model, max_steps=max_steps, script=script, legacy=legacy,
             approve_codes=list(approve_safety_check), approve_origins=origins, approval_timeout_s=approval_timeout,
             confirm_actions=confirm, step=step, signals_before=noted, runner=runner, sign_in_file=sign_in,
-            record_typed_text=record_typed_text,
+            record_typed_text=record_typed_text, record_web=record_web,
+            video=VideoSettings() if video else None,
         )
         server = None
         views = []

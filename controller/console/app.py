@@ -24,6 +24,9 @@
 ``GET /runs/{id}/screen.mjpeg?fps=5``           the live screen, multipart JPEG, 1..10 fps (frames of the
                                                 run's one grab loop: controller.console.frames)
 ``GET /runs/{id}/shots/{name}``                 a recorded screenshot (``shot-NNNN.png|jpg``)
+``GET /runs/{id}/video/{name}``                 the run's video (``run.webm``, :data:`controller.run.shots.VIDEO_NAME`);
+                                                one ``Range: bytes=A-B`` answered 206 (what a player seeks
+                                                with), 416 when it is outside the file
 ==============================================  ===============================================================
 
 Who may call them is decided before any route runs (:class:`controller.console.auth.Guard`: the
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,7 +67,7 @@ from controller.console.auth import POLICY_HEADER, Auth, Refused, landing, refus
 from controller.console.runs import RunIndex, run_dir, shot_file, valid_run_id
 from controller.run.live import HumanActionInvalid, LiveRun, NotInControl, RunOver
 from controller.report.html import render_report
-from controller.run.shots import read_shot
+from controller.run.shots import VIDEO_TYPE, open_video, read_shot, video_name
 from controller.run.record import read_entries, summarize
 from controller.model.errors import DesktopSandboxError
 from controller.model.requests import request_kind
@@ -167,7 +171,8 @@ def render_finished(state: ConsoleState, templates: Environment, request: Reques
     with the screenshots there are."""
     try:
         page = render_report(directory, embed_images=False, home_url=state.auth.base + "/",
-                             image_url=lambda name: f"{state.auth.base}/runs/{run_id}/shots/{name}")
+                             image_url=lambda name: f"{state.auth.base}/runs/{run_id}/shots/{name}",
+                             video_url=lambda name: f"{state.auth.base}/runs/{run_id}/video/{name}")
         return HTMLResponse(page, headers={POLICY_HEADER: "report"})
     except (OSError, ValueError) as exc:  # an unreadable record: said on the summary page
         problem = clean(exc, 500)
@@ -176,9 +181,54 @@ def render_finished(state: ConsoleState, templates: Environment, request: Reques
     except (OSError, ValueError) as exc:
         summary, problem = None, problem or clean(exc, 500)
     shots = sorted(p.name for p in directory.glob("shot-*") if shot_file(directory, p.name))
+    video = next((p.name for p in directory.glob("run.webm") if video_name(p.name)), None)
     page = templates.get_template("run_finished.html").render(
-        run_id=run_id, summary=summary, problem=problem, shots=shots, csrf=request.state.csrf)
+        run_id=run_id, summary=summary, problem=problem, shots=shots, video=video, csrf=request.state.csrf)
     return HTMLResponse(page)
+
+
+VIDEO_CHUNK = 256 * 1024
+"""Bytes of the video read and sent at a time."""
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int]:
+    """The bytes ``(first, last)`` (inclusive) of a file of ``size`` bytes that a ``Range`` header asks
+    for: the whole file without one (or for an empty file); one range ``bytes=A-B``, ``bytes=A-`` or
+    ``bytes=-N`` (the last N, N at least 1), cut to the file. ValueError for anything else, or a range
+    that starts past the end (the route answers 416)."""
+    if header is None or size == 0:
+        return 0, max(0, size - 1)
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        raise ValueError("one byte range only")
+    start, sep, end = spec.strip().partition("-")
+    if not sep or not (start.isascii() and end.isascii()) or not (start.isdigit() or start == "") \
+            or not (end.isdigit() or end == "") or (start == "" and end == "") or len(start) > 18 or len(end) > 18:
+        raise ValueError("not a byte range")
+    if start == "":
+        if int(end) == 0:  # the last 0 bytes: nothing to send
+            raise ValueError("outside the file")
+        return max(0, size - int(end)), size - 1
+    first = int(start)
+    last = min(int(end), size - 1) if end else size - 1
+    if first >= size or last < first:
+        raise ValueError("outside the file")
+    return first, last
+
+
+async def file_chunks(fh: Any, start: int, stop: int) -> Any:
+    """Bytes ``start`` to ``stop`` (exclusive) of the open file ``fh``, :data:`VIDEO_CHUNK` at a time (each
+    read on a thread); ``fh`` is closed at the end, also when the client leaves first."""
+    try:
+        position = start
+        while position < stop:
+            data = await asyncio.to_thread(os.pread, fh.fileno(), min(VIDEO_CHUNK, stop - position), position)
+            if not data:
+                return
+            position += len(data)
+            yield data
+    finally:
+        fh.close()
 
 
 def create_app(state: ConsoleState) -> FastAPI:
@@ -379,5 +429,25 @@ def create_app(state: ConsoleState) -> FastAPI:
         if data is None:
             raise ApiError(404, "unknown_shot", "no recorded screenshot of this name")
         return Response(data, media_type=found[1])
+
+    @app.get("/runs/{run_id}/video/{name}")
+    async def video(request: Request, run_id: str, name: str) -> Response:
+        directory = state.directory(run_id)
+        # opened once by the reading rule (no link followed, a regular file, capped, WebM's magic): what
+        # is sent is read from that open file, whatever a writer in runs_dir swaps meanwhile
+        fh, size, _why = await asyncio.to_thread(open_video, directory, name) if video_name(name) else (None, 0, None)
+        if fh is None:
+            raise ApiError(404, "unknown_video", "no video of this name")
+        try:
+            first, last = byte_range(request.headers.get("range"), size)
+        except ValueError:
+            fh.close()
+            return Response(status_code=416, headers={"Content-Range": f"bytes */{size}"})
+        headers = {"Accept-Ranges": "bytes", "Content-Length": str(last - first + 1 if size else 0)}
+        status = 200
+        if request.headers.get("range") is not None:
+            status, headers["Content-Range"] = 206, f"bytes {first}-{last}/{size}"
+        return StreamingResponse(file_chunks(fh, first, last + 1), status_code=status, media_type=VIDEO_TYPE,
+                                 headers=headers)
 
     return app

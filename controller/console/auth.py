@@ -30,10 +30,10 @@ to it (and a DNS-rebinding page can even read answers), so:
   (``Sec-Fetch-Mode: navigate``, ``Sec-Fetch-Dest: document``) to a page, :data:`PAGE_PATH` (the
   login URL, the runs list, a run's page): a person may follow a link to the console from another
   page and sees it in a window of its own (``Cross-Origin-Opener-Policy: same-origin``: the linking
-  page keeps no handle on it, and no frame may hold it). Data, streams, images, scripts and styles
-  (the run's state and approvals, ``events``, ``screen.jpg``, ``screen.mjpeg``, ``shots/``,
-  ``static/``) are never served to another site, not even to a navigation. A URL opened from the
-  terminal or typed is ``Sec-Fetch-Site: none``; the console's own requests are ``same-origin``.
+  page keeps no handle on it, and no frame may hold it). Data, streams, images, video, scripts and
+  styles (the run's state and approvals, ``events``, ``screen.jpg``, ``screen.mjpeg``, ``shots/``,
+  ``video/``, ``static/``) are never served to another site, not even to a navigation. A URL opened
+  from the terminal or typed is ``Sec-Fetch-Site: none``; the console's own requests are ``same-origin``.
 * **a WebSocket** (a run page's ``/runs/{id}/live``) is checked as a GET, and its handshake must also
   carry an ``Origin`` equal to the console's own (403 ``bad_origin``, none at all included): a
   WebSocket is not bound by CORS, and every browser names the page that opens one.
@@ -80,10 +80,11 @@ SECURITY_HEADERS: dict[str, str] = {
 }
 """Headers set on every response (replacing any the app set)."""
 
-REPORT_CSP = ("default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'; frame-ancestors 'none'; "
-              "base-uri 'none'; form-action 'none'")
+REPORT_CSP = ("default-src 'none'; img-src 'self' data:; media-src 'self'; style-src 'unsafe-inline'; "
+              "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 """The policy of a finished run's report page (``controller.report``: no script at all, its CSS inline,
-every value in it autoescaped), chosen by the app with the private header :data:`POLICY_HEADER`."""
+every value in it autoescaped, the run's video from the console's own ``video/``), chosen by the app
+with the private header :data:`POLICY_HEADER`."""
 
 POLICY_HEADER = "x-console-policy"
 """Set by a route to ``report`` to get :data:`REPORT_CSP`; removed before the response leaves."""

@@ -2,7 +2,8 @@
 
 ``policy`` (pure, with the ``tiers`` of mode ask) decides; ``addon`` enforces it inside mitmproxy and holds
 connections that wait for a person on the origin requests of ``holds``; ``control`` is the API the
-controller answers them through; ``python -m controller.gateway serve`` runs the proxy and that API. See
+controller answers them through; ``web`` keeps the responses it let through, or serves them back (recorded
+web origins); ``python -m controller.gateway serve`` runs the proxy and that API. See
 ARCHITECTURE.md, contract 2 and the isolation model ("Gateway control API").
 """
 

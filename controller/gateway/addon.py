@@ -37,6 +37,13 @@ Each decision is appended, one JSON object a line, to the decision log (see
 line per request or tunnel, a host mismatch logged as a deny in place of the allow; a held connection
 gets its line when it ends, with ``request_id`` and ``held_ms``. Denied HTTP requests (and CONNECTs)
 get ``403`` with a one-line ``text/plain`` body ``denied by sandbox egress policy: <reason>``.
+
+Recorded web origins (:mod:`controller.gateway.web`, switched by the control API's ``/v1/web``): in mode
+``record`` the response of each allowed plain-HTTP request is kept by the rules of
+:class:`~controller.gateway.web.WebStore` (captured as it streams to the guest, never beyond the per-body
+cap; an allowed CONNECT counted ``tunnel``); in mode ``serve`` names resolve only to the recording's
+addresses, an allowed request is answered from the recording or denied ``not_recorded``, a CONNECT is
+denied ``tunnel_not_recorded``, and ``server_connect`` opens nothing (``offline_web``).
 """
 
 from __future__ import annotations
@@ -56,6 +63,10 @@ from controller.gateway.policy import (
     Decision, NetworkPolicy, Origin, OwnEndpoint, PolicyError, Resolver, Verdict, destination_mismatch,
     system_resolver,
 )
+from controller.gateway.web import (
+    NO_UPSTREAM, NOT_RECORDED, TUNNEL_NOT_RECORDED, WebStore, canonical_url, recorded_headers, request_skip,
+    response_skip,
+)
 from controller.text import clean
 
 DENIED_STATUS = 403
@@ -64,6 +75,9 @@ DENIED_PREFIX = "denied by sandbox egress policy: "
 HELD_REASONS = {"approved": "approved", "denied": "user_denied", "cancelled": "cancelled", "timeout": "timeout",
                 "client_gone": "client_gone", "gateway_stopped": "gateway_stopped"}
 """Decision reason of a held connection, by how it ended (:class:`~controller.gateway.holds.Outcome`)."""
+
+WEB_CAPTURE = "desktop_sandbox_web"
+"""``flow.metadata`` key of a response being recorded (mode record): what is kept of it so far."""
 
 
 def _client_text(client: connection.Client) -> Optional[str]:
@@ -110,7 +124,8 @@ class EgressPolicy:
     ``resolver``: name resolution used for decisions (defaults to getaddrinfo in this process);
     ``own_endpoint``: which (address, port) pairs are the gateway itself (refused whatever the policy
     says). ``requests``: the origin requests held connections wait on (mode ask; the control API serves
-    them)."""
+    them). ``web``: the recorded web origins (:class:`~controller.gateway.web.WebStore`; the control API
+    switches its mode)."""
 
     def __init__(
         self,
@@ -119,8 +134,11 @@ class EgressPolicy:
         resolver: Resolver = system_resolver,
         own_endpoint: Optional[OwnEndpoint] = None,
         close_client: Optional[Callable[[str], bool]] = None,
+        web: Optional[WebStore] = None,
     ) -> None:
         self.policy = policy
+        self.web = web if web is not None else WebStore()
+        self.web.on_serve = self._end_upstream
         self.close_client = close_client or _close_live_client
         self.log = DecisionLog(log_path)
         self.resolver = resolver
@@ -199,17 +217,25 @@ class EgressPolicy:
 
         A policy swapped in while the verdict was being made (the name lookup runs on a worker thread)
         makes it again under the new policy; one swapped in while the connection was held refuses an
-        approval the new policy no longer admits (``policy_swapped``)."""
+        approval the new policy no longer admits (``policy_swapped``).
+
+        Serving a web recording, names resolve to the recording's addresses only: a name it does not
+        hold is denied ``not_recorded`` (a CONNECT ``tunnel_not_recorded``)."""
         client = flow.client_conn
         while True:
-            policy = self.policy
+            policy, serving = self.policy, self.web.serving
             verdict: Verdict = await asyncio.to_thread(
-                policy.evaluate, scheme, host, port, client=_client_text(client), via=via, resolver=self.resolver,
+                policy.evaluate, scheme, host, port, client=_client_text(client), via=via,
+                resolver=self.web.resolve if serving else self.resolver,
                 memory=self.requests.memory, own_endpoint=self.own_endpoint,
             )
-            if self.policy is policy:
+            if self.policy is policy and self.web.serving == serving:
                 break
         decision = verdict.decision
+        if serving and not decision.allowed and decision.reason.startswith("resolve-failed"):
+            decision = Decision(origin=decision.origin, decision="deny",
+                                reason=TUNNEL_NOT_RECORDED if via == "connect" else NOT_RECORDED,
+                                client=decision.client, via=via, detail="the recording holds no address for it")
         if verdict.action != "deny":
             try:
                 reason = mismatch(verdict.origin or Origin.from_parts(scheme, host, port))
@@ -299,10 +325,16 @@ class EgressPolicy:
         def mismatch(origin: Origin) -> Optional[str]:
             return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=False)
 
-        decision = await self._decide(flow, "https", request.host, request.port, "connect", "CONNECT", mismatch)
+        def offline(origin: Origin) -> Optional[str]:
+            return TUNNEL_NOT_RECORDED if self.web.serving else mismatch(origin)
+
+        decision = await self._decide(flow, "https", request.host, request.port, "connect", "CONNECT", offline)
         if not decision.allowed:
+            self._web_missing(decision)
             self._deny_response(flow, decision.reason)
             return
+        if self.web.recording:
+            self.web.skip("tunnel")
         try:
             self._tunnels[flow.server_conn.id] = Origin.from_parts("https", request.host, request.port)
         except PolicyError:  # pragma: no cover - decide() already parsed it
@@ -347,11 +379,130 @@ class EgressPolicy:
         def mismatch(origin: Origin) -> Optional[str]:
             if tunnel is not None and (tunnel.host, tunnel.port) != (origin.host, origin.port):
                 return f"host-mismatch: request for {origin} inside the tunnel to {clean(str(tunnel), 80)}"
-            return destination_mismatch(origin, hosts=hosts, authority=authority, host_required=required)
+            refused = destination_mismatch(origin, hosts=hosts, authority=authority, host_required=required)
+            if refused is None and self.web.serving and self._recorded(flow, tunnel) is None:
+                return NOT_RECORDED
+            return refused
 
         decision = await self._decide(flow, request.scheme, request.host, request.port, "request", "http", mismatch)
         if not decision.allowed:
+            self._web_missing(decision)
             self._deny_response(flow, decision.reason)
+        elif self.web.serving:
+            self._serve(flow, tunnel)
+        elif self.web.recording and tunnel is None:
+            flow.metadata[WEB_CAPTURE] = self.web.begin({"origin": decision.origin, "address": decision.address})
+
+    # -- recorded web origins ---------------------------------------------------------------------
+
+    @staticmethod
+    def _url(flow: http.HTTPFlow) -> Optional[str]:
+        request = flow.request
+        return canonical_url(request.scheme, request.host, request.port, request.path)
+
+    @staticmethod
+    def _has_body(request: http.Request) -> bool:
+        """Whether ``request`` carries a body, or announces one in its headers."""
+        length = request.headers.get("content-length", "0").strip()
+        return bool(request.raw_content) or "transfer-encoding" in request.headers or length not in ("", "0")
+
+    def _recorded(self, flow: http.HTTPFlow, tunnel: Optional[Origin]) -> Any:
+        """The recorded response ``flow``'s request would be served now (mode serve), or None: none for
+        a request inside a tunnel, nor for one that would not have been recorded."""
+        request = flow.request
+        if tunnel is not None or request_skip(request.method, request.headers.keys(), self._has_body(request)):
+            return None
+        return self.web.recorded(request.method, self._url(flow))
+
+    def _serve(self, flow: http.HTTPFlow, tunnel: Optional[Origin]) -> None:
+        """Answer an allowed request from the recording (mode serve): its recorded status, headers and
+        body as they came; a recording that changed meanwhile (a new one put): ``not_recorded``."""
+        found = self.web.take(flow.request.method, self._url(flow)) if self._recorded(flow, tunnel) else None
+        if found is None:  # the recording was replaced while the request was being decided
+            self.web.missing += 1
+            self._record(str(Origin.from_parts("http", flow.request.host, flow.request.port))
+                         if flow.request.scheme == "http" else flow.request.pretty_url, NOT_RECORDED,
+                         flow.client_conn, "request")
+            self._deny_response(flow, NOT_RECORDED)
+            return
+        response, body = found
+        headers = [(name.encode("ascii"), value.encode("ascii")) for name, value in response.headers]
+        flow.response = http.Response.make(response.status, b"", headers)
+        flow.response.raw_content = body  # as recorded: never decoded nor encoded again
+        flow.response.headers["content-length"] = str(len(body))
+
+    def _web_missing(self, decision: Decision) -> None:
+        if decision.reason in (NOT_RECORDED, TUNNEL_NOT_RECORDED):
+            self.web.missing += 1
+
+    def _end_upstream(self) -> int:
+        """Mode serve was entered (:attr:`~controller.gateway.web.WebStore.on_serve`): every client
+        connection that had an allow decision -- so may hold an upstream connection or an HTTPS tunnel
+        opened before -- is closed, upstream and all, each logged as a deny ``offline_web`` (via
+        ``policy``). Returns how many were closed."""
+        closed: dict[str, Decision] = {}
+        for key, decision in list(self._allowed.items()):
+            closed.setdefault(key[0], decision)
+            del self._allowed[key]
+        for client_id, decision in closed.items():
+            self.log.write(Decision(origin=decision.origin, decision="deny", reason=NO_UPSTREAM,
+                                    client=decision.client, via="policy",
+                                    detail="a connection opened before the recording was served: closed"))
+            self.close_client(client_id)
+        return len(closed)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """Mode record: decide whether the response of an allowed plain-HTTP request is kept (the rules of
+        :mod:`controller.gateway.web`); if so, capture its body as it streams to the guest, within the
+        per-body and the total cap (:class:`~controller.gateway.web.Capture`; a body declared larger than
+        the per-body cap is streamed and skipped ``too_large`` at once)."""
+        capture = flow.metadata.get(WEB_CAPTURE)
+        if capture is None or flow.response is None:
+            return
+        if not capture.current:
+            del flow.metadata[WEB_CAPTURE]
+            flow.response.stream = True
+            return
+        request, response = flow.request, flow.response
+        reason = (request_skip(request.method, request.headers.keys(), self._has_body(request))
+                  or response_skip(response.status_code, response.headers.keys())
+                  or (None if self._url(flow) is not None else "url"))
+        declared = response.headers.get("content-length", "").strip()
+        if reason is None and declared.isdigit() and int(declared) > self.web.max_body_bytes:
+            reason = "too_large"
+        if reason is not None:
+            self.web.skip(reason)
+            del flow.metadata[WEB_CAPTURE]
+            response.stream = True
+            return
+        capture.meta.update(method=request.method, url=self._url(flow), status=response.status_code,
+                            headers=recorded_headers(response.headers.items(multi=True)))
+
+        def keep(chunk: bytes) -> bytes:
+            capture.feed(chunk)
+            return chunk
+
+        response.stream = keep
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """Mode record: keep the whole response whose body was captured (:meth:`responseheaders`); a
+        response that ended in an error never reaches here (:meth:`error` drops it), so nothing partial
+        is kept."""
+        capture = flow.metadata.pop(WEB_CAPTURE, None)
+        if capture is None:
+            return
+        if flow.response is None or "status" not in capture.meta:  # never reached responseheaders' capture
+            capture.abandon()
+            return
+        # streamed through keep(); a response without a body (HEAD, an empty one) ends at its headers
+        capture.finish(flow.response.raw_content or b"")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """A flow that ended in an error (the origin or the guest closed it mid-body): what was captured of
+        it is dropped, its bytes given back to the recording's caps."""
+        capture = flow.metadata.pop(WEB_CAPTURE, None)
+        if capture is not None:
+            capture.abandon()
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """Open only connections an allow decision covers, to the address that decision checked."""
@@ -359,6 +510,10 @@ class EgressPolicy:
         if server.address is None:
             return
         host, port = server.address[0], server.address[1]
+        if self.web.serving:
+            server.error = "serving a web recording: no upstream connection"
+            self._record(f"tcp://{host}:{port}", NO_UPSTREAM, data.client, "server")
+            return
         if server.id in self._refused_tunnels:
             server.error = "tunnel refused by egress policy"
             return
@@ -403,4 +558,4 @@ def _close_live_client(client_id: str) -> bool:
     return True
 
 
-__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "HELD_REASONS", "DecisionLog", "EgressPolicy"]
+__all__ = ["DENIED_PREFIX", "DENIED_STATUS", "HELD_REASONS", "WEB_CAPTURE", "DecisionLog", "EgressPolicy"]

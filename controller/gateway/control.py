@@ -32,6 +32,16 @@ Endpoints (JSON; errors ``{"error": {"code", "message"}}``):
   JSON, not a policy: the message says which field); 413 ``too_large``. Only the controller holds the
   token; the guest's network is refused before the token is looked at.
 
+* ``GET /v1/web`` -> the recorded web origins (:class:`controller.gateway.web.WebAnswer`: mode, caps,
+  the index, skipped by reason, bytes, served, missing);
+* ``PUT /v1/web`` with a :class:`controller.gateway.web.WebConfig` (strict JSON, at most
+  :data:`controller.gateway.web.MAX_INDEX_BYTES`) -> 200 the new state: mode ``record`` starts a new
+  recording, ``serve`` a recording to serve (its index; bodies follow), ``off`` ends either; 400
+  ``invalid_web``, 413 ``too_large``;
+* ``GET /v1/web/bodies/{sha256}`` -> the body (``application/octet-stream``); 404 ``unknown_body``;
+* ``PUT /v1/web/bodies/{sha256}`` (mode serve) -> 204; 400 ``hash_mismatch``, 404 ``not_indexed``, 409
+  ``not_serving``, 413 ``too_large``.
+
 OriginRequest: :meth:`controller.gateway.holds.OriginRequest.to_json`. Rule source: ARCHITECTURE.md,
 "Gateway control API".
 """
@@ -112,16 +122,18 @@ class PolicyAccess:
 
 
 def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] = (),
-             ping_interval: float = PING_INTERVAL_S, policy: Optional[PolicyAccess] = None) -> Any:
+             ping_interval: float = PING_INTERVAL_S, policy: Optional[PolicyAccess] = None,
+             web: Optional[Any] = None) -> Any:
     """The control API as an ASGI app (FastAPI) over ``requests``.
 
     ``token``: the bearer token (non-empty); ``refused``: networks whose peers are refused (403);
     ``ping_interval``: seconds between pings on a quiet event stream; ``policy``: the enforced policy's
-    getter and setter (``/v1/policy``; None: those endpoints answer 404).
+    getter and setter (``/v1/policy``; None: those endpoints answer 404); ``web``: the addon's
+    :class:`controller.gateway.web.WebStore` (``/v1/web``; None: 404).
     """
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException as StarletteHTTPException
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
 
     if not token:
         raise ControlConfigError("the control token must not be empty")
@@ -140,18 +152,54 @@ def make_app(requests: OriginRequests, token: str, refused: Sequence[IPNetwork] 
 
         @app.put("/v1/policy")
         async def policy_swap(request: Request) -> Any:
-            body = await _read_body(request, MAX_POLICY_BYTES)
-            if body is None:
-                return _error(413, "too_large", f"body larger than {MAX_POLICY_BYTES} bytes")
-            try:
-                data = json_semantics.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                return _error(400, "invalid_policy", "body is not JSON (strict: no duplicate keys)")
+            data = await _json_request(request, MAX_POLICY_BYTES, "invalid_policy")
+            if isinstance(data, JSONResponse):
+                return data
             try:
                 answer = policy.replace(data)
             except ValueError as exc:  # pydantic.ValidationError included
                 return _error(400, "invalid_policy", clean(_first_error(exc), 1000))
             return JSONResponse(answer)
+
+    if web is not None:
+        from controller.gateway.web import MAX_INDEX_BYTES, SHA256, WebConfig
+
+        @app.get("/v1/web")
+        async def web_now() -> Any:
+            return JSONResponse(web.answer())
+
+        @app.put("/v1/web")
+        async def web_configure(request: Request) -> Any:
+            data = await _json_request(request, MAX_INDEX_BYTES, "invalid_web")
+            if isinstance(data, JSONResponse):
+                return data
+            try:
+                config = WebConfig.model_validate(data)
+            except ValueError as exc:
+                return _error(400, "invalid_web", clean(_first_error(exc), 1000))
+            return JSONResponse(web.configure(config))
+
+        @app.get("/v1/web/bodies/{sha256}")
+        async def web_body(sha256: str) -> Any:
+            data = web.body(sha256)
+            if data is None:
+                return _error(404, "unknown_body", "no body with this SHA-256")
+            return Response(data, media_type="application/octet-stream")
+
+        @app.put("/v1/web/bodies/{sha256}")
+        async def web_put_body(sha256: str, request: Request) -> Any:
+            if not web.serving:
+                return _error(409, "not_serving", "the gateway serves no web recording")
+            if not SHA256.fullmatch(sha256):
+                return _error(404, "not_indexed", "not a body of the recording's index")
+            data = await _read_body(request, web.max_body_bytes)
+            if data is None:
+                return _error(413, "too_large", f"body larger than {web.max_body_bytes} bytes")
+            problem = web.put_body(sha256, data)
+            if problem is not None:
+                status = {"not_serving": 409, "not_indexed": 404, "hash_mismatch": 400}.get(problem, 413)
+                return _error(status, problem, f"body refused: {problem}")
+            return Response(status_code=204)
 
     @app.get("/v1/origin-requests")
     async def listing(request: Request) -> Any:
@@ -251,6 +299,18 @@ async def _read_body(request: Any, limit: int = MAX_BODY_BYTES) -> Optional[byte
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _json_request(request: Any, limit: int, code: str) -> Any:
+    """The request's body parsed as strict JSON (no duplicate keys), or the error to answer: 413
+    ``too_large`` over ``limit`` bytes, 400 ``code`` for a body that is not JSON."""
+    body = await _read_body(request, limit)
+    if body is None:
+        return _error(413, "too_large", f"body larger than {limit} bytes")
+    try:
+        return json_semantics.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return _error(400, code, "body is not JSON (strict: no duplicate keys)")
 
 
 def _parse_answer(body: Optional[bytes]) -> tuple[str, str] | str:

@@ -104,7 +104,8 @@ class Decision(BaseModel):
     parsed); ``decision``: allow | deny; ``reason``: short machine-readable reason; ``client``: the
     client's ``ip:port`` as the gateway saw it; ``address``: the checked address the gateway connects to
     (allow only); ``via``: which proxy step decided (``connect``, ``request``, ``tls``, ``server``,
-    ``policy``: a policy swap, :meth:`controller.gateway.addon.EgressPolicy.set_policy`).
+    ``policy``: a policy swap, :meth:`controller.gateway.addon.EgressPolicy.set_policy`, or entering
+    the web mode ``serve``, which closes the connections opened before it, each a deny ``offline_web``).
 
     Every mode: ``policy_swapped``: the policy swapped in at runtime refuses what an earlier one allowed:
     with ``via`` ``policy``, a connection it had open, which it closed; with the hook's ``via``, a
@@ -120,7 +121,8 @@ class Decision(BaseModel):
     endpoint; ``detail`` says which), ``prompt_limit`` (``max_pending`` requests were already waiting),
     ``client_gone`` (the client closed the held connection before the answer), ``gateway_stopped`` (the
     gateway stopped while it held the connection). Old modes keep their
-    reasons (``deny-all``, ``not-allowlisted``, ``address-refused: ...``).
+    reasons (``deny-all``, ``not-allowlisted``, ``address-refused: ...``). Serving a web recording
+    (:mod:`controller.gateway.web`): ``not_recorded``, ``tunnel_not_recorded``, ``offline_web``.
 
     Optional (absent on lines of older gateways and where they do not apply): ``request_id``: the origin
     request (``oreq_...``) the connection waited on, or that answered for it earlier; ``held_ms``: how

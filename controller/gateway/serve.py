@@ -137,6 +137,7 @@ def serve(
     from mitmproxy.tools.dump import DumpMaster
 
     from controller.gateway.addon import EgressPolicy
+    from controller.gateway.web import WebStore
     from controller.gateway.control import (
         ControlConfigError, ControlServer, PolicyAccess, listen_sockets, make_app, read_token,
     )
@@ -161,13 +162,14 @@ def serve(
         # options owned by addons exist only once DumpMaster has loaded them
         master.options.update(connection_strategy="lazy", termlog_verbosity="warn")
         addon = EgressPolicy(policy, Path(log_path) if log_path else None, resolver=resolver or system_resolver,
-                             own_endpoint=own_endpoint_check(own_ports))
+                             own_endpoint=own_endpoint_check(own_ports), web=WebStore())
         master.addons.add(addon)
         server = None
         if control is not None:
             access = PolicyAccess(lambda: addon.policy.model_dump(mode="json"),
                                   lambda data: addon.set_policy(NetworkPolicy.model_validate(_network_table(data))))
-            server = ControlServer(make_app(addon.requests, token, control.exclude, policy=access), sockets)
+            server = ControlServer(make_app(addon.requests, token, control.exclude, policy=access, web=addon.web),
+                                   sockets)
             try:
                 await server.start()
             except ControlConfigError as exc:

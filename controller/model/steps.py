@@ -27,7 +27,8 @@ format; nothing here imports the run layer, reads a file or keeps state.
    * an ``expectation`` (a script turn's screen expectations, resolved before the model answers)
      belongs to the step of the call it names, else to the step after the one it was written in (the
      step it held back), else -- the record's last step -- to the one it was written in.
-3. The run's own entries -- ``run_started``, ``run_finished``, ``check``, ``network_log``, ``policy`` -- belong to no
+3. The run's own entries -- ``run_started``, ``run_finished``, ``check``, ``network_log``, ``policy``,
+   ``web_recording``, ``video`` -- belong to no
    step. Every other entry belongs to exactly one step, which holds its entries in record order.
 
 A record cut short (no ``run_finished``: a killed run, a record still being written) has the steps it
@@ -43,7 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
-RUN_ENTRIES = frozenset({"run_started", "run_finished", "check", "network_log", "policy"})
+RUN_ENTRIES = frozenset({"run_started", "run_finished", "check", "network_log", "policy", "web_recording",
+                         "video"})
 """Entry types of the run as a whole: in no step."""
 PLACED_BY_CALL = frozenset({"approval", "action", "expectation"})
 """Entry types that belong to the step of the ``computer_call`` whose ``call_id`` they name."""

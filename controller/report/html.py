@@ -5,8 +5,9 @@
 (:func:`controller.report.steps.build_view`) and renders ``templates/report.html`` with Jinja2,
 autoescaping on. :func:`write_report` writes the page to ``runs/<id>/report.html``.
 
-The page loads nothing: CSS is inline, there is no script, and a Content-Security-Policy meta
-(:data:`CSP`) forbids every other source. Screenshots are embedded as ``data:`` URLs
+The page loads nothing but the run's video, when the run recorded one (a ``<video controls>`` of
+``run.webm`` beside the page, or of the serving console's URL): CSS is inline, there is no script, and a
+Content-Security-Policy meta (:data:`CSP`) forbids every other source. Screenshots are embedded as ``data:`` URLs
 (``embed_images=True``), or each ``<img src>`` is ``image_url(name)`` for a server that serves the
 same page from its own routes (the web console). Each step's actions are drawn over its screenshot
 as inline SVG in **model px** (pixels of the image the model was sent; the viewBox is the screenshot
@@ -33,13 +34,15 @@ from typing import Any, Callable
 
 import jinja2
 
+from controller.model.marks import COLORS, NOTE_COLOR
 from controller.report.steps import build_view
 from controller.run.record import read_entries
-from controller.run.shots import MAX_SHOT_BYTES, SHOT_TYPES, check_shot, decode_shot, read_shot
+from controller.run.shots import MAX_SHOT_BYTES, SHOT_TYPES, check_shot, check_video, decode_shot, read_shot
 
-CSP = "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'"
-"""The page's Content-Security-Policy: images from ``data:`` URLs or the serving origin, inline CSS,
-nothing else (no script, no font, no frame, no connection)."""
+CSP = "default-src 'none'; img-src data: 'self'; media-src 'self'; style-src 'unsafe-inline'"
+"""The page's Content-Security-Policy: images from ``data:`` URLs or the serving origin, the run's video
+from the serving origin (or, for a page opened as a file, the file beside it), inline CSS, nothing else
+(no script, no font, no frame, no connection)."""
 
 MAX_EMBEDDED_BYTES = 512 * 1024 * 1024
 """Most image bytes one page embeds; screenshots past it are shown as missing."""
@@ -87,6 +90,23 @@ def _resolve_images(view: dict[str, Any], directory: Path, embed_images: bool,
                 ref["src"] = str(image_url(raw))
 
 
+def _resolve_video(view: dict[str, Any], directory: Path, video_url: Callable[[str], str] | None) -> None:
+    """Fill the video's ``src`` (``video_url(name)``, or the name itself: a URL relative to a page in the
+    run directory) when the file passes the reading rule (:func:`controller.run.shots.check_video`), else
+    ``missing`` (why not); drop the raw file name from the view."""
+    video = view.get("video")
+    if video is None:
+        return
+    raw = video.pop("raw_file")
+    video["src"], video["missing"] = None, None
+    if raw is None:
+        return
+    _size, why = check_video(directory, raw)
+    if why is None:
+        video["src"] = str(video_url(raw)) if video_url is not None else raw
+    video["missing"] = why
+
+
 def _resolve_crops(view: dict[str, Any], directory: Path) -> None:
     """Cut the replayed region of each diverged replay step (``crops`` of an unmet ``matches``
     expectation) from the screenshot it was judged on, inlined as a PNG ``data:`` URL; the raw file name
@@ -110,7 +130,8 @@ def _resolve_crops(view: dict[str, Any], directory: Path) -> None:
 
 
 def render_report(run_dir: Path, *, embed_images: bool = True,
-                  image_url: Callable[[str], str] | None = None, home_url: str | None = None) -> str:
+                  image_url: Callable[[str], str] | None = None, home_url: str | None = None,
+                  video_url: Callable[[str], str] | None = None) -> str:
     """The review page of the run in ``run_dir`` (``runs/<id>``, or its ``record.jsonl``) as HTML text.
 
     ``embed_images=True``: screenshots inlined as base64 ``data:`` URLs (the page stands alone);
@@ -118,7 +139,10 @@ def render_report(run_dir: Path, *, embed_images: bool = True,
     :data:`SHOT_NAME` and names a regular file in the run directory), for a server that serves them.
     Raises OSError / ValueError when the record cannot be read (:func:`read_entries`), ValueError
     when ``embed_images`` is False without ``image_url``. ``home_url``: a link back to where the page
-    is listed (the console's runs list), shown above the header; None for a page that stands alone."""
+    is listed (the console's runs list), shown above the header; None for a page that stands alone.
+    ``video_url``: the URL of the run's video (``video_url("run.webm")``) for a server that serves it; None:
+    the file's name, for a page beside it (:func:`write_report`). The video is played only when its file
+    passes the reading rule of :mod:`controller.run.shots`; otherwise the page says why not."""
     if not embed_images and image_url is None:
         raise ValueError("render_report: give image_url when embed_images is False")
     directory = _directory(Path(run_dir))
@@ -126,7 +150,9 @@ def render_report(run_dir: Path, *, embed_images: bool = True,
     view = build_view(entries, directory.resolve().name)
     _resolve_images(view, directory, embed_images, image_url)
     _resolve_crops(view, directory)
-    return _ENV.get_template("report.html").render(csp=CSP, home_url=home_url, **view)
+    _resolve_video(view, directory, video_url)
+    return _ENV.get_template("report.html").render(csp=CSP, home_url=home_url, mark_colors=COLORS,
+                                                   note_color=NOTE_COLOR, **view)
 
 
 def write_report(run_dir: Path) -> Path:

@@ -14,13 +14,18 @@ one plain dict (the template's only input; nothing in it is a raw record string)
   ``text`` (the model's words: the run's ``final_message`` on a last step that sent no call),
   ``calls`` (each with ``call_id``, ``form``, ``pending`` safety checks and numbered ``actions``,
   described with :func:`wire.actions.describe`, typed text as its length only), ``shot`` (see
-  :func:`shot_ref`), ``overlay`` (:func:`controller.report.marks.overlay`, model px, None without a
+  :func:`shot_ref`), ``overlay`` (:func:`controller.model.marks.overlay`, model px, None without a
   screenshot), ``failed`` (driver calls that failed), ``approvals``, ``network``, ``expectations``,
   ``human`` (``human_action`` entries), ``browser`` (the step's ``browser_call`` entries: member,
   one line of text (:func:`controller.run.progress.browser_call_text`), ok, error, the image file a
   screenshot or zoom returned; the elements they acted on are the overlay's ``boxes``,
   :func:`browser_boxes`) and ``other`` (sign-ins, and entry types without a section of their own);
 * ``unshown``: screenshots no step shows (e.g. the screen after the last call of a cancelled run);
+* ``video``: the run's ``video`` entry (file, frames, dropped, unchanged and cut frames, the limit reached,
+  fps, duration, size, bytes, why there is none), None when the run recorded none;
+* ``web``: the run's ``web_recording`` entry (:func:`_web`: mode ``record`` or ``serve``, its folder, the
+  responses kept or served, the requests it lacked, what was not kept by reason, bytes, origins, why it
+  is incomplete), None when the run neither recorded nor served web origins;
 * ``checks``: kind, target, rule, expected, observed (JSON text), passed, detail;
 * ``verdict``: status, reason, final message, whether the gateway's decision log was read in full;
 * ``timings``: ``(phase, seconds)`` pairs.
@@ -49,8 +54,8 @@ import json
 import math
 from typing import Any
 
-from controller.report.marks import MAX_MARKS, num, overlay
-from controller.run.progress import browser_call_text, sign_in_text
+from controller.model.marks import MAX_MARKS, num, overlay
+from controller.run.progress import browser_call_text, redaction_text, sign_in_text
 from controller.model.steps import Step, steps
 from controller.run.entries import as_entry
 from controller.run.record import summarize
@@ -262,8 +267,12 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
             view["overlay"]["boxes"] = boxes
     checks = [e.as_json() for e in entries if e.type == "check"]
     network_logs = [e.as_json() for e in entries if e.type == "network_log"]
+    video = next((e.as_json() for e in reversed(entries) if e.type == "video"), None)
+    web = next((e.as_json() for e in reversed(entries) if e.type == "web_recording"), None)
     return {
         "header": _header(started, finished, summary, run_id),
+        "video": _video(video) if video is not None else None,
+        "web": _web(web) if web is not None else None,
         "before": before, "steps": views,
         "unshown": [s for s in refs.values() if id(s) not in shown],
         "checks": [_check(c) for c in checks],
@@ -274,6 +283,38 @@ def build_view(entries: list[Any], run_id: str) -> dict[str, Any]:
         "timings": [(text(k, SHORT), v) for k, v in (summary.get("timings") or {}).items()
                     if isinstance(v, (int, float))],
     }
+
+
+def _video(d: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``video`` entry as the page shows it: the numbers as recorded (validated), strings escaped;
+    ``raw_file`` (the file name as recorded) is for :mod:`controller.report.html` to check and drop."""
+    size = d.get("size")
+    return {"raw_file": d.get("file"), "file": text(d.get("file"), SHORT), "frames": d.get("frames"),
+            "unchanged": d.get("unchanged"), "dropped": d.get("dropped"), "cut": d.get("cut"),
+            "limit": text(d.get("limit"), SHORT), "fps": d.get("fps"), "duration_s": d.get("duration_s"),
+            "size": f"{size[0]}\u00d7{size[1]}" if size else None, "width": size[0] if size else None,
+            "height": size[1] if size else None, "bytes": d.get("bytes"), "error": text(d.get("error"))}
+
+
+WEB_ORIGINS_SHOWN = 20
+"""Most origins the page names for a web recording (the rest are counted)."""
+
+
+def _web(d: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``web_recording`` entry as the page shows it: ``mode`` (``record`` or ``serve``), ``where``
+    (its folder: ``dir`` recorded beside the record, or the ``source`` served), ``responses`` and ``bytes``
+    (what the recording holds), ``served`` / ``missing`` (serve), ``skipped`` (``(reason, count)`` pairs),
+    ``origins`` (the first :data:`WEB_ORIGINS_SHOWN`) and ``more_origins`` (how many more), ``complete``,
+    ``error``; counts as recorded (validated), every string escaped."""
+    origins = [o for o in d.get("origins") or [] if isinstance(o, str)]
+    skipped = d.get("skipped") if isinstance(d.get("skipped"), dict) else {}
+    return {"mode": text(d.get("mode"), SHORT), "where": text(d.get("dir") or d.get("source")),
+            "responses": d.get("responses") or 0, "bytes": d.get("bytes") or 0,
+            "served": d.get("served") or 0, "missing": d.get("missing") or 0,
+            "skipped": [(text(k, SHORT), v) for k, v in sorted(skipped.items())],
+            "origins": [text(o, SHORT) for o in origins[:WEB_ORIGINS_SHOWN]],
+            "more_origins": max(0, len(origins) - WEB_ORIGINS_SHOWN),
+            "complete": d.get("complete") is not False, "error": text(d.get("error"))}
 
 
 def _fill_before(before: dict[str, list[Any]], opening: Step) -> None:
@@ -290,6 +331,8 @@ def _fill_before(before: dict[str, list[Any]], opening: Step) -> None:
             before["network"].append(_network(d))
         elif entry.type == "sign_in":
             before["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
+        elif entry.type == "redaction":
+            before["other"].append({"type": "redaction", "fields": redaction_text(d)})
         elif entry.type in ("action", "expectation"):
             if entry.type == "expectation" or entry.error:
                 later.append(_other(d))
@@ -328,6 +371,8 @@ def _step_view(step: Step, refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
             view["raw_browser"].append(d)
         elif kind == "sign_in":
             view["other"].append({"type": "sign-in", "fields": sign_in_text(d)})
+        elif kind == "redaction":
+            view["other"].append({"type": "redaction", "fields": redaction_text(d)})
         elif kind != "screenshot":
             view["other"].append(_other(d))
     return view

@@ -343,6 +343,7 @@ class AttendedRun(Run):
                                          duration_ms=round((time.perf_counter() - t) * 1000, 2),
                                          error=error[:300] if error else None))
                 if self.network is not None:
+                    self.network.release()
                     self.network.poke()
 
     def screenshot(self, policy: ScreenshotPolicy | None = None) -> SentScreenshot:

@@ -63,9 +63,10 @@ from urllib.parse import urlsplit
 
 from openai.lib.browser import BrowserError, _browser_image, _read_result
 
-from controller.agent_client import AgentError
+from controller.agent_client import MAX_SCREEN_PX, AgentError
 from controller.gateway.origin import Origin, PolicyError
 from controller.model.errors import DesktopSandboxError
+from controller.redaction import Redactor, image_boxes, paint
 from controller.run.approvals import ActionGate, Decision
 from controller.run.recording import BROWSER_ENDS
 from controller.text import clean
@@ -276,12 +277,14 @@ class UrlRules:
 class BrowserImage:
     """An image a ``screenshot`` or ``zoom`` returned: ``data`` (PNG or JPEG bytes), ``mime``,
     ``size`` (w, h image px) and ``frame`` (x, y, w, h: the screen region it shows, screen px; the
-    agent's chromium runs at device scale 1, so viewport CSS px are taken as screen px)."""
+    agent's chromium runs at device scale 1, so viewport CSS px are taken as screen px); ``redacted``: the
+    held regions filled in it (screen px boxes, :mod:`controller.redaction`)."""
 
     data: bytes
     mime: str
     size: tuple[int, int]
     frame: tuple[int, int, int, int]
+    redacted: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass
@@ -333,10 +336,13 @@ def _decode_image(image: dict[str, Any]) -> tuple[bytes, str, tuple[int, int]]:
     if not data.startswith(magic):
         raise BrowserDriverError(f"the image's bytes are not {mime}")
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=["PNG" if mime == "image/png" else "JPEG"]) as img:
             size = (int(img.size[0]), int(img.size[1]))
     except Exception:  # noqa: BLE001 - any decoder failure is a bad image
         raise BrowserDriverError("the image cannot be read") from None
+    if size[0] > MAX_SCREEN_PX or size[1] > MAX_SCREEN_PX:  # from its header: no pixel decoded yet
+        raise BrowserDriverError(f"the image is {size[0]}x{size[1]} px, larger than {MAX_SCREEN_PX} px a side "
+                                 "(the largest screen)")
     return data, mime, size
 
 
@@ -484,12 +490,14 @@ class GuestBrowserDriver:
         outcome = CallOutcome(member=member, arguments=dict(arguments))
         self.last = outcome
         started = time.monotonic()
+        redactor = getattr(self.agent, "redactor", None)
+        since = redactor.mark() if isinstance(redactor, Redactor) else started
         try:
             answer = self.agent.browser_call(member, outcome.arguments)
             outcome.target = answer.target.model_dump() if answer.target is not None else None
             outcome.viewport = answer.viewport.model_dump() if answer.viewport is not None else None
             raw = answer.wire()["result"]
-            result = self._checked(member, raw, outcome)
+            result = self._checked(member, raw, outcome, since)
             outcome.result = summarize_result(member, result)
             return result
         except AgentError as exc:
@@ -506,8 +514,10 @@ class GuestBrowserDriver:
             if self.on_call is not None:
                 self.on_call(outcome)
 
-    def _checked(self, member: str, raw: Any, outcome: CallOutcome) -> Any:
-        """``raw`` as the SDK will accept it after the call, or BrowserDriverError."""
+    def _checked(self, member: str, raw: Any, outcome: CallOutcome, since: float) -> Any:
+        """``raw`` as the SDK will accept it after the call, or BrowserDriverError. An image has the
+        regions held since ``since`` (the agent's redactor, :mod:`controller.redaction`) filled before the
+        SDK or the record gets it."""
         if member in RICH_READS:
             try:
                 return _read_result(member, raw)
@@ -519,7 +529,19 @@ class GuestBrowserDriver:
             except Exception:  # noqa: BLE001
                 raise BrowserDriverError(f"the agent's {member} answer is not an input_image") from None
             data, mime, size = _decode_image(dict(image))
-            outcome.image = BrowserImage(data=data, mime=mime, size=size, frame=self._frame(member, outcome, size))
+            frame = self._frame(member, outcome, size)
+            redactor = getattr(self.agent, "redactor", None)
+            boxes = redactor.boxes(since, (MAX_SCREEN_PX, MAX_SCREEN_PX)) if isinstance(redactor, Redactor) else []
+            if boxes:
+                # without the viewport's place on the screen a held box cannot be placed: all of it is filled
+                inside = image_boxes(boxes, frame, size) if outcome.viewport else [(0, 0, size[0], size[1])]
+                try:
+                    data = paint(data, mime, inside, size=size)
+                except ValueError:
+                    raise BrowserDriverError("the image cannot be read") from None
+                image = {**dict(image), "image_url": f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"}
+            outcome.image = BrowserImage(data=data, mime=mime, size=size, frame=frame,
+                                         redacted=tuple(boxes) if boxes else ())
             return image
         if raw is not None and not isinstance(raw, str):
             raise BrowserDriverError(f"the agent's {member} answer is not a string or null")

@@ -76,7 +76,8 @@ class SentScreenshot:
 
     ``data``: the encoded bytes; ``mime``: "image/png" or "image/jpeg"; ``image_size``: (w, h) in
     model px; ``frame``: the screen region it shows (screen px); ``screen_size``: (w, h) screen px;
-    ``reencoded``: True when the size cap forced a re-encode or down-scale.
+    ``reencoded``: True when the size cap forced a re-encode or down-scale; ``redacted``: the regions
+    (screen px boxes) filled in it before it left the agent client (:mod:`controller.redaction`).
     """
 
     data: bytes
@@ -85,6 +86,7 @@ class SentScreenshot:
     frame: Frame
     screen_size: tuple[int, int]
     reencoded: bool = False
+    redacted: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def data_url(self) -> str:
@@ -313,7 +315,8 @@ class SandboxDriver(_ComputerDriverBase):
         frame = raw.frame if isinstance(raw.frame, Frame) else Frame(*raw.frame)
         with Image.open(io.BytesIO(data)) as img:
             size = img.size
-        return self._cap(SentScreenshot(data, mime, size, frame, tuple(raw.screen_size)))
+        return self._cap(SentScreenshot(data, mime, size, frame, tuple(raw.screen_size),
+                              redacted=tuple(getattr(raw, "redacted", ()))))
 
     def clear_binding(self) -> None:
         """Drop a binding no action used (its call was refused before any action ran)."""
@@ -456,7 +459,8 @@ class SandboxDriver(_ComputerDriverBase):
             size = img.size
         if tuple(raw.image_size) != size:
             raise DriverError(f"agent said image size {raw.image_size} but the bytes are {size}")
-        shot = SentScreenshot(data, mime, size, frame, tuple(raw.screen_size))
+        shot = SentScreenshot(data, mime, size, frame, tuple(raw.screen_size),
+                              redacted=tuple(getattr(raw, "redacted", ())))
         shot = self._cap(shot)
         self.model_space = ModelSpace(shot.image_size[0], shot.image_size[1], shot.frame)
         self.last_shot = shot
@@ -479,7 +483,8 @@ class SandboxDriver(_ComputerDriverBase):
                 current.save(buf, format="JPEG", quality=quality)
                 data = buf.getvalue()
                 if len(data) <= limit:
-                    return SentScreenshot(data, "image/jpeg", (width, height), shot.frame, shot.screen_size, True)
+                    return SentScreenshot(data, "image/jpeg", (width, height), shot.frame, shot.screen_size, True,
+                                          shot.redacted)
                 if width <= 64 or height <= 64:
                     raise DriverError(f"screenshot cannot be brought under {limit} bytes")
                 width, height = fit_size(width, height, int(width * 0.75), int(height * 0.75))

@@ -27,7 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from controller.model.errors import DesktopSandboxError
 from controller.text import clean
 
-FORMAT = 8
+FORMAT = 9
 """The record format this code writes and the newest it reads. Format 2 added the approval registry's
 fields to ``approval`` (``request_id``, ``latency_ms``, ``screenshot``, decision ``withdrawn``), the model's
 words to ``model_response`` (``text``) and the ``human_action`` and ``takeover`` entries. Format 3 added
@@ -37,8 +37,10 @@ origin access: ``approval`` lines for origin requests (``what`` origin_access, `
 Format 5 added ``sign_in`` (a sign-in request and what came of it, contract 8) and ``page`` checks.
 Format 6 added ``browser_call`` (a call of the SDK's browser tools, contract 9). Format 7 added
 ``destination`` to ``sign_in``. Format 8 added ``claim`` to ``run_started`` (a sandbox from a warm pool or
-a cold start beside one) and the ``policy`` entry (the network policy swapped at runtime). Records of
-formats 1 to 7 read unchanged."""
+a cold start beside one) and the ``policy`` entry (the network policy swapped at runtime). Format 9
+added the ``video`` entry (the run's video, ``run.webm``), the ``web_recording`` entry (the run's recorded
+web origins, ``web/``), the ``redaction`` entry and ``redacted`` on ``screenshot`` (regions kept out of
+pictures). Records of formats 1 to 8 read unchanged."""
 
 
 def _utc_timestamp(value: str) -> str:
@@ -178,7 +180,9 @@ class Screenshot(_Entry):
     (milliseconds the screenshot waited for pending origin requests to be decided, so that it shows
     the page after the decision; None when none was pending). A browser ``screenshot`` or ``zoom``
     (contract 9) is one too: its ``call_id`` is the browser call's, ``image_size`` the image's px and
-    ``frame`` the part of the screen the tab's viewport (or the zoomed region) covers."""
+    ``frame`` the part of the screen the tab's viewport (or the zoomed region) covers. ``redacted``: the
+    regions (screen px ``x, y, w, h``) filled before the image was sent or saved, because a secret could
+    be there (a ``redaction`` line says why; None: none)."""
 
     type: Literal["screenshot"] = "screenshot"
     file: str
@@ -190,6 +194,7 @@ class Screenshot(_Entry):
     reencoded: bool = False
     call_id: Optional[str] = None
     waited_for_origin_ms: Optional[float] = Field(None, ge=0)
+    redacted: Optional[list[tuple[int, int, int, int]]] = None
 
 
 class Approval(_Entry):
@@ -247,6 +252,20 @@ class Takeover(_Entry):
     type: Literal["takeover"] = "takeover"
     control: Literal["human", "model"]
     by: str = "console"
+
+
+class Redaction(_Entry):
+    """A region of the screen kept out of every picture from this line on (the model's screenshots, the
+    saved files, the console's live view, the video), filled with black, because a secret could be there
+    (:mod:`controller.redaction`): ``why`` ``sign_in`` (the agent filling a sign-in form: the whole screen
+    until the fill answered) or ``typing`` (a person typed during a takeover: the window the keys went to,
+    until control went back to the model); ``box``: the region, screen px ``x, y, w, h`` (None: the whole screen);
+    ``held_before``: held before this run began (an earlier run on the same sandbox)."""
+
+    type: Literal["redaction"] = "redaction"
+    why: Literal["sign_in", "typing"]
+    box: Optional[tuple[int, int, int, int]] = None
+    held_before: bool = False
 
 
 class Network(_Entry):
@@ -453,6 +472,63 @@ class BrowserCall(_Entry):
     ms: Optional[float] = Field(None, ge=0)
 
 
+class Video(_Entry):
+    """The run's video (``--video``, a task's ``[record] video``; format 9), once, the last line before
+    ``run_finished``: ``file`` (``run.webm`` beside the record, WebM; None when there is none: ``error``
+    says why), ``frames`` encoded, ``unchanged`` (grabs not encoded: the screen and the marks were as in
+    the frame before, which stays on screen), ``dropped`` (frames let go because the encoder was behind:
+    the run never waits for it), ``cut`` (frame times after ``limit`` at which no frame was added),
+    ``limit`` (``duration``: the video's longest time was reached; ``bytes``: its file-size cap; None),
+    ``fps`` (frames a second asked), ``duration_s``, ``size`` (w, h of a frame, px: the screen scaled to
+    the video's longest side), ``bytes`` (the file's size), ``grab_ms`` (median milliseconds a grab took),
+    ``grab_errors`` (grabs that failed or were refused), ``error``, ``started_at`` (UTC time of the first
+    frame, the video's time 0: a frame at time t was grabbed at ``started_at`` + t, so it lines up with
+    the record's ``ts``)."""
+
+    type: Literal["video"] = "video"
+    file: Optional[str] = None
+    frames: int = Field(0, ge=0)
+    unchanged: int = Field(0, ge=0)
+    dropped: int = Field(0, ge=0)
+    cut: int = Field(0, ge=0)
+    limit: Optional[Literal["duration", "bytes"]] = None
+    fps: Optional[float] = Field(None, gt=0)
+    duration_s: float = Field(0.0, ge=0)
+    size: Optional[tuple[int, int]] = None
+    bytes: int = Field(0, ge=0)
+    grab_ms: Optional[float] = Field(None, ge=0)
+    grab_errors: int = Field(0, ge=0)
+    error: Optional[str] = None
+    started_at: Optional[str] = None
+
+
+class WebRecording(_Entry):
+    """The run's recorded web origins (format 9; :mod:`controller.run.web`), once, at the run's settle:
+    ``mode`` ``record`` (``--record-web``, a task's ``[record] web``: the plain-HTTP responses the policy let
+    through were kept in ``dir``, ``web`` beside the record: ``index.jsonl`` and one file per body, named
+    by its SHA-256) or ``serve`` (``replay --offline-web``, a task's ``[offline] web``: the gateway answered
+    from the recording in ``source`` and fetched nothing); ``origins`` the recording holds; ``responses``
+    and ``bytes`` (distinct bodies) it holds; ``skipped``: responses not kept, by reason (``tunnel``:
+    HTTPS passes through untouched and is never recorded; ``method``, ``request_body``, ``credentials``,
+    ``sets_cookie``, ``status``, ``url``, ``too_large``, ``total_cap``, ``count_cap``, ``unverified``:
+    :data:`controller.gateway.web.SKIPS`); ``served`` / ``missing``: requests answered from the recording,
+    and denied because it held no answer (each also a ``network`` deny ``not_recorded`` or
+    ``tunnel_not_recorded``); ``complete``: the recording was read back whole (``error`` says why not)."""
+
+    type: Literal["web_recording"] = "web_recording"
+    mode: Literal["record", "serve"]
+    dir: Optional[str] = None
+    source: Optional[str] = None
+    origins: list[str] = Field(default_factory=list)
+    responses: int = Field(0, ge=0)
+    bytes: int = Field(0, ge=0)
+    skipped: dict[str, int] = Field(default_factory=dict)
+    served: Optional[int] = Field(None, ge=0)
+    missing: Optional[int] = Field(None, ge=0)
+    complete: bool = True
+    error: Optional[str] = None
+
+
 RunStatus = Literal["passed", "failed", "cancelled", "error"]
 
 
@@ -469,16 +545,20 @@ class RunFinished(_Entry):
 
 
 Entry = Annotated[
-    Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-          NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, RunFinished],
+    Union[RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Redaction,
+          Network,
+          NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, Video, WebRecording,
+          RunFinished],
     Field(discriminator="type"),
 ]
 """Any record entry."""
 
 ENTRY_TYPES: dict[str, type[_Entry]] = {
     cls.model_fields["type"].default: cls
-    for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Network,
-                NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, RunFinished)
+    for cls in (RunStarted, ModelResponse, ComputerCall, Action, Screenshot, Approval, HumanAction, Takeover, Redaction,
+                Network,
+                NetworkLog, Check, Expectation, AgentsEvent, ViewDropped, SignIn, BrowserCall, PolicySwap, Video,
+                WebRecording, RunFinished)
 }
 """Entry model per ``type``."""
 
@@ -535,9 +615,9 @@ def reference_markdown() -> str:
 __all__ = [
     "ENTRY_TYPES", "FORMAT", "PolicySwap", "Action", "AgentsEvent", "Approval", "BrowserCall", "BrowserResult", "Check",
     "ComputerCall", "browser_arguments", "Entry", "EntryError", "Expectation",
-    "HumanAction", "Takeover",
+    "HumanAction", "Redaction", "Takeover",
     "ModelResponse", "Network", "NetworkLog", "RunFinished", "RunStarted", "RunStatus", "Screenshot", "TaskRef",
-    "UnmetExpectation", "Usage", "ViewDropped", "as_entry", "entry_format", "problem", "reference_markdown",
+    "UnmetExpectation", "Usage", "Video", "ViewDropped", "WebRecording", "as_entry", "entry_format", "problem", "reference_markdown",
 ]
 
 

@@ -63,10 +63,11 @@ from controller.run.bus import (
     HISTORY, ActionSent, ApprovalChanged, ControlChanged, EntryWritten, Published, RunBus, follow_entries,
 )
 from controller.model.errors import DesktopSandboxError
+from controller.redaction import hold_for_typing, typing_done
 from controller.run.progress import browser_call_text
 from controller.run.registry import ApprovalRegistry
 from controller.text import clean
-from wire.actions import ActionInvalid, describe, first_outside, parse_action
+from wire.actions import MODELS, ActionInvalid, describe, first_outside, parse_action
 
 STATES = ("starting", "running", "pausing", "human", "finished")
 """``starting``: no sandbox yet; ``running``: the model drives; ``pausing``: take over asked, the loop
@@ -75,8 +76,9 @@ has not reached a step boundary; ``human``: the loop waits and a person drives; 
 MAX_EVENTS = HISTORY
 """Events kept for views that connect late or reconnect (the bus's history)."""
 
-HUMAN_ACTIONS = ("click", "double_click", "drag", "keypress", "move", "scroll", "type")
-"""What a person may do from a view (no ``wait`` / ``screenshot``: those are the loop's)."""
+HUMAN_ACTIONS = tuple(kind for kind, model in MODELS.items() if model.by_person)
+"""What a person may do from a view (``wire.actions.BaseAction.by_person``: no ``wait`` / ``screenshot``,
+those are the loop's)."""
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -287,6 +289,10 @@ class LiveRun:
                 self._cond.wait(0.1)  # poll interval: the cancellation flag is a plain attribute
         with self._agent_lock:  # an action of the person's under way ends before the model goes on
             self._human = False
+            if not cancelled():  # control goes back to the model: what the person left is its to see
+                typing_done(self._agent)
+            # cancelled: the loop still takes its screenshot on the way out and the video grabs until the
+            # run settles, so what the person typed stays held until the run's end (finish)
             if self._record_control is not None:
                 self._record_control("model")
         if not cancelled():
@@ -300,6 +306,7 @@ class LiveRun:
         with self._cond:
             self.status = status
             self._want_human = False
+            typing_done(self._agent)
             self._agent = None
             self._set_state("finished")
             self._cond.notify_all()
@@ -364,6 +371,7 @@ class LiveRun:
         with self._agent_lock:
             if not self._human:
                 raise NotInControl("take over first: the model has control")
+            hold_for_typing(agent, wire)  # what a person types stays out of every picture
             agent.actions([wire])
             if self._record_human is not None:
                 self._record_human({"action": describe(wire, clean=clean, redact=True), "input": dict(wire), "by": by})

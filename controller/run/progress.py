@@ -42,8 +42,9 @@ from rich.text import Text
 
 from controller.run.entries import (
     Action, Approval, BrowserCall, Check, ComputerCall, Expectation, HumanAction, ModelResponse, Network, NetworkLog,
-    PolicySwap, RunStarted, Takeover, UnmetExpectation, Usage, as_entry, SignIn)
+    PolicySwap, Redaction, RunStarted, Takeover, UnmetExpectation, Usage, Video, WebRecording, as_entry, SignIn)
 from controller.model.requests import ORIGIN_ACCESS, SAFETY_CHECK, request_kind
+from controller.redaction import REASONS
 from controller.sandbox.pool import COLD_REASONS
 from controller.text import SHORT, clean
 from wire.actions import describe
@@ -209,6 +210,57 @@ def sign_in_text(d: dict[str, Any]) -> str:
             + (f": {clean(str(d['detail']), 200)}" if d.get("detail") else ""))
 
 
+def redaction_text(d: dict[str, Any]) -> str:
+    """One line for a ``redaction`` entry (as JSON): ``kept out of every picture: the whole screen: the agent
+    was filling a sign-in form (...)`` or ``...: the region 10,20 640x480: a person typed ...``, escaped (the
+    progress lines and the HTML report)."""
+    box = d.get("box")
+    where = ("the whole screen" if box is None else
+             "the region " + clean(f"{box[0]},{box[1]} {box[2]}x{box[3]}" if isinstance(box, (list, tuple))
+                                   and len(box) == 4 else str(box), 40))
+    return (f"kept out of every picture: {where}: {clean(REASONS.get(str(d.get('why')), str(d.get('why'))), 120)}"
+            + (" (held since before this run)" if d.get("held_before") else ""))
+
+
+def web_text(d: dict[str, Any]) -> str:
+    """One line for a ``web_recording`` entry (as JSON), escaped, its counts first and its folder last (a
+    line cut to the console's width loses the path, not the numbers): ``kept 3 responses of 1 origin(s)
+    (12 KiB); not kept: tunnel 2, too_large 1; in web/`` or ``served 3 answers, denied 1 not in it (holds 2
+    responses, 12 KiB); from DIR``; a recording not read back whole says ``incomplete: WHY`` before its
+    folder."""
+    skipped = ", ".join(f"{clean(str(k), 20)} {v}" for k, v in sorted((d.get("skipped") or {}).items()))
+    size = d.get("bytes") or 0
+    size_text = f"{size} B" if size < 1024 else f"{size / 1024:.0f} KiB"
+    if d.get("mode") == "serve":
+        text = (f"served {d.get('served') or 0} answers, denied {d.get('missing') or 0} not in it "
+                f"(holds {d.get('responses', 0)} responses, {size_text})")
+        where = f"from {clean(str(d['source']), 300)}" if d.get("source") else ""
+    else:
+        text = (f"kept {d.get('responses', 0)} responses of {len(d.get('origins') or [])} origin(s) ({size_text})"
+                + (f"; not kept: {skipped}" if skipped else ""))
+        where = f"in {clean(str(d['dir']), 300)}/" if d.get("dir") else ""
+    incomplete = f"; incomplete: {clean(str(d.get('error')), 200)}" if not d.get("complete", True) else ""
+    return f"{text}{incomplete}" + (f"; {where}" if where else "")
+
+
+def video_text(d: dict[str, Any]) -> str:
+    """One line for a ``video`` entry (as JSON): ``run.webm: 34 frames, 17.0 s, 1280x800, 412 KiB (2 dropped:
+    the encoder was behind)`` or ``none: WHY``, escaped (the progress lines and the summary)."""
+    if not d.get("file"):
+        return f"none: {clean(str(d.get('error') or 'not recorded'), 200)}"
+    size = d.get("size") or ("?", "?")
+    more = []
+    if d.get("dropped"):
+        more.append(f"{d['dropped']} dropped: the encoder was behind")
+    if d.get("limit"):
+        more.append(f"stopped at its {clean(str(d['limit']), 20)} limit, {d.get('cut', 0)} frames cut")
+    if d.get("error"):
+        more.append(clean(str(d["error"]), 200))
+    kib = (d.get("bytes") or 0) / 1024
+    return (f"{clean(str(d['file']), 40)}: {d.get('frames', 0)} frames, {float(d.get('duration_s') or 0):.1f} s, "
+            f"{size[0]}x{size[1]}, {kib:.0f} KiB" + (f" ({'; '.join(more)})" if more else ""))
+
+
 def browser_call_text(d: dict[str, Any]) -> str:
     """One line for a ``browser_call`` entry (as JSON): ``browser click target=e12: ok (35 ms)``,
     ``browser type <12 chars> target=e3: ok``, ``browser read_page filter=all: read 1200 chars, 14
@@ -327,6 +379,12 @@ class RunPrinter:
                 case PolicySwap():
                     self.line(f"network policy set at {entry.why}: {policy_text(entry.policy)}"
                               + (f"; {entry.closed} connection(s) closed" if entry.closed else ""))
+                case Redaction():
+                    self.line(f"  {redaction_text(entry.as_json())}", style="cyan")
+                case Video():
+                    self.line(f"video {video_text(entry.as_json())}", style=None if entry.file else "yellow")
+                case WebRecording():
+                    self.line(f"web {web_text(entry.as_json())}", style=None if entry.complete else "yellow")
                 case SignIn():
                     self.line(f"  {sign_in_text(entry.as_json())}",
                               style="green" if entry.outcome == "submitted" else "yellow")

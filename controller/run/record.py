@@ -28,11 +28,14 @@ from rich.text import Text
 
 from controller.run.entries import (
     ENTRY_TYPES, FORMAT, REPLAY_RUNNER, Action, Approval, BrowserCall, Check, EntryError, Expectation,
-    ModelResponse, Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, as_entry, entry_format,
+    ModelResponse, Network, NetworkLog, RunFinished, RunStarted, Screenshot, SignIn, Video, WebRecording, as_entry,
+    entry_format,
 )
 from controller.offline.call_ids import SCRIPT_CALL
 from controller.run.bus import EntryWritten, RunBus
-from controller.run.progress import COLD_REASONS, Fitted, Kept, check_parts, expectation_text, fitted, print_fitted
+from controller.run.progress import (
+    COLD_REASONS, Fitted, Kept, check_parts, expectation_text, fitted, print_fitted, video_text, web_text,
+)
 from controller import json_semantics
 from controller.validation import read_input_file
 from controller.text import clean
@@ -130,9 +133,10 @@ class RunRecord:
 
     def save_screenshot(self, data: bytes, mime: str, *, image_size: tuple[int, int], frame: Any,
                         screen_size: tuple[int, int] | None = None, reencoded: bool = False,
-                        call_id: str | None = None, waited_for_origin_ms: float | None = None) -> Screenshot:
+                        call_id: str | None = None, waited_for_origin_ms: float | None = None,
+                        redacted: Any = None) -> Screenshot:
         """Store the image as ``shot-NNNN.png|jpg`` and add a ``screenshot`` entry (sha256, sizes, frame,
-        ``waited_for_origin_ms``: see :class:`controller.run.entries.Screenshot`)."""
+        ``waited_for_origin_ms``, ``redacted``: see :class:`controller.run.entries.Screenshot`)."""
         with self._lock:
             self._shots += 1
             number = self._shots
@@ -144,6 +148,7 @@ class RunRecord:
             file=name, sha256=hashlib.sha256(data).hexdigest(), mime=mime, image_size=tuple(image_size),
             frame=tuple(frame_list), screen_size=tuple(screen_size) if screen_size else None, reencoded=reencoded,
             call_id=call_id, waited_for_origin_ms=waited_for_origin_ms,
+            redacted=[tuple(b) for b in redacted] if redacted else None,
         ), data, mime)
 
     def finish(self, status: str, reason: str = "", **fields: Any) -> RunFinished:
@@ -276,7 +281,11 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     teardown included, when ``run_finished`` carries ``wall_s``) and the phase ``timings``. ``runner``:
     ``run_started``'s; a replay's record (``replay``, ``desktop-sandbox replay``) also has ``replay``:
     ``steps`` (the recorded calls it sent again), ``performed`` (those whose actions ran), ``matched`` /
-    ``diverged`` (steps whose recorded screen came / did not come).
+    ``diverged`` (the recorded screens that came / did not come: one a replayed turn that expected one,
+    the closing turn's too). ``video``: the run's ``video`` entry
+    (its JSON; None when the run recorded none). ``web``: the run's ``web_recording`` entry (its JSON: mode
+    ``record`` or ``serve``, responses kept or served, missing, skipped by reason, bytes; None when the run
+    neither recorded nor served web origins).
     """
     from controller.model.steps import steps
 
@@ -296,6 +305,8 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
     finished: list[RunFinished] = by(RunFinished)
     started: list[RunStarted] = by(RunStarted)
     browser: list[BrowserCall] = by(BrowserCall)
+    videos: list[Video] = by(Video)
+    webs: list[WebRecording] = by(WebRecording)
     responses: list[ModelResponse] = [step.response for step in record_steps if step.ok]
     usage_missing = sum(1 for r in responses if r.usage is None)
     totals = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
@@ -351,6 +362,8 @@ def summarize(entries: Iterable[Any]) -> dict[str, Any]:
         "reason": last.reason if last else "",
         "wall_s": wall,
         "timings": last.timings if last else None,
+        "video": videos[-1].as_json() if videos else None,
+        "web": webs[-1].as_json() if webs else None,
     }
 
 
@@ -399,8 +412,9 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
     elif claim:
         row("sandbox", shown(f"cold start: {COLD_REASONS.get(str(claim.get('reason')), 'the warm pool gave none')}"))
     if replayed:
-        row("steps replayed", f"{_count(replayed['steps'], 'recorded call')} sent again: {replayed['matched']} matched "
-                              f"the recorded screen, {replayed['diverged']} diverged; {replayed['performed']} performed")
+        row("steps replayed", f"{_count(replayed['steps'], 'recorded call')} sent again, {replayed['performed']} "
+                              f"performed; recorded screens (one a turn, the closing one too): {replayed['matched']} "
+                              f"matched, {replayed['diverged']} diverged", whole=True)
     else:
         row("steps", _count(s["steps"], "model response"))
     shots = _count(s["screenshot_actions"], "screenshot action")
@@ -452,6 +466,10 @@ def summary_table(entries: Iterable[Any], record_path: str | Path | None = None)
         row("time", f"{s['wall_s']:.1f} s")
     if s["timings"]:
         row("phases", shown(", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items())))
+    if s["video"] is not None:
+        row("video", shown(video_text(s["video"]), 400))
+    if s["web"] is not None:
+        row(f"web ({shown(s['web'].get('mode'), 20)})", shown(web_text(s["web"]), 800))
     if record_path:
         row("record", shown(record_path, 500), whole=True)
     return table

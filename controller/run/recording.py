@@ -104,6 +104,11 @@ class DecisionTail:
     call) never waits for the gateway: pokes that arrive during a read make one more read after it.
     :meth:`finish` stops that thread, reads to the end of the log, records what is still missing and
     writes the ``network_log`` entry. Thread-safe.
+
+    An action in flight: :meth:`hold` (as the driver sends it) keeps what is read meanwhile out of the
+    record until :meth:`release` (once its ``action`` line is written), so that every decision the
+    gateway made during an action is written after that action's line, however late a read poked
+    before it ran (contract 4). What was held is written in log order, before anything read later.
     """
 
     def __init__(self, record: RunRecord, read: Callable[[int, int], list[Any]]) -> None:
@@ -120,20 +125,49 @@ class DecisionTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: str | None = None
+        self._gate = threading.Lock()  # held while entries are written or kept back; never during a read
+        self._held = False
+        self._finishing = False  # no hold from now on: finish() writes every entry it reads
+        self._kept: list[Network] = []
+
+    def hold(self) -> None:
+        """An action is about to be sent: keep the entries read from now on until :meth:`release`
+        (none once :meth:`finish` began)."""
+        with self._gate:
+            self._held = not self._finishing
+
+    def release(self) -> None:
+        """The action's line is written: write what was kept back, in log order, and stop holding."""
+        with self._gate:
+            kept, self._kept, self._held = self._kept, [], False
+            for entry in kept:
+                self.record.write(entry)
+
+    def _write(self, entries: list[Network]) -> None:
+        """One read's entries, all kept back or all written: a hold that comes while they are written
+        does not split them (they were all logged before the action it is for was sent)."""
+        with self._gate:
+            if self._held:
+                self._kept.extend(entries)
+            else:
+                for entry in entries:
+                    self.record.write(entry)
 
     def _take(self, lines: Any) -> int:
         if not isinstance(lines, list):
             self._failure = f"the decision log read gave a {type(lines).__name__}, not a list of lines"
             return 0
         room = max(0, MAX_DECISIONS - self.consumed)
+        entries: list[Network] = []
         for seq, item in enumerate(lines[:room], self.consumed + 1):
             entry = network_entry(item, seq)
             if isinstance(entry, str):
                 self.invalid.append(entry)
             else:
-                self.record.write(entry)
+                entries.append(entry)
                 if entry.request_id is not None:
                     self.requests[entry.request_id] = {"origin": entry.origin, "reason": entry.reason}
+        self._write(entries)
         self.consumed += min(len(lines), room)
         return min(len(lines), room)
 
@@ -176,6 +210,9 @@ class DecisionTail:
             self._stop.set()
             self._wake.set()
             self._thread.join(join_timeout)
+        with self._gate:
+            self._finishing = True
+        self.release()  # an action cut short by the run's end wrote no line; what it kept goes now
         with self._lock:
             errors: list[str] = []
             if self._thread is not None and self._thread.is_alive():
@@ -240,7 +277,10 @@ class RecordingHooks:
         self._browser_calls: dict[str, tuple[str, Any]] = {}  # call_id -> (member, arguments as sent)
 
     def _poll(self) -> None:
+        """No action is in flight (a model response, an action's or a browser call's line is written):
+        what the tail held back goes to the record, and a read is asked for."""
         if self.network is not None:
+            self.network.release()
             self.network.poke()
 
     def on_request(self, usage: RequestUsage, body: Any) -> None:
@@ -345,7 +385,7 @@ class RecordingHooks:
         if outcome is not None and outcome.image is not None:
             image = outcome.image
             saved = self.record.save_screenshot(image.data, image.mime, image_size=image.size, frame=image.frame,
-                                                call_id=call_id)
+                                                call_id=call_id, redacted=image.redacted)
             shot = self.last_screenshot = saved.file
         kept = _bounded(browser_arguments(member or "", arguments)) if isinstance(arguments, dict) else None
         tab = kept.get("tab_id") if kept else None
@@ -365,7 +405,8 @@ class RecordingHooks:
         waited, self.waited_for_origin_ms = self.waited_for_origin_ms, None
         entry = self.record.save_screenshot(shot.data, shot.mime, image_size=shot.image_size, frame=shot.frame,
                                             screen_size=shot.screen_size, reencoded=shot.reencoded,
-                                            call_id=self.current_call, waited_for_origin_ms=waited)
+                                            call_id=self.current_call, waited_for_origin_ms=waited,
+                                            redacted=shot.redacted)
         self.last_screenshot = entry.file
 
     def on_decision(self, decision: ApprovalDecision) -> None:

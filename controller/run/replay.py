@@ -559,6 +559,7 @@ class HumanReplayer:
         return performed
 
     def _perform(self, actions: list[dict[str, Any]]) -> None:
+        from controller.redaction import hold_for_typing, typing_done
         from controller.run.entries import HumanAction, Takeover
         from controller.run.record import recorded_action
         from controller.text import clean
@@ -567,8 +568,10 @@ class HumanReplayer:
         self.write(Takeover(control="human", by="replay"))
         try:
             for action in actions:
+                hold_for_typing(self.agent, action)
                 self.agent.actions([action])
                 self.write(HumanAction(action=describe(action, clean=clean, redact=True),
                                        input=recorded_action(action, self.typed_text), by="replay"))
         finally:
+            typing_done(self.agent)
             self.write(Takeover(control="model", by="replay"))

@@ -51,6 +51,7 @@ from openai.lib.responses_tool_runner import ToolRunnerCancelledError, ToolRunne
 from rich.console import Console
 from rich.markup import escape
 
+from controller.redaction import Redactor
 from controller.run.approvals import ActionGate, SafetyCheckApprover, terminal_asker
 from controller.run.binding import BoundApprovals
 from controller.run.browser_driver import GuestBrowserDriver, UrlRules
@@ -58,7 +59,7 @@ from controller.run.bus import RunBus, follow_entries
 from controller.run.cancel import Cancellation, RunStopped
 from controller.run.conversation import ConversationTail
 from controller.run.driver import SandboxDriver, ScreenChanged, ScreenshotPolicy
-from controller.run.entries import Approval, Check, HumanAction, PolicySwap, Takeover, ViewDropped
+from controller.run.entries import Approval, Check, HumanAction, PolicySwap, Redaction, Takeover, Video, ViewDropped
 from controller.run.live import LiveRun
 from controller.run.loops import browser_loop, browser_params, build_params
 from controller.run.model_client import live_client, offline_client
@@ -75,6 +76,8 @@ from controller.run.seam import RunSeam
 from controller.run.signin import SignInFile, SignInFlow, SignInPrompter
 from controller.run.tasks import Task
 from controller.run.verify import run_checks
+from controller.run.video import VideoRecorder, VideoSettings
+from controller.run.web import RunWeb, WebRecordingError, load_recording
 from controller.offline.expectations import INPUT_KINDS
 from controller.offline.script import load_task_script
 from controller.offline.scripted_server import ScriptedModel, ScriptedServer
@@ -144,6 +147,15 @@ class RunOptions:
     human_actions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     """A person's actions to perform again (``desktop-sandbox replay``: step index -> actions in screen px,
     :class:`controller.run.replay.HumanReplayer`)."""
+    video: VideoSettings | None = None
+    """``--video``: record a video of the run (``runs/<id>/run.webm``, :mod:`controller.run.video`) with these
+    settings; None: only when the task's ``[record] video`` asks (then with the default settings)."""
+    record_web: bool = False
+    """``--record-web``: keep the plain-HTTP responses the policy let through in ``runs/<id>/web``
+    (as the task's ``[record] web``; :mod:`controller.run.web`)."""
+    web_from: Path | None = None
+    """``replay --offline-web``: serve this web recording's folder instead of fetching (as the task's
+    ``[offline] web``, which it takes precedence over); a run that serves one records none."""
 
 
 @dataclass
@@ -214,6 +226,10 @@ class Run:
         self.loop_fn = loop
         self.max_steps = opts.max_steps or task.max_steps
         self.typed_text = opts.record_typed_text or task.record.typed_text
+        self.video_settings = opts.video or (VideoSettings() if task.record.video else None)
+        self.video: VideoRecorder | None = None
+        self.web_from = opts.web_from or task.offline_web_path()
+        self.web: RunWeb | None = None
         self.cancel = Cancellation()
         self.bus = RunBus()
         self.registry = ApprovalRegistry(opts.approval_timeout_s, bus=self.bus)
@@ -315,10 +331,14 @@ class Run:
 
     def _end(self, own: bool) -> RunOutcome:
         try:
+            if self.video is not None:  # the grabs end before the sandbox goes; the encoder goes on
+                self.video.stop_grabbing()
             self.settle()
             teardown_s = self._teardown(own)
             return self.finish(teardown_s)
         finally:
+            if self.video is not None:  # the file closed whatever went wrong above (at once when it is)
+                self.video.finish(cancelled=self.cancel)
             self.registry.close("run ended")
             self._restore_agent()
             for answerer in self._answerers:
@@ -340,6 +360,10 @@ class Run:
             self.scripted = ScriptedModel(load_task_script(self.task, self.options.script),
                                           on_expectation=expectation_recorder(self.record))
             self.server = ScriptedServer(self.scripted).start()
+        if self.web_from is not None:  # read and verified before any sandbox starts
+            self.web = RunWeb("serve", load_recording(self.web_from))
+        elif self.options.record_web or self.task.record.web:
+            self.web = RunWeb("record")
         if self.cancel():
             raise RunStopped()
 
@@ -360,6 +384,12 @@ class Run:
         except ControlUnreachable as exc:
             self.cancel.fail(str(exc))
             raise RunStopped() from None
+        if self.web is not None:  # before anything is launched: nothing fetched live, nothing missed
+            try:
+                self.web.start(sandbox, self.cancel)
+            except WebRecordingError as exc:
+                self.cancel.fail(f"web recording: {exc}")
+                raise RunStopped() from None
         if self.cancel():
             raise RunStopped()
         self.time_scale = float(getattr(sandbox, "time_scale", 1.0) or 1.0)
@@ -367,11 +397,21 @@ class Run:
             self.scripted.time_scale = self.time_scale
         self.agent = sandbox.agent
         self.home = self.options.home or getattr(sandbox, "guest_home", None) or GUEST_HOME
-        self._restore_agent = _stop_agent_calls(self.agent, self.cancel)
+        restore_calls = _stop_agent_calls(self.agent, self.cancel)
+        restore_redactions = _record_redactions(self.agent, self.record)
+
+        def restore_agent() -> None:
+            restore_redactions()
+            restore_calls()
+
+        self._restore_agent = restore_agent
         if self.view is not None:
             self.view.attach(self.agent, (self.task.screen.width, self.task.screen.height), task_name=self.task.name,
                              cancel=self.cancel_by_view, record_human=self._record_human,
                              record_control=lambda control: self.record.write(Takeover(control=control)))
+        if self.video_settings is not None:
+            self.video = VideoRecorder(self.agent, (self.task.screen.width, self.task.screen.height),
+                                       self.record.dir, self.bus, self.video_settings).start()
 
     def _record_human(self, data: dict[str, Any]) -> None:
         self.record.write(HumanAction(**_human_recorded(data, self.typed_text)))
@@ -449,6 +489,7 @@ class Run:
         policy = ScreenshotPolicy(format=m.format, quality=m.quality, max_width=m.max_width,
                                   max_height=m.max_height, crop=m.crop, max_bytes=m.max_bytes)
         seam = RunSeam(self.bus)
+        seam.network = self.network
         self.driver = SandboxDriver(self.agent, policy, seam=seam, bind_rule=self.task.approvals.rule())
         hooks = RecordingHooks(self.record, self.driver, self.network)
         hooks.typed_text = self.typed_text
@@ -546,7 +587,8 @@ class Run:
     def settle(self) -> None:
         """Origin requests still pending withdrawn, the network decisions not yet recorded (the run's
         tail of the gateway's log, then one ``network_log`` line saying whether the whole log is in the
-        record) and the origin requests it names reconciled with the ``approval`` lines."""
+        record) and the origin requests it names reconciled with the ``approval`` lines; the run's web
+        recording read back (``web_recording``, :mod:`controller.run.web`)."""
         self._write_started()
         if self.origins is not None:
             why = self.cancel.reason
@@ -557,6 +599,10 @@ class Run:
         netlog = network.finish()
         if self.origins is not None:
             self.origins.reconcile(self.record, network)
+        if self.web is not None and self.web.started:
+            web = self.web.finish(self.record, self.cancel)
+            if not web.complete:
+                print_fitted(self.console, fitted(f"web recording: {clean(web.error, 500)}", style="yellow"))
         if not netlog.complete:
             print_fitted(self.console, fitted(f"gateway decision log: {clean(netlog.error, 500)}", style="yellow"))
         self.printer.flush()  # the decisions, deduplicated, before any teardown message
@@ -583,6 +629,10 @@ class Run:
         if self.cancel() and self.cancel.signal is not None and self.status != "cancelled":
             self.status, self.reason = ("cancelled", f"cancelled by {self.cancel.signal} after the run had "
                                                      f"{self.status}: {self.reason}")
+        if self.video is not None:  # the encoder takes what is queued and closes the file (bounded)
+            self.record.write(self.video.finish(cancelled=self.cancel))
+        elif self.video_settings is not None:
+            self.record.write(Video(fps=self.video_settings.fps, error="the run ended before its sandbox was up"))
         self.record.finish(self.status, self.reason, final_message=self.final_message, timings=self.timings,
                            wall_s=round(time.monotonic() - self._t0, 3))
         self.record.close()
@@ -716,6 +766,31 @@ def _expectation_verdict(scripted: ScriptedModel | None, status: str, reason: st
     return "failed", (f"{what} expectation unmet at turn {unmet.get('turn')} ({unmet.get('reason')}): "
                       f"{first.get('expected')}; observed {first.get('observed')}")
 
+
+
+def _record_redactions(agent: Any, record: Any) -> Callable[[], None]:
+    """Each region ``agent``'s screen starts to keep out of pictures (:mod:`controller.redaction`) is a
+    ``redaction`` line, those held since before the run first (``held_before``); returns what stops
+    writing them, to call once the run has ended (the sandbox and its redactor may outlive the run): it
+    also lets go a ``sign_in`` region a fill left held because its end was never seen
+    (:class:`controller.run.signin.SignInFlow`), once nothing of the run takes pictures any more."""
+    redactor = getattr(agent, "redactor", None)
+    if not isinstance(redactor, Redactor):
+        return lambda: None
+    for why, box in redactor.held():
+        record.write(Redaction(why=why, box=box, held_before=True))
+
+    def written(why: str, box: Any) -> None:
+        if getattr(record, "finished", None) is None:  # never after run_finished, the last line
+            record.write(Redaction(why=why, box=box))
+
+    redactor.on_hold = written
+
+    def restore() -> None:
+        redactor.on_hold = None
+        redactor.release_all("sign_in")
+
+    return restore
 
 
 def _stop_agent_calls(agent: Any, cancel: Cancellation) -> Callable[[], None]:

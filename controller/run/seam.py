@@ -11,15 +11,20 @@ in by name, each optional:
 - ``waits`` before each capture, in order: pending origin requests
   (:func:`controller.run.origins.wait_for_origins`), the sign-in flow
   (:class:`controller.run.signin.SignInFlow`);
-- ``rebind`` when the agent refused a bound action (:class:`controller.run.binding.BoundApprovals`).
+- ``rebind`` when the agent refused a bound action (:class:`controller.run.binding.BoundApprovals`);
+- ``network``, the gateway's decisions followed into the record
+  (:class:`controller.run.recording.DecisionTail`): held from each action's sending to its record line.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from controller.run.bus import ActionSent, RunBus
 from controller.run.driver import DriverSeam, SentScreenshot
+
+if TYPE_CHECKING:
+    from controller.run.recording import DecisionTail
 
 
 class RunSeam(DriverSeam):
@@ -32,6 +37,7 @@ class RunSeam(DriverSeam):
         self.gates: list[Callable[[bool], Any]] = []
         self.waits: list[Callable[[], bool]] = []
         self.rebind: Callable[[Any], bool] | None = None
+        self.network: "DecisionTail | None" = None
 
     @property
     def waits_before_capture(self) -> bool:  # type: ignore[override]
@@ -45,6 +51,8 @@ class RunSeam(DriverSeam):
         return changed
 
     def forwarding(self, actions: list[dict[str, Any]]) -> None:
+        if self.network is not None:
+            self.network.hold()
         for action in actions:
             self.bus.publish(ActionSent(dict(action), "model"))
 
@@ -56,6 +64,8 @@ class RunSeam(DriverSeam):
         return waited
 
     def screen_changed(self, error: Any) -> bool:
+        if self.network is not None:  # nothing of the action ran; asking again may take a while
+            self.network.release()
         return self.rebind(error) if self.rebind is not None else False
 
     def screenshot_sent(self, shot: SentScreenshot) -> None:

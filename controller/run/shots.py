@@ -1,5 +1,5 @@
 """The one rule for reading a run record's screenshot files, for every reader: ``report``, the web
-console, the Agents API and ``replay``.
+console, the Agents API and ``replay``; and the same rule for the run's video (:func:`open_video`).
 
 A record may be hostile: anyone who can write the run directory may have edited ``record.jsonl`` or
 put something else where a screenshot was. So a screenshot named by a record entry's ``file`` is read
@@ -15,19 +15,26 @@ only when:
   :data:`MAX_SHOT_SIDE` px a side (the largest screen a guest is ever given), so no reader decodes (or
   hands a browser) a decompression bomb.
 
+The run's video (``run.webm``, :mod:`controller.run.video`) is read by the same rule: the one name
+:data:`VIDEO_NAME`, the directory and the file opened without following a link and without blocking, a
+regular file of at most :data:`MAX_VIDEO_BYTES` whose bytes start as a WebM file does
+(:data:`VIDEO_MAGIC`, then the ``webm`` document type in its header). A reader hands it on as it is
+(a browser decodes it); no reader here decodes it.
+
 Anything else is refused with the reason, a short phrase (the name itself is never part of it: show it
 with :func:`controller.text.clean` where it is shown at all).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
 import stat
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from PIL import Image
 
@@ -50,6 +57,31 @@ MAX_SHOT_BYTES = 32 * 1024 * 1024
 
 MAX_SHOT_SIDE = MAX_SCREEN_PX
 """Largest width or height of a screenshot read (px): the largest screen the controller gives a guest."""
+
+VIDEO_NAME = re.compile(r"run\.webm")
+"""The only video file name a reader opens (what :class:`controller.run.video.VideoRecorder` writes)."""
+
+VIDEO_TYPE = "video/webm"
+"""Content type of the run's video."""
+
+VIDEO_MAGIC = b"\x1a\x45\xdf\xa3"
+"""How a WebM (Matroska, EBML) file starts."""
+
+VIDEO_DOCTYPE = b"\x42\x82\x84webm"
+"""The EBML header's DocType element saying ``webm``, within :data:`VIDEO_HEAD_BYTES` of the start."""
+
+VIDEO_HEAD_BYTES = 64
+"""Bytes of a video read to check its magic and document type."""
+
+MAX_VIDEO_BYTES = 512 * 1024 * 1024
+"""Largest video file read (bytes), and the recorder's own cap on what it writes."""
+
+
+def _open_failed(exc: OSError) -> str:
+    """Why a file of the run could not be opened, in words (a link is named as such: never followed)."""
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link (not followed)"
+    return f"cannot open: {exc.strerror or exc}"
 
 
 def shot_name(file: Any) -> str | None:
@@ -83,7 +115,7 @@ def read_shot(directory: str | Path, file: Any, budget: int = MAX_SHOT_BYTES) ->
     try:
         fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        return None, f"cannot open: {exc.strerror or exc}"
+        return None, _open_failed(exc)
     finally:
         os.close(dir_fd)
     with os.fdopen(fd, "rb") as fh:
@@ -155,3 +187,60 @@ def load_shot(directory: str | Path, file: Any) -> tuple[Image.Image | None, str
     if data is None:
         return None, why
     return decode_shot(data)
+
+
+def video_name(file: Any) -> str | None:
+    """``file`` when it is the video name a reader may open (:data:`VIDEO_NAME`), else None."""
+    return file if isinstance(file, str) and VIDEO_NAME.fullmatch(file) else None
+
+
+def open_video(directory: str | Path, file: Any) -> tuple[IO[bytes] | None, int, str | None]:
+    """The run's video ``file`` in the run directory ``directory``, opened by the rule (module doc):
+    ``(binary file at offset 0, its size in bytes, None)``, or ``(None, 0, why)``. The caller reads what
+    it sends from the file returned (never the path again) and closes it. Never raises for a bad file,
+    never blocks."""
+    name = video_name(file)
+    if name is None:
+        return None, 0, "not the video's file name"
+    try:
+        dir_fd = os.open(directory, _FLAGS | os.O_DIRECTORY)
+    except OSError as exc:
+        return None, 0, f"cannot open the run directory: {exc.strerror or exc}"
+    try:
+        fd = os.open(name, _FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        return None, 0, _open_failed(exc)
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        return None, 0, f"cannot read: {exc.strerror or exc}"
+    if not stat.S_ISREG(info.st_mode):  # a folder or a FIFO: never read (fdopen refuses a folder)
+        os.close(fd)
+        return None, 0, "not a regular file"
+    fh = os.fdopen(fd, "rb")
+    try:
+        if info.st_size > MAX_VIDEO_BYTES:
+            why = f"larger than {MAX_VIDEO_BYTES} bytes"
+        else:
+            head = fh.read(VIDEO_HEAD_BYTES)
+            why = None if head.startswith(VIDEO_MAGIC) and VIDEO_DOCTYPE in head else "not a WebM file"
+        if why is None:
+            fh.seek(0)
+            return fh, info.st_size, None
+    except OSError as exc:
+        why = f"cannot read: {exc.strerror or exc}"
+    fh.close()
+    return None, 0, why
+
+
+def check_video(directory: str | Path, file: Any) -> tuple[int | None, str | None]:
+    """Whether the run's video ``file`` would be read (:func:`open_video`): ``(its size in bytes, None)``
+    or ``(None, why)``."""
+    fh, size, why = open_video(directory, file)
+    if fh is None:
+        return None, why
+    fh.close()
+    return size, None

@@ -346,16 +346,36 @@ class SignInFlow:
             return None
         finally:
             values.clear()
+        redactor = getattr(self.agent, "redactor", None)
+        # the whole screen out of every picture while a field may hold a value (controller.redaction)
+        held = redactor.hold("sign_in") if redactor is not None else None
+        unanswered = False
         try:
             result = self.agent.signin_fill(fill)
         except AgentError as exc:
+            unanswered = exc.status == 0
             self._record(request, step, page, "error", detail=f"{exc.code}: {exc}")
             return None
         finally:
             del fill
+            if held is not None and not (unanswered and not self._fill_over()):
+                redactor.release(held)
+            # else kept: the agent may still be typing the values; the run lets it go as it ends
         self._record(request, step, page, result.outcome, navigated=result.navigated, detail=result.detail or None,
                      destination=result.destination or None)
         return request.by if result.outcome == "submitted" else None
+
+    def _fill_over(self) -> bool:
+        """After a fill call that got no answer (cut at its deadline, or as the run stops): whether the
+        agent is heard from again. Its chromium takes one call at a time, so any answer to asking for the
+        page comes after the fill ended there; no answer: it may still be typing."""
+        from controller.agent_client import AgentError
+
+        try:
+            self.agent.signin_page()
+        except AgentError as exc:
+            return exc.status != 0
+        return True
 
     def _record(self, request: Request | None, step: int, page: Any, outcome: str, *,
                 navigated: bool | None = None, detail: str | None = None, destination: str | None = None) -> None:

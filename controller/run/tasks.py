@@ -187,9 +187,15 @@ class Approvals(_Strict):
 class Record(_Strict):
     """``[record]``: ``typed_text`` (default false) keeps the text the model (and a person taking over)
     typed in the run record, so that ``desktop-sandbox replay`` can type it again (``run-task
-    --record-typed-text`` does the same); leave it off for tasks whose typing may hold secrets."""
+    --record-typed-text`` does the same); leave it off for tasks whose typing may hold secrets.
+    ``video`` (default false) records a video of every run of the task, ``runs/<id>/run.webm``, with the
+    default settings (``run-task --video`` does the same; docs/video.md).
+    ``web`` (default false) keeps the plain-HTTP responses the policy let through in ``runs/<id>/web/``
+    (``run-task --record-web`` does the same; docs/replay.md), for ``replay --offline-web``."""
 
     typed_text: StrictBool = False
+    video: StrictBool = False
+    web: StrictBool = False
 
 
 CHANNEL_BROWSER = "chromium"
@@ -197,10 +203,21 @@ CHANNEL_BROWSER = "chromium"
 
 
 class Offline(_Strict):
-    """The scripted model turns (contract 3), path relative to the task file."""
+    """The scripted model turns (contract 3), path relative to the task file. ``web``: a web recording's
+    folder (``index.jsonl`` and its bodies, as ``run-task --record-web`` writes it in ``runs/<id>/web``),
+    relative to the task file: every run of the task, live or scripted, gets its pages from it and from
+    nothing else (the gateway serves it; a request it holds no answer for is denied ``not_recorded``)."""
 
     script: StrictStr = Field(min_length=1)
     legacy: StrictBool = False
+    web: StrictStr | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("web")
+    @classmethod
+    def _web_folder(cls, v: str | None) -> str | None:
+        if v is not None and ("\x00" in v or not v.strip()):
+            raise ValueError("must name a folder (no NUL, not blank)")
+        return v
 
 
 class Task(_Strict):
@@ -294,6 +311,13 @@ class Task(_Strict):
             return (), ()
         return (tuple((launch.app, tuple(launch.args)) for launch in self.launch),
                 tuple((ready.file, float(ready.timeout_s)) for ready in self.ready))
+
+    def offline_web_path(self) -> Path | None:
+        """Absolute path of the task's web recording (``[offline] web``), or None when it has none."""
+        if self.offline is None or self.offline.web is None:
+            return None
+        base = self.source.parent if self.source else Path.cwd()
+        return (base / self.offline.web).resolve()
 
     def offline_script_path(self) -> Path:
         """Absolute path of the offline script; raises TaskError when the task has none."""

@@ -134,6 +134,10 @@ class Sandbox(abc.ABC):
     backend_name: ClassVar[str] = ""
     """The registry name of the backend (``docker``, ``vm``)."""
 
+    id_prefix: ClassVar[str] = ""
+    """How this backend's sandbox ids begin (``ds-``, ``dv-``, ``dk-``; :data:`SANDBOX_ID`): ``down`` tells
+    by it which backend a token file's sandbox belongs to."""
+
     default_ready_timeout: ClassVar[float] = 120.0
 
     capabilities: ClassVar[Capabilities] = Capabilities()
@@ -365,6 +369,7 @@ class Sandbox(abc.ABC):
             raise SandboxError(f"the agent of sandbox {self.id} did not take a new token: {clean(exc, 300)}") from exc
         self._token = new
         self._agent_client = AgentClient(old.base_url, new)
+        self._agent_client.redactor = old.redactor  # what the screen keeps out of pictures goes on
         try:
             old.close()
         except Exception:  # noqa: BLE001 - the old connections are dropped either way
@@ -453,7 +458,8 @@ def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[st
     ones whose owner is alive; logs one warning per
     sandbox whose owner cannot be proven dead (``controller.sandbox.owner.owner_state``), naming it and
     why (each value escaped and cut by :func:`controller.text.clean`: labels are whatever the engine or
-    the sandbox's directory holds), and leaves it. ``remove(id)`` removes one. Returns the ids removed.
+    the sandbox's directory holds), and leaves it. ``remove(id)`` removes one; one that fails is named in
+    a warning and left for the next start (the caller's start goes on). Returns the ids removed.
     """
     from controller.sandbox.owner import claimed_owner, forget_claim, owner_state
 
@@ -466,7 +472,13 @@ def reap(found: Mapping[str, Mapping[str, str]], remove: Callable[[str], list[st
             labels = {**labels, LABEL_OWNER_ID: claimed[0], LABEL_OWNER: claimed[1]}
         state, reason = owner_state(labels.get(LABEL_OWNER_ID))
         if state == "dead":
-            remove(sandbox_id)
+            try:
+                remove(sandbox_id)
+            except Exception as exc:  # noqa: BLE001 - another's leftovers never stop this start
+                shown = clean(sandbox_id, 80)
+                log.warning("abandoned sandbox %s could not be removed (%s); the next start tries again, "
+                            "`desktop-sandbox down %s` removes it", shown, clean(exc, 300), shown)
+                continue
             forget_claim(sandbox_id)
             reaped.append(sandbox_id)
         elif state == "unproven":

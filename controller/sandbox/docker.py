@@ -173,7 +173,7 @@ def _says(exc: docker.errors.APIError, phrases: Sequence[str]) -> bool:
 
 def new_sandbox_id() -> str:
     """A fresh sandbox id, ``ds-<8 hex>``."""
-    return f"ds-{secrets.token_hex(4)}"
+    return f"{DockerSandbox.id_prefix}{secrets.token_hex(4)}"
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -244,6 +244,7 @@ class DockerSandbox(Sandbox):
     """A running sandbox on the local Docker engine. Create with ``DockerSandbox.start``."""
 
     backend_name = "docker"
+    id_prefix = "ds-"
     default_ready_timeout = 120.0
     capabilities = Capabilities(policy_swap=True, pool=True, snapshot="files", fork=True)
 
@@ -857,7 +858,7 @@ class DockerSandbox(Sandbox):
         it removes the sandbox like any other's. Raises SandboxError when there is no such running sandbox."""
         from controller.sandbox import LABEL_ROLE, LABEL_SANDBOX, SANDBOX_ID
 
-        if not SANDBOX_ID.fullmatch(sandbox_id) or not sandbox_id.startswith("ds-"):
+        if not SANDBOX_ID.fullmatch(sandbox_id) or not sandbox_id.startswith(cls.id_prefix):
             raise SandboxError(f"not a Docker sandbox id: {clean(sandbox_id, 40)} (ds-<8 hex>)")
         client = client or engine()
         found = {c.labels.get(LABEL_ROLE): c

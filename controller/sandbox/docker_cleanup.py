@@ -4,6 +4,9 @@ provably abandoned ones (see ``controller.sandbox.owner``). Every part is found 
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import docker
 import docker.errors
 
@@ -48,6 +51,11 @@ def reap_orphans(client: docker.DockerClient) -> list[str]:
     return reap(list_sandboxes(client), lambda sandbox_id: remove_sandbox(client, sandbox_id))
 
 
+ENDPOINTS_GONE_S = 15.0
+"""Longest wait (seconds) for a network's endpoints to go when another remover (a second process reaping
+the same abandoned sandbox, ``down`` beside a start) is still removing its containers."""
+
+
 def _remove(client: docker.DockerClient, filters: dict[str, str]) -> list[str]:
     removed = []
     for container in client.containers.list(all=True, ignore_removed=True, filters=filters):
@@ -60,9 +68,23 @@ def _remove(client: docker.DockerClient, filters: dict[str, str]) -> list[str]:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
     for network in client.networks.list(filters=filters):
+        if _remove_network(network):
+            removed.append(network.name)
+    return removed
+
+
+def _remove_network(network: Any) -> bool:
+    """Remove ``network``; True when this call removed it, False when it was gone already. A network
+    whose containers another remover is still removing ("has active endpoints") is removed once they are
+    gone, waited for at most :data:`ENDPOINTS_GONE_S` (then the engine's error is raised)."""
+    deadline = time.monotonic() + ENDPOINTS_GONE_S
+    while True:
         try:
             network.remove()
-            removed.append(network.name)
+            return True
         except docker.errors.NotFound:
-            pass
-    return removed
+            return False
+        except docker.errors.APIError as exc:
+            if "active endpoints" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)  # poll interval: the engine has no event to wait on for one network's endpoints

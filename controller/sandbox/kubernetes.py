@@ -93,6 +93,7 @@ class KubernetesSandbox(Sandbox):
     """A sandbox on a Kubernetes cluster (module docstring). Create with ``KubernetesSandbox.start``."""
 
     backend_name = "kubernetes"
+    id_prefix = ID_PREFIX
     default_ready_timeout = 300.0  # includes the image pull on a fresh node
     capabilities = Capabilities()  # rendered pools only (render --pool): nothing at runtime
 

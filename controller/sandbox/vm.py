@@ -179,6 +179,7 @@ class VMSandbox(Sandbox):
     """A running VM sandbox. Create with ``VMSandbox.start``; see the module docstring."""
 
     backend_name = "vm"
+    id_prefix = "dv-"
     default_ready_timeout = 600.0
     capabilities = Capabilities(policy_swap=True, pool=True, snapshot="machine", fork=True)
 
@@ -230,7 +231,7 @@ class VMSandbox(Sandbox):
         spec = spec or SandboxSpec()
         options = options or VMOptions()
         cls.reap_orphans()
-        sandbox_id = f"dv-{secrets.token_hex(4)}"
+        sandbox_id = f"{cls.id_prefix}{secrets.token_hex(4)}"
         workdir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-"))
         sandbox = cls(sandbox_id, workdir)
         sandbox._keep_dir = options.keep_dir
@@ -495,7 +496,7 @@ class VMSandbox(Sandbox):
         made: list[VMSandbox] = []
         try:
             for _ in range(int(count)):
-                sandbox_id = f"dv-{secrets.token_hex(4)}"
+                sandbox_id = f"{cls.id_prefix}{secrets.token_hex(4)}"
                 sandbox = cls(sandbox_id, Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{sandbox_id}-")))
                 sandbox._keep_dir = options.keep_dir
                 sandbox._labels = sandbox_labels(sandbox_id, None, options, owner_labels())

@@ -209,3 +209,14 @@ def test_key_names_and_scroll_amounts_are_bounded_for_every_action_that_takes_th
         for amount in (MAX_SCROLL_PX + 1, -MAX_SCROLL_PX - 1, 10 ** 400):
             with pytest.raises(ActionInvalid):
                 parse_action({"type": "scroll", "x": 1, "y": 1, "scroll_x": 0, "scroll_y": 0, axis: amount})
+
+
+def test_the_guests_fast_path_and_a_persons_actions_derive_from_the_action_models():
+    from controller.model.marks import POINTED
+    from controller.run.live import HUMAN_ACTIONS
+    from guest.actions import QUICK_TYPES, quick
+
+    assert QUICK_TYPES == {"click", "double_click", "move", "scroll", "keypress", "screenshot"}
+    assert HUMAN_ACTIONS == ("click", "double_click", "drag", "keypress", "move", "scroll", "type")
+    assert POINTED == ("click", "double_click", "move", "scroll")
+    assert quick([{"type": "click"}, {"type": "keypress"}]) and not quick([{"type": "click"}, {"type": "drag"}])

@@ -342,6 +342,32 @@ def test_each_call_is_one_browser_call_line_and_typed_text_never_enters_the_reco
     assert browser[2].error.startswith("navigation refused: an origin the task's network policy")
 
 
+def test_a_browser_screenshot_taken_while_a_region_is_held_is_filled_for_the_model_and_the_record(fake, tmp_path):
+    """The browser tools' images come from chromium, not the screen grab: the held regions are filled in
+    them too (mapped from screen px into the viewport's image), in what the SDK sends the model and in the
+    record's file."""
+    record = RunRecord(tmp_path, "run")
+    driver = GuestBrowserDriver(fake.client, rules=_rules())
+    hooks = RecordingHooks(record, driver=None)  # type: ignore[arg-type]
+    hooks.browser = driver
+    fake.answer = lambda m, a: (200, {"result": _png(640, 240), "target": None,
+                                      "viewport": {"x": 0, "y": 100, "width": 1280, "height": 480}})
+    body = {"output": [{"type": "function_call", "call_id": "call_0", "name": "browser_screenshot",
+                        "arguments": json.dumps({"tab_id": None})}]}
+    hooks.on_request(type("U", (), {"status": 200, "total_tokens": None, "response_id": "resp_1"})(), body)
+    fake.client.redactor.hold("typing", (200, 140, 400, 160))  # screen px: image px (96, 16)..(304, 96)
+    payload, output = _call(_toolset(driver), "screenshot", {"tab_id": None}, "call_0", on_diagnostic=hooks.on_diagnostic)
+    record.close()
+    [shot] = [e for e in read_entries(tmp_path / "run") if e.type == "screenshot"]
+    assert shot.redacted == [(200, 140, 400, 160)]
+    sent = json.dumps(output)
+    for data in ((tmp_path / "run" / shot.file).read_bytes(), base64.b64decode(sent.split("base64,")[1].split('"')[0])):
+        with Image.open(io.BytesIO(data)) as image:
+            pixels = image.convert("RGB")
+            assert pixels.getpixel((100, 20)) == (0, 0, 0) and pixels.getpixel((300, 90)) == (0, 0, 0)
+            assert pixels.getpixel((20, 20)) == (200, 10, 10) and pixels.getpixel((400, 200)) == (200, 10, 10)
+
+
 # -- what a person sees of the calls -------------------------------------------------------------------
 def _browser_record(tmp_path) -> Any:
     from controller.run import entries as en

@@ -80,6 +80,29 @@ def test_relative_links_are_found():
     assert _relative_links(text) == ["docs/a.md#x", "docs/p.png"]
 
 
+RICH_TAG = re.compile(r"(?<!\\)\[([a-z#/@][^\[\]]*?)\]")
+"""What rich markup takes for a style tag and drops from the help it renders (``[network]``, ``[af]``,
+``[default: 30]``); ``\\[network]`` is shown as ``[network]``."""
+
+
+def test_no_help_text_loses_words_in_square_brackets():
+    import typer.main
+
+    from controller.cli import app
+
+    def texts(command, path):
+        yield path, command.help or ""
+        for param in command.params:
+            yield f"{path} {param.name}", getattr(param, "help", None) or ""
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from texts(sub, f"{path} {name}")
+
+    lost = [(where, m.group(0)) for where, text in texts(typer.main.get_command(app), "desktop-sandbox")
+            for m in RICH_TAG.finditer(text)]
+    assert lost == [], "write \\[ in help texts: rich markup drops these"
+    assert RICH_TAG.findall("a [network] table, an [af] extra, \\[record] kept, host[:port] kept") == ["network", "af"]
+
+
 def test_the_cli_page_carries_the_help_rendered_from_the_cli():
     from controller.commands import cli_reference
 

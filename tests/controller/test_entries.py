@@ -17,9 +17,10 @@ from controller.run.recording import DecisionTail, network_entry
 def test_every_type_has_a_model_and_the_record_types_are_the_contract():
     assert set(en.ENTRY_TYPES) == {"run_started", "model_response", "computer_call", "approval", "action",
                                    "screenshot", "network", "network_log", "check", "expectation", "run_finished",
-                                   "human_action", "takeover", "agents_event", "view_dropped", "sign_in", "browser_call", "policy"}
+                                   "human_action", "takeover", "agents_event", "view_dropped", "sign_in", "browser_call", "policy",
+                                   "video", "web_recording", "redaction"}
     started = en.as_entry({"type": "run_started", "task": {"name": "t"}})
-    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 8
+    assert isinstance(started, en.RunStarted) and started.format == en.FORMAT == 9
     assert list(started.as_json())[:3] == ["ts", "type", "format"]
 
 
@@ -140,6 +141,26 @@ def test_the_tail_records_each_log_line_once_in_order_and_reconciles_at_teardown
         (d["origin"], d["decision"], d["ts"]) for d in log]
     s = summarize(entries)
     assert (s["network_allowed"], s["network_denied"], s["network_log_complete"]) == (1, 2, True)
+
+
+def test_what_is_read_while_an_action_is_in_flight_follows_the_action_line(tmp_path):
+    log: list = []
+    rec = RunRecord(tmp_path, "r")
+    tail = DecisionTail(rec, _reader(log))
+    log.append(_decision(1))
+    tail.hold()  # the driver sends an action
+    log.append(_decision(2))  # made during it; read before its line is written
+    assert tail.poll() == 2
+    rec.write(en.Action(action="click"))
+    tail.release()  # the action's line is written
+    tail.hold()  # the next action: cut short by the run's end, it writes no line
+    log.append(_decision(3))
+    assert tail.poll() == 1
+    netlog = tail.finish()
+    rec.close()
+    assert netlog.complete and netlog.decisions == 3
+    assert [(e.type, getattr(e, "seq", None)) for e in read_entries(rec.path)] == [
+        ("action", None), ("network", 1), ("network", 2), ("network", 3), ("network_log", None)]
 
 
 def test_the_tail_caps_each_read_and_escapes_and_cuts_gateway_text(tmp_path, monkeypatch):

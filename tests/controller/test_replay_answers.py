@@ -281,7 +281,8 @@ def test_a_replays_summary_shows_the_steps_replayed_and_no_model_figures(tmp_pat
         text = out.getvalue()
         if replayed:
             assert s["replay"] == {"steps": 2, "performed": 1, "matched": 0, "diverged": 0}
-            assert "2 recorded calls sent again" in text and "1 performed" in text
+            assert "2 recorded calls sent again, 1 performed; recorded screens (one a turn, the closing one too): " \
+                   "0 matched, 0 diverged" in text
             assert "tokens" not in text and "model responses" not in text and "replay of t" in text
         else:
             assert s["replay"] is None and "tokens" in text and " model response" in text

@@ -222,7 +222,8 @@ def test_record_strings_are_escaped_and_typed_text_never_shown(hostile):
 def test_the_page_loads_nothing_from_anywhere(hostile):
     _, text, page = hostile
     (csp,) = page.find("meta", **{"http-equiv": "Content-Security-Policy"})
-    assert csp["attrs"]["content"] == "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'"
+    assert csp["attrs"]["content"] == ("default-src 'none'; img-src data: 'self'; media-src 'self'; "
+                                       "style-src 'unsafe-inline'")
     before = [e["tag"] for e in page.elements[:page.elements.index(csp)]]
     assert before == ["html", "head", "meta"]  # after the charset, before anything the browser could load
     assert not page.find("script") and not page.find("iframe")
@@ -258,7 +259,7 @@ def test_a_screenshot_file_outside_the_run_directory_is_never_read(tmp_path):
     assert _b64(OUTSIDE) not in text and _b64(OUTSIDE)[:40] not in text
     page = Page(text)
     assert not page.find("img", within=page.step(3))
-    assert "not shown: cannot open" in page.step(3)["text"]  # O_NOFOLLOW: the symlink is refused
+    assert "not shown: is a symbolic link (not followed)" in page.step(3)["text"]  # O_NOFOLLOW: refused
     # the marks stay, over an empty frame of the image's size
     assert page.mark(1, "click", step=3)
 
@@ -497,7 +498,7 @@ def test_the_typing_and_keys_labels_cover_at_most_a_strip_of_the_screenshot(tmp_
     from playwright.sync_api import sync_playwright
 
     from controller.chromium import launch as launch_chromium
-    from controller.report.marks import MAX_NOTES
+    from controller.model.marks import MAX_NOTES
     from tests.require import require_browser
 
     require_browser()
@@ -534,3 +535,20 @@ def test_the_typing_and_keys_labels_cover_at_most_a_strip_of_the_screenshot(tmp_
             wide = max(0.0, min(right, image["x"] + image["width"]) - max(left, image["x"]))
             tall = max(0.0, min(bottom, image["y"] + image["height"]) - max(top, image["y"]))
             assert wide <= 0.15 * image["width"] or tall <= 0.15 * image["height"], (width, image, boxes)
+
+
+def test_regions_kept_out_of_pictures_are_told_in_words(tmp_path):
+    """A ``redaction`` line -- before the first model response (a sign-in filled at the start) or in a
+    step (a person's typing) -- reads as the terminal says it, never as the entry's JSON."""
+    rec = RunRecord(tmp_path, "run-redacted")
+    rec.write("run_started", task={"name": "t"})
+    rec.write("redaction", why="sign_in", box=None)
+    rec.save_screenshot(SHOTS[1], "image/png", image_size=(W, H), frame=(0, 0, W, H))
+    rec.write("model_response", response_id="r1")
+    rec.write("redaction", why="typing", box=(10, 20, 300, 200))
+    rec.finish("passed")
+    rec.close()
+    text = " ".join(Page(render_report(rec.dir)).find("body")[0]["text"].split())
+    assert "kept out of every picture: the whole screen: the agent was filling a sign-in form" in text
+    assert "kept out of every picture: the region 10,20 300x200: a person typed during a takeover" in text
+    assert '"why"' not in text and "held_before" not in text

@@ -153,3 +153,20 @@ def test_the_registry_imports_no_backend_until_asked():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
+
+
+def test_an_abandoned_sandbox_that_cannot_be_removed_does_not_stop_the_reaping(caplog):
+    pid, begun = exited_process()
+    found = {f"ds-{n}": {LABEL_OWNER_ID: _ours(pid, begun)} for n in ("a", "b", "c")}
+    tried: list[str] = []
+
+    def remove(sandbox_id: str) -> list[str]:
+        tried.append(sandbox_id)
+        if sandbox_id == "ds-b":
+            raise RuntimeError("has active endpoints \x1b[2J")
+        return [sandbox_id]
+
+    with caplog.at_level(logging.WARNING, logger="controller.sandbox"):
+        assert reap(found, remove) == ["ds-a", "ds-c"]
+    assert tried == ["ds-a", "ds-b", "ds-c"]
+    assert "ds-b could not be removed (has active endpoints \\x1b[2J)" in caplog.text

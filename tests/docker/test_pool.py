@@ -33,7 +33,10 @@ ALLOW = {"mode": "allowlist", "allow": ["https://example.test"]}
 
 def pool_containers(docker_client, key: str, labels: dict[str, str]) -> list[str]:
     filters = {"label": [f"{LABEL_POOL}={key}", *(f"{k}={v}" for k, v in labels.items())]}
-    return [c.name for c in docker_client.containers.list(all=True, filters=filters)]
+    # the list alone (sparse): a full list inspects each container, which fails for one the pool removed
+    # between the two calls (a start it abandoned or retried)
+    return [(c.attrs.get("Names") or ["?"])[0].lstrip("/")
+            for c in docker_client.containers.list(all=True, filters=filters, sparse=True)]
 
 
 @pytest.fixture(scope="module")

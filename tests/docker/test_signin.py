@@ -12,9 +12,12 @@ import io
 import json
 import os
 import secrets
+import threading
+from datetime import datetime, timedelta
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -55,7 +58,8 @@ def stats(site_url: str) -> dict:
         return json.loads(resp.read())
 
 
-def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: str, *, expect_account: bool = True):
+def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: str, *, expect_account: bool = True,
+        on_sandbox=None, video=None):
     """Run the demo task answered from ``table`` (a --sign-in file); without ``expect_account`` the scripted
     model looks once and stops (a cancelled sign-in never shows the account page the task's script waits for)."""
     from controller.sandbox.docker import DockerOptions, DockerSandbox
@@ -72,6 +76,8 @@ def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: 
         sb = DockerSandbox.start(t.sandbox_spec(), DockerOptions(image=desktop_image, extra_labels=test_labels),
                                  client=docker_client)
         sb.attach_gateway(network_name)
+        if on_sandbox is not None:
+            on_sandbox(sb)
         return sb
 
     script = None
@@ -79,7 +85,7 @@ def run(site, docker_client, desktop_image, test_labels, tmp_path: Path, table: 
         script = tmp_path / "look-once.jsonl"
         script.write_text('{"actions": [{"type": "wait"}]}\n{"message": "not signed in"}\n')
     outcome = run_task(task, open_, RunOptions(runs_dir=tmp_path / "runs", live=False, sign_in_file=creds, terminal=False,
-                                               script=script),
+                                               script=script, video=video),
                        console=Console(file=out, width=200))
     return outcome, out.getvalue()
 
@@ -115,6 +121,94 @@ def test_signed_in_from_a_file_and_no_value_anywhere(site, docker_client, deskto
     decisions = json.dumps([e.as_json() for e in entries if e.type == "network"])
     assert leaks([outcome.record_dir], [printed, scripted, decisions]) == []
     assert [e for e in entries if e.type == "check"][0].passed
+
+
+class Grabber:
+    """Grabs the screen the way the console's live view does (a JPEG through the run's own agent client,
+    :meth:`controller.run.live.LiveRun.frame`), back to back from its own thread until stopped: each grab as
+    ``(started, ended, image)`` on the redactor's clock."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[float, float, Any]] = []
+        self.stop = threading.Event()
+        self.agent: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, sb: Any) -> None:
+        self.agent = sb.agent
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set() and len(self.frames) < 3000:
+            started = time.monotonic()
+            try:
+                shot = self.agent.screenshot(format="jpeg", quality=60, max_width=640)
+            except Exception:  # noqa: BLE001 - the sandbox goes away at the run's end
+                self.stop.wait(0.05)
+                continue
+            self.frames.append((started, time.monotonic(), shot))
+
+    def close(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+def _all_fill(data: bytes) -> bool:
+    from PIL import Image
+
+    from controller.redaction import FILL
+    with Image.open(io.BytesIO(data)) as image:
+        extrema = image.convert("RGB").getextrema()
+    return all(abs(lo - f) <= 8 and abs(hi - f) <= 8 for (lo, hi), f in zip(extrema, FILL))
+
+
+def test_every_picture_taken_while_a_fill_runs_is_filled(site, docker_client, desktop_image, test_labels, tmp_path):
+    """The console's live view grabbing all the time, and the run's video: each frame whose grab overlapped
+    a fill (the agent typing values into the page) is the fill colour whole, the others show the desktop;
+    one ``redaction`` line per fill; no value in any file of the run, the video included. Without the
+    redaction these frames show the page being filled."""
+    from controller.run.video import VideoSettings
+
+    grabber = Grabber()
+    table = f'["{ORIGIN}"]\nmethod = "password"\nemail = "{VALUES[2]}"\npassword = "{VALUES[0]}"\n'
+    try:
+        outcome, printed = run(site, docker_client, desktop_image, test_labels, tmp_path, table, on_sandbox=grabber,
+                               video=VideoSettings(fps=10))
+    finally:
+        grabber.close()
+    assert outcome.status == "passed", outcome.reason
+    entries = read_entries(outcome.record_dir / "record.jsonl")
+    assert [(e.why, e.box) for e in entries if e.type == "redaction"] == [("sign_in", None)] * 3
+    fills = [(since, until) for why, _box, since, until in grabber.agent.redactor.spans() if why == "sign_in"]
+    assert len(fills) == 3 and all(until is not None for _, until in fills)
+    during = [shot for started, ended, shot in grabber.frames
+              if any(started <= until and ended >= since for since, until in fills)]
+    others = [shot for started, ended, shot in grabber.frames if shot not in during]
+    assert during, f"no grab overlapped a fill ({len(grabber.frames)} grabs)"
+    assert all(shot.redacted and _all_fill(shot.data) for shot in during)
+    assert not all(_all_fill(shot.data) for shot in others)
+    assert leaks([outcome.record_dir], [printed]) == []
+    # the video's frames grabbed inside a fill (between its redaction line and its sign_in line, which is
+    # written once the fill answered) are the fill colour whole, marks included
+    import av
+
+    video = next(e for e in entries if e.type == "video")
+    assert video.file == "run.webm" and video.started_at, video
+    zero = datetime.fromisoformat(video.started_at)
+    lines = [e for e in entries if e.type in ("redaction", "sign_in") and (e.type != "sign_in" or e.by)]
+    spans = [(datetime.fromisoformat(a.ts), datetime.fromisoformat(b.ts)) for a, b in zip(lines, lines[1:])
+             if a.type == "redaction" and b.type == "sign_in"]
+    assert len(spans) == 3, [e.type for e in lines]
+    with av.open(str(outcome.record_dir / video.file)) as container:
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            when = zero + timedelta(seconds=float(frame.pts * stream.time_base))
+            if any(a + timedelta(seconds=0.1) <= when <= b - timedelta(seconds=0.1) for a, b in spans):
+                buffer = io.BytesIO()
+                frame.to_image().save(buffer, "PNG")
+                assert _all_fill(buffer.getvalue()), when
 
 
 @pytest.mark.parametrize("table, step, posts", [

@@ -158,6 +158,53 @@ def test_down_all_after_a_killed_up(cli_run, desktop_image, docker_client, test_
         remove_sandbox(docker_client, other)
 
 
+def test_down_all_with_a_label_removes_token_files_whose_sandbox_is_gone(docker_client, test_labels, tmp_path):
+    """A killed ``up``'s sandbox can be reaped by another start (its owner provably dead) before ``down
+    --all --label ...`` comes: its token file, and any other naming a sandbox that exists nowhere, goes
+    too; the token file of a sandbox that is still there (another owner's) stays, and so does one of a
+    backend that cannot be asked."""
+    alive = f"ds-{secrets.token_hex(4)}"
+    docker_client.networks.create(f"{alive}-internal", internal=True,
+                                  labels={LABEL_SANDBOX: alive, LABEL_OWNER: "elsewhere:1", **test_labels})
+    tokens = tmp_path / "xdg" / "desktop-sandbox"
+    tokens.mkdir(parents=True)
+    names = {sid: tokens / f"{sid}.token" for sid in
+             (alive, f"ds-{secrets.token_hex(4)}", f"ds-audit-{secrets.token_hex(4)}", f"dv-{secrets.token_hex(4)}",
+              f"dk-{secrets.token_hex(4)}")}
+    for path in names.values():
+        path.write_text("t")
+    (tokens / "notes.token").write_text("not a sandbox's")
+    odd = tokens / f"ds-{secrets.token_hex(4)}.token"
+    odd.mkdir()  # a gone id's name on something that is no file: kept and said, never a traceback
+    # a cluster configured at a loopback port nothing listens on: the kubernetes backend cannot be asked
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{closed_port}"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "sandboxes"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "KUBECONFIG": str(kubeconfig)}
+    try:
+        for backend in ("docker", "vm", None):
+            args = ["--all", "--label", f"{LABEL_OWNER}=nobody:{secrets.token_hex(4)}"]
+            args += ["--backend", backend] if backend else []
+            done = subprocess.run([sys.executable, "-m", "controller.cli", "down", *args], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            assert done.returncode == 0, done.stderr
+            assert "Traceback" not in done.stderr, done.stderr
+            assert (f"kept {odd}: Is a directory" in done.stderr) == (backend != "vm"), done.stderr
+            left = sorted(p.stem for p in tokens.glob("*.token") if p != odd)
+            gone_prefixes = {"docker": ("ds-",), "vm": ("ds-", "dv-"), None: ("ds-", "dv-")}[backend]
+            assert left == sorted({alive, "notes"} | {sid for sid in names if sid.startswith("dk-")}
+                                  | {sid for sid in names if not sid.startswith(gone_prefixes)}), (backend, left)
+        assert _leftovers(docker_client, alive) == [f"{alive}-internal"], "a sandbox of another owner went"
+    finally:
+        remove_sandbox(docker_client, alive)
+
+
 def test_reaping_takes_only_what_is_provably_dead_and_ours(docker_client, test_labels):
     """Leftover networks as killed runs leave them; all carry an old-style owner label ``<this host
     name>:<exited pid>`` (what a shared engine's other users with the same host name look like). Only

@@ -105,7 +105,10 @@ def test_busy_after_the_documented_timeout_and_screenshots_still_work(setup):
         assert shot.image_size == (320, 200)
         assert client.display()["width"] == 1280
         t.join()
-        assert WAIT_CAP * 0.9 <= result["wait"] < WAIT_CAP + 1.5, result
+        # it held the lock past the refusal and ended by its cap at the latest; that it lasts the cap
+        # while the screen keeps changing is tests/guest/test_wait_settle.py's (here the probe's
+        # animation can stall on a loaded machine, and the screen then settles before the cap)
+        assert BUSY_TIMEOUT <= result["wait"] < WAIT_CAP + 1.5, result
     finally:
         probe.stop()
 

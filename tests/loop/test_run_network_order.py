@@ -2,16 +2,21 @@
 guest traffic goes through the real gateway (mitmproxy, deny-all) during each action and during
 verification; the record has each decision right after the action it came with, the one made during
 verification before teardown's ``network_log``, every line of the gateway's log exactly once, and
-``ts`` never decreasing."""
+``ts`` never decreasing. Also with the reads made late (:class:`LateReads`): a read asked for before an
+action ran returns that action's decision while the action is still in flight, as a loaded machine can
+order it; the decision still follows the action's line."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from controller.run.record import read_entries, summarize
 from controller.run.runner import RunOptions, run_task
@@ -79,15 +84,58 @@ class GatewayedSandbox(LocalSandbox):
         return parse_decision_log(self.gateway.log.read_text()) if self.gateway.log.exists() else []
 
 
-def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match_the_gateway_log(tmp_path):
+STEPS = 3
+WAIT_S = 20.0
+"""Longest wait of :class:`LateReads` for the other side (seconds): a failed wait fails the test."""
+
+
+class LateReads(GatewayedSandbox):
+    """Reads of the decision log that land during the next action: a read of the run's tail finding
+    nothing new before the last step waits until the next step's request was logged, and that step's action is sent to
+    the agent only once a read returned its decision (the run's tail then has it while the action is
+    in flight, before the action's line could be written)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway)
+        self._cond = threading.Condition()
+        self.logged = 0  # lines the gateway logged (one a request)
+        self.returned = 0  # lines a read handed to the run
+        self.waits: list[str] = []  # what a bounded wait gave up on
+
+    def _wait(self, ready: Any, what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=WAIT_S):
+                self.waits.append(what)
+
+    def request(self, what: str) -> None:
+        super().request(what)
+        with self._cond:
+            self.logged += 1
+            self._cond.notify_all()
+        if what == "step":
+            self._wait(lambda: self.returned >= self.logged, f"a read returning {self.sent[-1]}")
+
+    def decisions_since(self, start: int, max_lines: int) -> list[Any]:
+        tail = threading.current_thread().name == "decision-tail"  # the run's reads while it goes on
+        if tail and start >= self.logged and len(self.sent) < STEPS:
+            self._wait(lambda: self.logged > start, f"line {start + 1} to be logged")
+        lines = self.decision_log()[start:start + max_lines]
+        with self._cond:
+            self.returned = max(self.returned, start + len(lines))
+            self._cond.notify_all()
+        return lines
+
+
+@pytest.mark.parametrize("kind", [GatewayedSandbox, LateReads], ids=["reads", "late-reads"])
+def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match_the_gateway_log(tmp_path, kind):
     gateway = start_gateway(tmp_path, {"mode": "deny-all"})
     try:
         task = Task(name="netorder", instructions="x",
                     checks=[FileCheck(kind="file", path="~/Documents/seed.txt", match="text", value="seed")])
         script = tmp_path / "script.jsonl"
         script.write_text("".join(json.dumps(t) + "\n" for t in [
-            {"actions": [{"type": "move", "x": 10 * n, "y": 10}]} for n in range(1, 4)] + [{"message": "done"}]))
-        with GatewayedSandbox(gateway) as sb:
+            {"actions": [{"type": "move", "x": 10 * n, "y": 10}]} for n in range(1, STEPS + 1)] + [{"message": "done"}]))
+        with kind(gateway) as sb:
             (sb.home / "Documents/seed.txt").write_text("seed\n")
             outcome = run_task(task, lambda t: sb, RunOptions(runs_dir=tmp_path / "runs", live=False, terminal=False,
                                                               script=script))
@@ -100,6 +148,7 @@ def test_network_decisions_are_recorded_in_time_order_with_the_actions_and_match
         except subprocess.TimeoutExpired:
             gateway.process.kill()
 
+    assert not getattr(sb, "waits", []), sb.waits
     entries = read_entries(outcome.record_dir)
     stamps = [e.ts for e in entries]
     assert stamps == sorted(stamps), "ts went back"

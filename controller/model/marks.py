@@ -1,10 +1,14 @@
-"""The actions of a step drawn over the screenshot the model chose them on: SVG geometry.
+"""Actions drawn over an image of the screen they were chosen on: the one geometry and colours of marks.
 
-Units: everything here is in **model px** -- pixels of the screenshot image the model was sent,
-the space of the record's ``computer_call`` ``actions`` -- never screen px (the driver maps model px
-to the screen; the record keeps the actions as the model sent them). So the overlay's SVG viewBox is
-``0 0 W H`` with ``(W, H)`` the screenshot entry's ``image_size``, laid over the image however large
-the page shows it.
+Two readers draw them: the HTML report (``controller.report``: SVG over the screenshot a step's
+actions were chosen on) and the run's video (:mod:`controller.run.video_marks`: pixels of each frame).
+
+Units: everything here is in the px of the image drawn on, given as ``size``. For the report that is
+**model px** -- pixels of the screenshot image the model was sent, the space of the record's
+``computer_call`` ``actions`` -- never screen px (the driver maps model px to the screen; the record
+keeps the actions as the model sent them). So the overlay's SVG viewBox is ``0 0 W H`` with ``(W, H)``
+the screenshot entry's ``image_size``, laid over the image however large the page shows it. For the
+video it is the frame's px (actions as sent, screen px, scaled by the frame's size).
 
 :func:`overlay` turns numbered actions into a plain dict the report template draws:
 
@@ -31,6 +35,7 @@ import math
 from typing import Any
 
 from controller.text import clean
+from wire.actions import MODELS
 
 MAX_MARKS = 200
 """Most actions of one step drawn (the rest are still listed beside the image)."""
@@ -41,8 +46,20 @@ MAX_NOTES = 12
 MAX_PATH_POINTS = 1000
 """Most points of one drag path drawn."""
 
-POINTED = ("click", "double_click", "move", "scroll")
-"""Action types with one ``x``/``y`` point."""
+POINTED = tuple(kind for kind, model in MODELS.items() if {"x", "y"} <= set(model.model_fields))
+"""Action types with one ``x``/``y`` point (``wire.actions``: click, double_click, move, scroll)."""
+
+COLORS = {"click": "#ff2d78", "double_click": "#ff8c00", "drag": "#00c8ff", "scroll": "#5cff3a", "move": "#ffd400",
+          "box": "#b48cff"}
+"""The colour of each kind of mark (``#rrggbb``): the report's CSS and the video's pixels both take it from
+here. ``box``: the element a browser call acted on."""
+
+HALO = "#000000"
+"""The dark outline under every mark and label, so that it shows on any screen."""
+
+NOTE_COLOR = "#ffe066"
+"""The colour of the labels of actions without a point (typing, keys), listed in a strip."""
+assert set(COLORS) == {*POINTED, "drag", "box"}, "every kind of mark has its colour, and no colour is spare"
 
 
 def num(value: float) -> str:
