@@ -82,6 +82,12 @@ MAX_PENDING_EVENTS = 1000
 """Most page events (dialogs, new tabs) waiting to be handled; more are dropped."""
 GUARD_WAIT_S = 30.0
 """How long a call waits for a new browser's request guard (its ``Fetch.enable``) before it fails."""
+SETUP_WAIT_S = 300.0
+"""How long the set-up of a new browser's channel is tried again while the browser is too busy to
+answer (a browser starting on a loaded or emulated machine); it then waits for the next call."""
+STARTUP_OPEN_GRACE_S = 10.0
+"""How long after its set-up a new browser may take to show the addresses it was launched with before
+the agent opens the first of them itself (:meth:`BrowserTools._open_launched`)."""
 MAX_FOLLOWED_SUBMITS = 64
 """Most sign-in submit requests whose redirect hops the guard follows at once (the oldest are let go)."""
 REFUSAL_PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>Refused</title></head><body>"
@@ -615,6 +621,7 @@ class BrowserTools:
         self._ch: _Channel | None = None
         self._rule = W.GuestUrlRule()
         self._launched: tuple[str, ...] = ()
+        self._to_open: list[str] = []
         host.on_channel(self._new_channel)
 
     # -- the URL rule ----------------------------------------------------------------------------------
@@ -634,10 +641,12 @@ class BrowserTools:
         chromium's direct routes are written for the rule's local origins and these
         (:mod:`guest.chromium_policy`). Raises LaunchError (400 ``launch_failed``) when they cannot be:
         chromium is then not started."""
-        found = []
+        found, addresses = [], []
         for arg in args:
             try:
                 parts = urlsplit(arg)
+                if parts.scheme.lower() in ("http", "https") and parts.hostname:
+                    addresses.append(arg)
                 origin = f"{parts.scheme.lower()}://{parts.netloc.rsplit('@', 1)[-1]}"
                 if parts.scheme.lower() in ("http", "https") and parts.hostname and W.guest_local(parts.hostname):
                     W.GuestUrlRule(local_origins=[origin])
@@ -646,6 +655,7 @@ class BrowserTools:
                 continue
         with self._lock:
             self._launched = tuple(dict.fromkeys((*self._launched, *found)))[:W.MAX_RULE_ENTRIES]
+            self._to_open = addresses[:W.MAX_TABS]
             direct = self._rule.direct_hosts(self._launched)
         if self.routes is not None:
             try:
@@ -665,9 +675,69 @@ class BrowserTools:
         """``BrowserHost`` callback for a new channel: its request guard at once (a thread of its own:
         every request chromium makes waits for the guard's answer, :meth:`_guard`), then the rest of the
         set-up on another thread (the launch request that handed the pipe over must not wait for the
-        browser)."""
+        browser), tried again while the browser is too busy to answer (at most :data:`SETUP_WAIT_S`),
+        then the addresses it was launched with made sure of (:meth:`_open_launched`)."""
         self._state_of(pipe)
-        threading.Thread(target=self._quiet_ensure, args=(pipe,), name="browser-tools-setup", daemon=True).start()
+        with self._lock:
+            addresses, self._to_open = self._to_open, []
+        threading.Thread(target=self._set_up, args=(pipe, addresses), name="browser-tools-setup", daemon=True).start()
+
+    def _set_up(self, pipe: Pipe, addresses: list[str]) -> None:
+        ready: list[_Channel] = []
+
+        def attempt() -> bool:
+            if pipe.closed is not None:
+                return True
+            try:
+                ready.append(self._ensure(pipe))
+                return True
+            except (ChannelError, BrowserError):
+                return False  # a busy browser (its answers late) or one still without a page: once more
+        wait_until(attempt, SETUP_WAIT_S, interval=0.5)
+        if ready and addresses:
+            try:
+                self._open_launched(ready[0], addresses)
+            except ChannelClosed:
+                pass  # the browser went
+            except (ChannelError, BrowserError) as exc:
+                _log.warning("the addresses the agent's chromium was launched with could not be opened (%s)",
+                             str(exc)[:200])
+
+    def _open_launched(self, ch: _Channel, addresses: list[str]) -> None:
+        """Make sure a browser launched with ``addresses`` (http(s) URLs) shows something: a browser
+        starting while the machine is loaded may leave its first tab blank (``about:blank``, no load
+        under way) instead of opening them. When, :data:`STARTUP_OPEN_GRACE_S` after its set-up, no
+        page shows a document of its own, the first address is opened in the blank tab (a
+        ``navigation`` change) and each other one in a new tab, as ``navigate`` and ``new_tab`` open
+        them (under the URL rule and the input gate; one user of the browser at a time)."""
+        def shows_a_document() -> bool:
+            try:
+                return any(t.get("url") and not str(t["url"]).startswith(("about:", "chrome:", "chrome-untrusted:"))
+                           for t in self._targets(ch.pipe))
+            except ChannelClosed:
+                raise
+            except ChannelError:
+                return False  # a busy browser: asked again
+
+        if wait_until(shows_a_document, STARTUP_OPEN_GRACE_S, interval=0.2):
+            return
+        if not self.host._busy.acquire(timeout=BUSY_WAIT_S):
+            raise BrowserError(409, "busy", f"the browser stayed busy for {BUSY_WAIT_S:g} s")
+        try:
+            if shows_a_document():  # a call came first and opened something
+                return
+            _log.warning("the agent's chromium opened none of the %d address(es) it was launched with: the "
+                         "agent opens them", len(addresses))
+            blank = next((t for t in self._targets(ch.pipe) if t.get("url") in ("", "about:blank")), None)
+            with self._lock:
+                tab = self._add_tab(ch, blank, record=False) if blank is not None else None
+            usable = [a for a in addresses if navigable(a) and len(a) <= W.MAX_URL_CHARS]
+            if tab is not None and usable:
+                self._load(ch, tab, usable.pop(0))
+            for address in usable:
+                self._do_new_tab(ch, W.NewTabArgs(url=address))
+        finally:
+            self.host._busy.release()
 
     def _state_of(self, pipe: Pipe) -> _Channel:
         """The state of ``pipe``'s channel, made (with its event listener, its worker and its request
@@ -681,12 +751,6 @@ class BrowserTools:
                 threading.Thread(target=self._guard, args=(ch,), name="browser-tools-guard", daemon=True).start()
                 threading.Thread(target=self._adopt, args=(ch,), name="browser-tools-attach", daemon=True).start()
             return ch
-
-    def _quiet_ensure(self, pipe: Pipe) -> None:
-        try:
-            self._ensure(pipe)
-        except (ChannelError, BrowserError):
-            pass  # the next call sets it up again
 
     def _ensure(self, pipe: Pipe) -> _Channel:
         """The state of ``pipe``'s channel, set up the first time: target discovery, downloads denied,

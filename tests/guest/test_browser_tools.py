@@ -8,10 +8,12 @@ against a headed chromium on a private Xvfb. One browser per module; every wait 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,13 +46,14 @@ def site() -> Iterator[dict[str, str]]:
     stop()
 
 
-def start_chromium(extra: list[str], env: dict[str, str]) -> tuple[int, list[int], Path]:
-    """Debian's chromium with a DevTools pipe, as ``nobody`` when root; returns (pid, fds, its top dir)."""
+def start_chromium(extra: list[str], env: dict[str, str], address: str = "about:blank") -> tuple[int, list[int], Path]:
+    """Debian's chromium with a DevTools pipe, as ``nobody`` when root, started on ``address``; returns
+    (pid, fds, its top dir)."""
     top = Path(tempfile.mkdtemp(prefix="ds-tools-"))
     prefix = profile_tree(top, "downloads")
     profile, downloads = top / "profile", top / "downloads"
     pid, fds = spawn_with_pipes([CHROMIUM, *extra, "--remote-debugging-pipe", f"--user-data-dir={profile}",
-                                 "--no-first-run", "--password-store=basic", "about:blank"],
+                                 "--no-first-run", "--password-store=basic", address],
                                 {"HOME": str(profile), "PATH": "/usr/bin:/bin", "XDG_DOWNLOAD_DIR": str(downloads), **env},
                                 prefix)
     return pid, fds, top
@@ -872,3 +875,48 @@ def test_x_input_needs_the_tab_in_front_and_a_point_in_the_viewport(headed: Agen
     status, code, message = headed.refused("hover_at", tab_id=first, x=5, y=5)
     assert (status, code) == (422, "not_actionable") and "switch_tab" in message
     headed.call("close_tab", tab_id=next(t["id"] for t in headed.state()["tabs"] if t["active"]))
+
+
+def _setup_done() -> None:
+    """Wait for the agent's set-up of its new browser (its thread, bounded) to end."""
+    for thread in [t for t in threading.enumerate() if t.name == "browser-tools-setup"]:
+        thread.join(60)
+        assert not thread.is_alive(), "the browser's set-up did not end"
+
+
+@pytest.mark.parametrize("opens_it_itself", [False, True], ids=["blank", "opened"])
+def test_the_address_chromium_was_launched_with_is_shown_once(opens_it_itself: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser launched with an address may start with its one tab blank and no load under way (what
+    chromium did starting on a loaded, emulated machine): the agent opens the address itself once the
+    browser is set up. Here chromium is started on about:blank alone after the agent was told the
+    address (``launching``). A browser that opened the address itself is left alone: the page is
+    fetched once."""
+    from guest import browser_tools as tools_module
+
+    monkeypatch.setattr(tools_module, "STARTUP_OPEN_GRACE_S", 2.0)
+    port, hits, stop = browser_site.serve_secret()
+    address = f"http://127.0.0.1:{port}/start"
+    app = create_app(AgentConfig(display=":0", token=TOKEN))
+    http = TestClient(app)
+    pid, top = 0, None
+    try:
+        assert http.put("/v1/browser/rule", headers=AUTH, json={"local_origins": [f"http://127.0.0.1:{port}"]}
+                        ).status_code == 200
+        app.state.browser_tools.launching([address])
+        pid, fds, top = start_chromium(["--headless=new"], {}, address if opens_it_itself else "about:blank")
+        app.state.browser.take_channel("chromium", pid, *fds)
+        _setup_done()
+        assert wait_until(lambda: "/start" in hits, 20, 0.05), "the launch address was never fetched"
+        tabs = http.get("/v1/browser/state", headers=AUTH).json()["tabs"]
+        assert any(t["url"] == address for t in tabs), tabs
+        assert hits.count("/start") == 1, hits
+    finally:
+        http.close()
+        app.state.browser.close()
+        if pid:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        stop()

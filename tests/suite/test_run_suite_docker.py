@@ -158,8 +158,22 @@ def test_pickup_four_times_two_at_once(docker_client, desktop_image, tmp_path, s
     assert _by_sandbox(docker_client, sandboxes) == []
 
 
+def _waiting_task(directory: Path) -> Path:
+    """A task whose runs wait on a ``[[ready]]`` file that never appears (each run holds its sandbox until
+    it is cancelled, however fast the machine), with its offline script beside it."""
+    (directory / "waits.offline.jsonl").write_text(json.dumps({"message": "done"}) + "\n", encoding="utf-8")
+    path = directory / "waits.toml"
+    path.write_text('name = "waits"\ninstructions = "x"\nmax_steps = 2\n[[launch]]\napp = "terminal"\n'
+                    '[[ready]]\nfile = "~/never-written"\ntimeout_s = 600\n'
+                    '[[checks]]\nkind = "file"\npath = "~/never.txt"\nmatch = "text"\nvalue = "x"\n'
+                    '[offline]\nscript = "waits.offline.jsonl"\n', encoding="utf-8")
+    return path
+
+
 def test_sigint_cancels_every_run_and_leaves_nothing(docker_client, desktop_image, tmp_path, suite_cleanup):
-    run = CliRun(docker_client, tmp_path, "run-suite", TASK, "--repeat", "3", "--parallel", "2", "--offline",
+    """Its runs wait for a ready file that never appears, so SIGINT always finds two of them going."""
+    task = _waiting_task(tmp_path)
+    run = CliRun(docker_client, tmp_path, "run-suite", task, "--repeat", "3", "--parallel", "2", "--offline",
                  "--image", desktop_image, "--runs-dir", RUNS, "--json", tmp_path / "suite.json")
     suite_cleanup.append(run)
 
