@@ -139,7 +139,7 @@ def navigable(url: str) -> bool:
     or control characters."""
     if url == "about:blank":
         return True
-    if re.search(r"[\x00-\x20\x7f]", url):
+    if re.search(r"[\x00-\x20\x7f]", url) or _SURROGATE.search(url):
         return False
     try:
         parts = urlsplit(url)
@@ -702,14 +702,19 @@ class BrowserTools:
             except (ChannelError, BrowserError) as exc:
                 _log.warning("the addresses the agent's chromium was launched with could not be opened (%s)",
                              str(exc)[:200])
+            except Exception as exc:  # noqa: BLE001 - the thread ends said, never with an address in a traceback
+                _log.warning("the addresses the agent's chromium was launched with could not be opened (%s)",
+                             type(exc).__name__)
 
     def _open_launched(self, ch: _Channel, addresses: list[str]) -> None:
         """Make sure a browser launched with ``addresses`` (http(s) URLs) shows something: a browser
         starting while the machine is loaded may leave its first tab blank (``about:blank``, no load
         under way) instead of opening them. When, :data:`STARTUP_OPEN_GRACE_S` after its set-up, no
-        page shows a document of its own, the first address is opened in the blank tab (a
-        ``navigation`` change) and each other one in a new tab, as ``navigate`` and ``new_tab`` open
-        them (under the URL rule and the input gate; one user of the browser at a time)."""
+        page shows a document of its own, the first address is opened in the blank tab (a new tab when
+        there is none) as ``navigate`` opens it: under the URL rule and the input gate, one user of the
+        browser at a time, waiting for its load at most the load timeout; each other one (at most
+        :data:`wire.browser_tools.MAX_TABS` in all) in a background tab, not waited for. Addresses the
+        agent does not load (:func:`navigable`; over ``MAX_URL_CHARS``) are left out."""
         def shows_a_document() -> bool:
             try:
                 return any(t.get("url") and not str(t["url"]).startswith(("about:", "chrome:", "chrome-untrusted:"))
@@ -732,10 +737,15 @@ class BrowserTools:
             with self._lock:
                 tab = self._add_tab(ch, blank, record=False) if blank is not None else None
             usable = [a for a in addresses if navigable(a) and len(a) <= W.MAX_URL_CHARS]
+            if tab is None and usable:
+                target = str(ch.pipe.call("Target.createTarget", {"url": "about:blank"},
+                                          timeout=SCRIPT_TIMEOUT_S)["targetId"])
+                with self._lock:
+                    tab = self._add_tab(ch, {"targetId": target, "url": "about:blank"}, record=True)
             if tab is not None and usable:
                 self._load(ch, tab, usable.pop(0))
-            for address in usable:
-                self._do_new_tab(ch, W.NewTabArgs(url=address))
+            for address in usable:  # in the background: the first stays in front, nothing waits for these
+                ch.pipe.call("Target.createTarget", {"url": address, "background": True}, timeout=SCRIPT_TIMEOUT_S)
         finally:
             self.host._busy.release()
 

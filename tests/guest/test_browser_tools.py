@@ -884,14 +884,15 @@ def _setup_done() -> None:
         assert not thread.is_alive(), "the browser's set-up did not end"
 
 
-@pytest.mark.parametrize("opens_it_itself", [False, True], ids=["blank", "opened"])
-def test_the_address_chromium_was_launched_with_is_shown_once(opens_it_itself: bool,
+@pytest.mark.parametrize("opens_it_itself", [False, True, "several"], ids=["blank", "opened", "several"])
+def test_the_address_chromium_was_launched_with_is_shown_once(opens_it_itself: Any,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A browser launched with an address may start with its one tab blank and no load under way (what
     chromium did starting on a loaded, emulated machine): the agent opens the address itself once the
     browser is set up. Here chromium is started on about:blank alone after the agent was told the
     address (``launching``). A browser that opened the address itself is left alone: the page is
-    fetched once."""
+    fetched once. Several addresses: the first in front, the others in background tabs, an address the
+    agent does not load left out."""
     from guest import browser_tools as tools_module
 
     monkeypatch.setattr(tools_module, "STARTUP_OPEN_GRACE_S", 2.0)
@@ -903,14 +904,18 @@ def test_the_address_chromium_was_launched_with_is_shown_once(opens_it_itself: b
     try:
         assert http.put("/v1/browser/rule", headers=AUTH, json={"local_origins": [f"http://127.0.0.1:{port}"]}
                         ).status_code == 200
-        app.state.browser_tools.launching([address])
-        pid, fds, top = start_chromium(["--headless=new"], {}, address if opens_it_itself else "about:blank")
+        more = [f"http://127.0.0.1:{port}/second", "http://bad address/"] if opens_it_itself == "several" else []
+        app.state.browser_tools.launching([address, *more])
+        pid, fds, top = start_chromium(["--headless=new"], {}, address if opens_it_itself is True else "about:blank")
         app.state.browser.take_channel("chromium", pid, *fds)
         _setup_done()
         assert wait_until(lambda: "/start" in hits, 20, 0.05), "the launch address was never fetched"
         tabs = http.get("/v1/browser/state", headers=AUTH).json()["tabs"]
-        assert any(t["url"] == address for t in tabs), tabs
+        assert [t["url"] for t in tabs if t["active"]] == [address], tabs
         assert hits.count("/start") == 1, hits
+        if more:
+            assert wait_until(lambda: "/second" in hits, 20, 0.05), hits
+            assert hits.count("/second") == 1 and not any("bad" in h for h in hits), hits
     finally:
         http.close()
         app.state.browser.close()
