@@ -283,11 +283,23 @@ def test_no_false_refusals_on_the_clock_page_and_the_pickup_form(sandbox):
     def type_name() -> None:  # control: text typed into the Name field where the click lands
         agent.actions([{"type": "type", "text": "Ada Lovelace"}])
         wait_screen(agent, lambda img: share(img, TYPED, (255, 255, 255), 48) < 0.9, "the typed name to show")
+    def empty_name() -> None:
+        """The Name field focused and emptied (click, then Ctrl+A and Backspace), the whole again when
+        the screen does not show it empty: under load the click's focus may come after the keys."""
+        for attempt in range(3):
+            agent.actions([{"type": "click", "x": 470, "y": 194, "button": "left"}])
+            agent.actions([{"type": "keypress", "keys": ["CTRL", "a"]}, {"type": "keypress", "keys": ["BACKSPACE"]}])
+            try:
+                poll(lambda: share(grab(agent), TYPED, (255, 255, 255), 48) >= 0.9, timeout=READY_S / 3,
+                     interval=0.1, what="the Name field to empty")
+                return
+            except AssertionError:
+                if attempt == 2:
+                    raise
+
     typed_refused = {}
     for name, driver in drivers.items():  # the field emptied and focused, then bound, then typed into
-        agent.actions([{"type": "click", "x": 470, "y": 194, "button": "left"},
-                       {"type": "keypress", "keys": ["CTRL", "a"]}, {"type": "keypress", "keys": ["BACKSPACE"]}])
-        wait_screen(agent, lambda img: share(img, TYPED, (255, 255, 255), 48) >= 0.9, "the Name field to empty")
+        empty_name()
         typed_refused[name] = bound_click(driver, (470, 194), type_name) is not None
 
     _rows.append((f"false refusals ({APPROVALS} bound clicks a page and screenshot kind, nothing moved)", {
